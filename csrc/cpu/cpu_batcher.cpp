@@ -1,0 +1,145 @@
+#include "cpu_batcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "neighbor_sampler.h"
+#include "random.h"
+
+namespace morphpipe {
+
+CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor features, at::Tensor labels,
+                       std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory)
+    : indptr_(std::move(indptr)),
+      indices_(std::move(indices)),
+      features_(std::move(features)),
+      labels_(std::move(labels)),
+      fanouts_(std::move(fanouts)),
+      num_threads_(num_threads),
+      queue_size_(queue_size) {
+  check_topology(indptr_, indices_);
+  check_fanouts(fanouts_);
+  const int64_t num_nodes = indptr_.numel() - 1;
+  TORCH_CHECK(num_threads_ >= 1, "num_threads: need at least 1 worker thread, got ", num_threads_);
+  TORCH_CHECK(queue_size_ >= 1, "queue_size: need room for at least 1 batch, got ", queue_size_);
+  TORCH_CHECK(features_.device().is_cpu() && features_.dim() == 2 && features_.is_contiguous(),
+              "features: expected a contiguous 2-D CPU tensor, got shape ", features_.sizes());
+  TORCH_CHECK(features_.size(0) == num_nodes, "features: ", features_.size(0), " rows for ", num_nodes,
+              " nodes; give one feature row per node");
+  TORCH_CHECK(labels_.device().is_cpu() && labels_.dim() == 1 && labels_.scalar_type() == at::kLong &&
+                  labels_.is_contiguous(),
+              "labels: expected a contiguous 1-D int64 CPU tensor");
+  TORCH_CHECK(labels_.numel() == num_nodes, "labels: ", labels_.numel(), " labels for ", num_nodes,
+              " nodes; give one label per node");
+  output_options_ = at::TensorOptions(at::kLong).pinned_memory(pin_memory);
+  window_.resize(queue_size_);
+}
+
+CpuBatcher::~CpuBatcher() { stop(); }
+
+void CpuBatcher::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  window_open_.notify_all();
+  batch_ready_.notify_all();
+  for (auto& worker : workers_) worker.join();
+  workers_.clear();
+}
+
+void CpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed) {
+  stop();
+  TORCH_CHECK(order.dim() == 1 && order.scalar_type() == at::kLong,
+              "order: expected a 1-D int64 tensor of seed ids, got ", order.scalar_type());
+  TORCH_CHECK(batch_size >= 1, "batch_size: need at least 1 seed per batch, got ", batch_size);
+  const int64_t num_seeds = order.numel();
+  std::lock_guard<std::mutex> lock(mutex_);
+  order_ = order.contiguous();
+  batch_size_ = batch_size;
+  num_batches_ = drop_last ? num_seeds / batch_size : (num_seeds + batch_size - 1) / batch_size;
+  epoch_seed_ = splitmix64(static_cast<uint64_t>(epoch_seed));
+  next_to_claim_ = 0;
+  next_to_deliver_ = 0;
+  for (auto& slot : window_) slot.reset();
+  error_ = nullptr;
+  stopping_ = false;
+  const int64_t useful_threads = std::min(num_threads_, std::max<int64_t>(num_batches_, 1));
+  for (int64_t t = 0; t < useful_threads; ++t) workers_.emplace_back(&CpuBatcher::worker_loop, this);
+}
+
+CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) {
+  const int64_t begin = batch_index * batch_size_;
+  const int64_t count = std::min(batch_size_, order_.numel() - begin);
+  CpuBatch batch;
+  batch.batch_index = batch_index;
+  batch.seeds = at::empty({count}, output_options_);
+  const int64_t* seeds = order_.data_ptr<int64_t>() + begin;
+  std::memcpy(batch.seeds.data_ptr<int64_t>(), seeds, count * sizeof(int64_t));
+
+  SampledBlocks blocks = sampler.sample(seeds, count, splitmix64(epoch_seed_ ^ static_cast<uint64_t>(batch_index)),
+                                        output_options_);
+  batch.input_nodes = std::move(blocks.input_nodes);
+  batch.block_indptrs = std::move(blocks.block_indptrs);
+  batch.block_indices = std::move(blocks.block_indices);
+
+  const int64_t num_inputs = batch.input_nodes.numel();
+  batch.x = at::empty({num_inputs, features_.size(1)}, output_options_.dtype(features_.scalar_type()));
+  gather_rows_into(features_, batch.input_nodes.data_ptr<int64_t>(), num_inputs, batch.x);
+
+  batch.y = at::empty({count}, output_options_);
+  const int64_t* labels = labels_.data_ptr<int64_t>();
+  int64_t* y = batch.y.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) y[i] = labels[seeds[i]];
+  return batch;
+}
+
+void CpuBatcher::worker_loop() {
+  NeighborSampler sampler(indptr_, indices_, fanouts_);
+  while (true) {
+    int64_t batch_index;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      window_open_.wait(lock, [&] {
+        return stopping_ || next_to_claim_ >= num_batches_ || next_to_claim_ < next_to_deliver_ + queue_size_;
+      });
+      if (stopping_ || next_to_claim_ >= num_batches_) return;
+      batch_index = next_to_claim_++;
+    }
+    try {
+      CpuBatch batch = build_batch(sampler, batch_index);
+      std::lock_guard<std::mutex> lock(mutex_);
+      window_[batch_index % queue_size_] = std::move(batch);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      stopping_ = true;
+      window_open_.notify_all();
+    }
+    batch_ready_.notify_all();
+  }
+}
+
+std::optional<CpuBatch> CpuBatcher::next() {
+  std::optional<CpuBatch> batch;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (next_to_deliver_ >= num_batches_) return std::nullopt;
+    auto& slot = window_[next_to_deliver_ % queue_size_];
+    batch_ready_.wait(lock, [&] { return error_ || stopping_ || slot.has_value(); });
+    if (error_) {
+      std::exception_ptr error = error_;
+      lock.unlock();
+      stop();
+      std::rethrow_exception(error);
+    }
+    TORCH_CHECK(slot.has_value(), "CpuBatcher.next: the epoch was stopped; start a new epoch");
+    batch = std::move(slot);
+    slot.reset();
+    ++next_to_deliver_;
+  }
+  window_open_.notify_all();
+  return batch;
+}
+
+}  // namespace morphpipe

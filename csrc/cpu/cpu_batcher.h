@@ -1,0 +1,78 @@
+// Route 0 batcher (SALIENT-style batch-level parallelism): each worker thread builds whole
+// mini-batches (sample, relabel, gather features and labels) outside the GIL, and a bounded
+// window of batches in flight is handed to the consumer in batch order.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+namespace morphpipe {
+
+// One finished mini-batch; blocks are input layer first.
+struct CpuBatch {
+  int64_t batch_index = -1;
+  at::Tensor seeds;
+  at::Tensor input_nodes;
+  std::vector<at::Tensor> block_indptrs;
+  std::vector<at::Tensor> block_indices;
+  at::Tensor x;
+  at::Tensor y;
+};
+
+class CpuBatcher {
+ public:
+  CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor features, at::Tensor labels,
+             std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory);
+  ~CpuBatcher();
+  CpuBatcher(const CpuBatcher&) = delete;
+  CpuBatcher& operator=(const CpuBatcher&) = delete;
+
+  // Starts producing the batches of one epoch: `order` (int64 seed ids, already shuffled)
+  // is cut into consecutive batches of `batch_size`; `epoch_seed` fixes all random choices.
+  // Any epoch still running is stopped first.
+  void start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed);
+
+  // Blocks until the next batch in order is ready; std::nullopt once the epoch is exhausted.
+  // Re-throws, on the caller's thread, the first exception raised by any worker.
+  std::optional<CpuBatch> next();
+
+  // Stops the workers and drops batches not yet consumed.
+  void stop();
+
+  int64_t num_batches() const { return num_batches_; }
+  int64_t num_threads() const { return num_threads_; }
+
+ private:
+  void worker_loop();
+  CpuBatch build_batch(class NeighborSampler& sampler, int64_t batch_index);
+
+  at::Tensor indptr_, indices_, features_, labels_;
+  std::vector<int64_t> fanouts_;
+  int64_t num_threads_;
+  int64_t queue_size_;
+  at::TensorOptions output_options_;
+
+  at::Tensor order_;
+  int64_t batch_size_ = 0;
+  int64_t num_batches_ = 0;
+  uint64_t epoch_seed_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable window_open_;   // workers wait for room in the window
+  std::condition_variable batch_ready_;   // the consumer waits for the next batch
+  int64_t next_to_claim_ = 0;
+  int64_t next_to_deliver_ = 0;
+  std::vector<std::optional<CpuBatch>> window_;  // slot batch_index % queue_size
+  std::exception_ptr error_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace morphpipe

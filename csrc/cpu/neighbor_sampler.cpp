@@ -1,0 +1,213 @@
+#include "neighbor_sampler.h"
+
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace morphpipe {
+
+namespace {
+// Above this fanout, membership checks in Floyd's algorithm would cost more than a
+// partial Fisher-Yates over the neighbour offsets.
+constexpr int64_t kFloydMaxFanout = 64;
+}  // namespace
+
+void check_topology(const at::Tensor& indptr, const at::Tensor& indices) {
+  TORCH_CHECK(indptr.device().is_cpu() && indices.device().is_cpu(),
+              "graph topology: indptr and indices must be CPU tensors");
+  TORCH_CHECK(indptr.dim() == 1 && indptr.numel() >= 1,
+              "graph topology: indptr must be 1-D with num_nodes + 1 entries, got shape ", indptr.sizes());
+  TORCH_CHECK(indptr.scalar_type() == at::kLong, "graph topology: indptr must be int64, got ",
+              indptr.scalar_type(), "; convert with indptr.long()");
+  TORCH_CHECK(indices.dim() == 1, "graph topology: indices must be 1-D, got shape ", indices.sizes());
+  TORCH_CHECK(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong,
+              "graph topology: indices must be int32 or int64, got ", indices.scalar_type());
+  TORCH_CHECK(indptr.is_contiguous() && indices.is_contiguous(),
+              "graph topology: indptr and indices must be contiguous; call .contiguous()");
+  const int64_t last = indptr.data_ptr<int64_t>()[indptr.numel() - 1];
+  TORCH_CHECK(last == indices.numel(), "graph topology: indptr[-1] = ", last,
+              " but indices has ", indices.numel(), " entries; rebuild the CSC");
+}
+
+void check_fanouts(const std::vector<int64_t>& fanouts) {
+  TORCH_CHECK(!fanouts.empty(), "fanouts: need at least one hop, e.g. [15, 10, 5]");
+  for (size_t hop = 0; hop < fanouts.size(); ++hop) {
+    TORCH_CHECK(fanouts[hop] == -1 || fanouts[hop] > 0, "fanouts[", hop, "] = ", fanouts[hop],
+                ": a fanout is a positive neighbour count or -1 for all neighbours");
+  }
+}
+
+NeighborSampler::NeighborSampler(at::Tensor indptr, at::Tensor indices, std::vector<int64_t> fanouts)
+    : indptr_(std::move(indptr)), indices_(std::move(indices)), fanouts_(std::move(fanouts)) {
+  check_topology(indptr_, indices_);
+  check_fanouts(fanouts_);
+  indptr_data_ = indptr_.data_ptr<int64_t>();
+  num_nodes_ = indptr_.numel() - 1;
+}
+
+int64_t NeighborSampler::local_id(int64_t node) {
+  bool inserted;
+  const int64_t local = node_map_.insert(node, static_cast<int64_t>(nodes_.size()), inserted);
+  if (inserted) nodes_.push_back(node);
+  return local;
+}
+
+void NeighborSampler::choose_offsets(int64_t degree, int64_t count, Xoshiro256& rng) {
+  chosen_.clear();
+  if (count <= kFloydMaxFanout) {
+    // Floyd's algorithm: exactly `count` draws, each subset equally likely.
+    for (int64_t upper = degree - count; upper < degree; ++upper) {
+      const int64_t draw = static_cast<int64_t>(rng.below(static_cast<uint64_t>(upper) + 1));
+      const bool seen = std::find(chosen_.begin(), chosen_.end(), draw) != chosen_.end();
+      chosen_.push_back(seen ? upper : draw);
+    }
+    return;
+  }
+  shuffle_.resize(degree);
+  for (int64_t i = 0; i < degree; ++i) shuffle_[i] = i;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t j = i + static_cast<int64_t>(rng.below(static_cast<uint64_t>(degree - i)));
+    std::swap(shuffle_[i], shuffle_[j]);
+    chosen_.push_back(shuffle_[i]);
+  }
+}
+
+template <typename index_t>
+void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
+                                 int64_t* out_indptr, const at::TensorOptions& options,
+                                 at::Tensor& out_indices) {
+  out_indptr[0] = 0;
+  for (int64_t dst = 0; dst < num_dst; ++dst) {
+    const int64_t node = nodes_[dst];
+    const int64_t degree = indptr_data_[node + 1] - indptr_data_[node];
+    const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
+    out_indptr[dst + 1] = out_indptr[dst] + taken;
+  }
+  out_indices = at::empty({out_indptr[num_dst]}, options);
+  int64_t* out = out_indices.data_ptr<int64_t>();
+  for (int64_t dst = 0; dst < num_dst; ++dst) {
+    const int64_t node = nodes_[dst];
+    const int64_t begin = indptr_data_[node];
+    const int64_t degree = indptr_data_[node + 1] - begin;
+    const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
+    const index_t* neighbours = indices + begin;
+    auto emit = [&](int64_t neighbour) {
+      TORCH_CHECK(neighbour >= 0 && neighbour < num_nodes_, "graph topology: indices[", begin,
+                  "..] holds node id ", neighbour, " outside [0, ", num_nodes_,
+                  "); validate the graph (GraphStore.validate) before sampling");
+      *out++ = local_id(neighbour);
+    };
+    if (taken == degree) {
+      for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
+    } else {
+      choose_offsets(degree, taken, rng);
+      for (const int64_t offset : chosen_) emit(neighbours[offset]);
+    }
+  }
+}
+
+SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
+                                      const at::TensorOptions& options) {
+  Xoshiro256 rng(rng_seed);
+  node_map_.clear();
+  nodes_.clear();
+  node_map_.reserve(num_seeds * 8);
+  for (int64_t i = 0; i < num_seeds; ++i) {
+    const int64_t seed = seeds[i];
+    TORCH_CHECK(seed >= 0 && seed < num_nodes_, "seeds[", i, "] = ", seed, " is not a node id in [0, ",
+                num_nodes_, "); pass ids of nodes in the graph");
+    bool inserted;
+    node_map_.insert(seed, i, inserted);
+    TORCH_CHECK(inserted, "seeds[", i, "] = ", seed, " repeats an earlier seed of the same batch; "
+                "seeds of one batch must be distinct");
+    nodes_.push_back(seed);
+  }
+
+  const size_t num_hops = fanouts_.size();
+  SampledBlocks result;
+  result.block_indptrs.resize(num_hops);
+  result.block_indices.resize(num_hops);
+  for (size_t hop = 0; hop < num_hops; ++hop) {
+    const size_t layer = num_hops - 1 - hop;  // hop 0 (around the seeds) is the last layer
+    const int64_t num_dst = static_cast<int64_t>(nodes_.size());
+    at::Tensor indptr = at::empty({num_dst + 1}, options);
+    if (indices_.scalar_type() == at::kInt) {
+      sample_hop(indices_.data_ptr<int32_t>(), fanouts_[hop], num_dst, rng, indptr.data_ptr<int64_t>(),
+                 options, result.block_indices[layer]);
+    } else {
+      sample_hop(indices_.data_ptr<int64_t>(), fanouts_[hop], num_dst, rng, indptr.data_ptr<int64_t>(),
+                 options, result.block_indices[layer]);
+    }
+    result.num_sampled_edges += result.block_indices[layer].numel();
+    result.block_indptrs[layer] = std::move(indptr);
+  }
+  result.input_nodes = at::empty({static_cast<int64_t>(nodes_.size())}, options);
+  std::memcpy(result.input_nodes.data_ptr<int64_t>(), nodes_.data(), nodes_.size() * sizeof(int64_t));
+  return result;
+}
+
+void gather_rows_into(const at::Tensor& source, const int64_t* rows, int64_t count, at::Tensor& out) {
+  const int64_t row_bytes = source.size(1) * source.element_size();
+  const char* src = static_cast<const char*>(source.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  constexpr int64_t kPrefetchDistance = 8;
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchDistance < count) {
+      const char* ahead = src + rows[i + kPrefetchDistance] * row_bytes;
+      for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
+    }
+    std::memcpy(dst + i * row_bytes, src + rows[i] * row_bytes, row_bytes);
+  }
+}
+
+namespace {
+
+// Op `morphpipe::sample_neighbors`: samples the blocks of one batch on the calling thread.
+std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample_neighbors_cpu(
+    const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& seeds, at::IntArrayRef fanouts,
+    int64_t seed) {
+  TORCH_CHECK(seeds.dim() == 1, "seeds: expected a 1-D tensor of node ids, got shape ", seeds.sizes());
+  TORCH_CHECK(seeds.scalar_type() == at::kLong, "seeds: expected int64 node ids, got ", seeds.scalar_type(),
+              "; convert with seeds.long()");
+  const at::Tensor seeds_contiguous = seeds.contiguous();
+  NeighborSampler sampler(indptr.contiguous(), indices.contiguous(), fanouts.vec());
+  SampledBlocks blocks = sampler.sample(seeds_contiguous.data_ptr<int64_t>(), seeds_contiguous.numel(),
+                                        splitmix64(static_cast<uint64_t>(seed)), at::TensorOptions(at::kLong));
+  return {blocks.input_nodes, blocks.block_indptrs, blocks.block_indices};
+}
+
+// Op `morphpipe::gather_rows`: out[i] = source[index[i]], rows split across OpenMP threads.
+at::Tensor gather_rows_cpu(const at::Tensor& source, const at::Tensor& index) {
+  TORCH_CHECK(source.dim() == 2, "source: expected a 2-D [rows, width] tensor, got shape ", source.sizes());
+  TORCH_CHECK(index.dim() == 1 && index.scalar_type() == at::kLong,
+              "index: expected a 1-D int64 tensor, got ", index.scalar_type(), " of shape ", index.sizes());
+  const at::Tensor source_contiguous = source.contiguous();
+  const at::Tensor index_contiguous = index.contiguous();
+  const int64_t count = index_contiguous.numel();
+  const int64_t num_rows = source_contiguous.size(0);
+  const int64_t* rows = index_contiguous.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK(rows[i] >= 0 && rows[i] < num_rows, "index[", i, "] = ", rows[i], " is outside [0, ",
+                num_rows, ")");
+  }
+  at::Tensor out = at::empty({count, source_contiguous.size(1)}, source_contiguous.options());
+  constexpr int64_t kRowsPerTask = 256;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t begin = 0; begin < count; begin += kRowsPerTask) {
+    const int64_t chunk = std::min(kRowsPerTask, count - begin);
+    at::Tensor out_chunk = out.narrow(0, begin, chunk);
+    gather_rows_into(source_contiguous, rows + begin, chunk, out_chunk);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(morphpipe, CPU, m) {
+  m.impl("sample_neighbors", &sample_neighbors_cpu);
+  m.impl("gather_rows", &gather_rows_cpu);
+}
+
+}  // namespace morphpipe

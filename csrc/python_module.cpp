@@ -1,0 +1,63 @@
+// Python bindings for what is not a stateless op: the threaded CPU batcher and build facts.
+#include <torch/extension.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "cpu/cpu_batcher.h"
+
+namespace py = pybind11;
+using morphpipe::CpuBatch;
+using morphpipe::CpuBatcher;
+
+namespace {
+
+py::object batch_to_python(std::optional<CpuBatch> batch) {
+  if (!batch) return py::none();
+  return py::make_tuple(batch->batch_index, batch->seeds, batch->input_nodes, batch->block_indptrs,
+                        batch->block_indices, batch->x, batch->y);
+}
+
+int openmp_max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 0;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "morphpipe native ops (registered under torch.ops.morphpipe) and the CPU batcher";
+  m.def("openmp_max_threads", &openmp_max_threads, "OpenMP threads available to native kernels (0: built without OpenMP)");
+  m.def("built_with_cuda", [] {
+#ifdef MORPHPIPE_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+
+  py::class_<CpuBatcher>(m, "CpuBatcher")
+      .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>, int64_t, int64_t, bool>(),
+           py::arg("indptr"), py::arg("indices"), py::arg("features"), py::arg("labels"), py::arg("fanouts"),
+           py::arg("num_threads"), py::arg("queue_size"), py::arg("pin_memory"))
+      .def("start_epoch", &CpuBatcher::start_epoch, py::arg("order"), py::arg("batch_size"), py::arg("drop_last"),
+           py::arg("epoch_seed"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "next",
+          [](CpuBatcher& self) {
+            std::optional<CpuBatch> batch;
+            {
+              py::gil_scoped_release release;
+              batch = self.next();
+            }
+            return batch_to_python(std::move(batch));
+          },
+          "(batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y) or None at epoch end")
+      .def("stop", &CpuBatcher::stop, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_batches", &CpuBatcher::num_batches)
+      .def_property_readonly("num_threads", &CpuBatcher::num_threads);
+}

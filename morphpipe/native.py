@@ -1,0 +1,130 @@
+"""Builds once (cached per source hash and torch version) and loads the native extension.
+
+The extension registers `torch.ops.morphpipe.*` (schemas in csrc/ops.cpp, CPU kernels in
+csrc/cpu/, CUDA kernels in csrc/cuda/ where CUDA torch and nvcc exist) and exposes the
+threaded `CpuBatcher`. Compiling just in time against the torch that is installed keeps one
+source tree working across torch 2.11-2.13 and across CPU-only and CUDA machines.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
+_lock = threading.Lock()
+_module: ModuleType | None = None
+
+
+class NativeBuildError(RuntimeError):
+    """The C++/CUDA extension could not be compiled or loaded."""
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """What gets compiled, with which toolchain, and where the cached build lives."""
+
+    sources: tuple[Path, ...]
+    with_cuda: bool
+    cuda_skip_reason: str | None
+    build_dir: Path
+    module_name: str
+
+
+def _cuda_toolchain_problem() -> str | None:
+    """Why the CUDA kernels cannot be compiled here, or None when they can."""
+    if os.environ.get("MORPHPIPE_NO_CUDA") == "1":
+        return "MORPHPIPE_NO_CUDA=1 is set"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None:
+        return "nvcc was not found (set CUDA_HOME)"
+    if not any(CSRC_DIR.glob("cuda/*.cu")):
+        return "csrc/cuda has no kernels yet"
+    return None
+
+
+def build_config() -> BuildConfig:
+    """Sources and cache location for this machine's torch; the hash covers every source file."""
+    if not (CSRC_DIR / "ops.cpp").exists():
+        raise NativeBuildError(
+            f"native sources not found at {CSRC_DIR}; install morphpipe from a source checkout "
+            "with `pip install -e .` so csrc/ sits beside the package"
+        )
+    cuda_problem = _cuda_toolchain_problem()
+    with_cuda = cuda_problem is None
+    sources = [CSRC_DIR / "ops.cpp", CSRC_DIR / "python_module.cpp", *sorted(CSRC_DIR.glob("cpu/*.cpp"))]
+    if with_cuda:
+        sources += sorted(CSRC_DIR.glob("cuda/*.cu"))
+    digest = hashlib.sha256()
+    for path in sorted(CSRC_DIR.rglob("*")):
+        if path.is_file() and path.suffix in {".cpp", ".cu", ".h", ".cuh"}:
+            digest.update(str(path.relative_to(CSRC_DIR)).encode())
+            digest.update(path.read_bytes())
+    digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}|{with_cuda}".encode())
+    key = digest.hexdigest()[:16]
+    root = Path(os.environ.get("MORPHPIPE_BUILD_DIR", Path.home() / ".cache" / "morphpipe" / "build"))
+    return BuildConfig(tuple(sources), with_cuda, cuda_problem, root / key, f"morphpipe_native_{key}")
+
+
+def _ensure_ninja_on_path() -> None:
+    """torch's JIT builder calls `ninja`; the pip package ships it outside an unactivated venv's PATH."""
+    try:
+        import ninja
+    except ImportError as error:
+        raise NativeBuildError("the `ninja` package is missing; `pip install ninja`") from error
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def load(verbose: bool = False) -> ModuleType:
+    """The loaded extension, compiling it first if this source/torch combination is not cached."""
+    global _module
+    with _lock:
+        if _module is not None:
+            return _module
+        from torch.utils import cpp_extension
+
+        config = build_config()
+        config.build_dir.mkdir(parents=True, exist_ok=True)
+        cached = any(config.build_dir.glob(f"{config.module_name}*.so"))
+        if not cached:
+            print(f"morphpipe: compiling native ops into {config.build_dir} (once per source/torch version)",
+                  file=sys.stderr)
+            if config.cuda_skip_reason:
+                print(f"morphpipe: CUDA kernels not built ({config.cuda_skip_reason}); CPU kernels only",
+                      file=sys.stderr)
+        _ensure_ninja_on_path()
+        cflags = ["-O3", "-fopenmp", "-Wall", "-Wno-unused-function"]
+        try:
+            _module = cpp_extension.load(
+                name=config.module_name,
+                sources=[str(s) for s in config.sources],
+                extra_cflags=cflags + (["-DMORPHPIPE_WITH_CUDA"] if config.with_cuda else []),
+                extra_cuda_cflags=["-O3", "--use_fast_math", "-DMORPHPIPE_WITH_CUDA"],
+                extra_ldflags=["-fopenmp"],
+                extra_include_paths=[str(CSRC_DIR)],
+                build_directory=str(config.build_dir),
+                with_cuda=config.with_cuda,
+                verbose=verbose,
+            )
+        except Exception as error:
+            raise NativeBuildError(
+                f"building the native ops failed ({type(error).__name__}: {error}); rerun "
+                f"`morphpipe info --build --verbose` for the compiler log (build dir: {config.build_dir})"
+            ) from error
+        return _module
+
+
+def ops() -> object:
+    """`torch.ops.morphpipe`, after making sure the extension that registers it is loaded."""
+    load()
+    return torch.ops.morphpipe

@@ -1,0 +1,164 @@
+"""Route 0 batcher: multi-threaded C++ neighbour sampling and feature gathering on CPU cores.
+
+Each of `num_threads` C++ threads builds whole mini-batches outside the GIL (SALIENT-style
+batch-level parallelism); a bounded window of `queue_size` batches in flight bounds memory,
+and batches come out in epoch order, so an epoch is the same for any thread count.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import psutil
+import torch
+
+from morphpipe import native
+from morphpipe.sampling.minibatch import Block, MiniBatch
+from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (CPU affinity), the default batching thread count."""
+    try:
+        return len(psutil.Process().cpu_affinity())
+    except (AttributeError, NotImplementedError):
+        return psutil.cpu_count(logical=True) or 1
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch's shuffle and sampling, derived from the run seed."""
+    return (int(seed) * 1_000_003 + int(epoch)) % (2**63)
+
+
+def minibatch_from_native(parts: tuple, route: int = 0) -> MiniBatch:
+    """Wraps the native (batch_index, seeds, input_nodes, indptrs, indices, x, y) tuple."""
+    batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y = parts
+    return MiniBatch(
+        seeds=seeds,
+        input_nodes=input_nodes,
+        blocks=blocks_from_native(input_nodes.numel(), block_indptrs, block_indices),
+        x=x,
+        y=y,
+        batch_index=batch_index,
+        route=route,
+    )
+
+
+def blocks_from_native(num_input_nodes: int, block_indptrs: list, block_indices: list) -> list[Block]:
+    """Blocks, input layer first: each layer's sources are the previous layer's destinations."""
+    blocks = []
+    num_src = num_input_nodes
+    for indptr, indices in zip(block_indptrs, block_indices):
+        num_dst = indptr.numel() - 1
+        blocks.append(Block(indptr=indptr, indices=indices, num_src=num_src, num_dst=num_dst))
+        num_src = num_dst
+    return blocks
+
+
+class CpuBatcher:
+    """Epoch iterator over mini-batches of `seeds` (default: the graph's train split).
+
+    `iter(batcher)` starts the next epoch; `batcher.epoch(k)` replays epoch k exactly.
+    Every seed lands in exactly one batch per epoch (the last batch may be short unless
+    `drop_last`). `fanouts[h]` is the neighbour count at hop h from the seeds (PyG's
+    num_neighbors order), -1 for all neighbours; blocks come out input layer first.
+    """
+
+    route = 0
+
+    def __init__(
+        self,
+        graph,
+        fanouts: Sequence[int],
+        batch_size: int,
+        *,
+        num_threads: int | None = None,
+        seeds: torch.Tensor | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+        queue_size: int | None = None,
+        pin_memory: bool | None = None,
+    ) -> None:
+        self.fanouts = check_fanouts(fanouts)
+        self.batch_size = check_positive("batch_size", batch_size)
+        self.num_threads = check_positive("num_threads", num_threads if num_threads is not None else usable_cores())
+        self.queue_size = check_positive("queue_size", queue_size if queue_size is not None else 2 * self.num_threads)
+        self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = int(seed)
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self.graph = graph
+        self._native = native.load().CpuBatcher(
+            graph.indptr.contiguous(),
+            graph.indices.contiguous(),
+            graph.features.contiguous(),
+            graph.labels.contiguous(),
+            self.fanouts,
+            self.num_threads,
+            self.queue_size,
+            self.pin_memory,
+        )
+        self._next_epoch = 0
+        self._active_epoch: object | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        full, rest = divmod(self.seeds.numel(), self.batch_size)
+        return full + (0 if self.drop_last or rest == 0 else 1)
+
+    def __iter__(self) -> Iterator[MiniBatch]:
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        return self.epoch(epoch)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The seeds in the order epoch `epoch` visits them."""
+        if not self.shuffle:
+            return self.seeds
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
+        return self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+
+    def epoch(self, epoch: int) -> Iterator[MiniBatch]:
+        """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order."""
+        token = object()
+        self._active_epoch = token
+        self._native.start_epoch(self.epoch_order(epoch), self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))
+        return self._iterate(token)
+
+    def _iterate(self, token: object) -> Iterator[MiniBatch]:
+        while True:
+            if self._active_epoch is not token:
+                raise RuntimeError("CpuBatcher: this epoch was superseded by a newer one; iterate the new epoch")
+            parts = self._native.next()
+            if parts is None:
+                return
+            yield minibatch_from_native(parts, route=self.route)
+
+    def close(self) -> None:
+        """Stops the worker threads; the batcher can start a new epoch afterwards."""
+        self._active_epoch = None
+        self._native.stop()
+
+    def __enter__(self) -> "CpuBatcher":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def sample_neighbors(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> MiniBatch:
+    """Samples one mini-batch on the calling thread (the `morphpipe::sample_neighbors` op)."""
+    fanouts = check_fanouts(fanouts)
+    seed_ids = check_seed_ids(seeds, graph.num_nodes)
+    ops = native.ops()
+    input_nodes, block_indptrs, block_indices = ops.sample_neighbors(
+        graph.indptr, graph.indices, seed_ids, fanouts, int(seed)
+    )
+    return MiniBatch(
+        seeds=seed_ids,
+        input_nodes=input_nodes,
+        blocks=blocks_from_native(input_nodes.numel(), block_indptrs, block_indices),
+        x=ops.gather_rows(graph.features, input_nodes),
+        y=graph.labels[seed_ids],
+    )

@@ -1,0 +1,46 @@
+"""Checks of batcher arguments at the Python boundary, so bad input fails with a named fix."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def check_fanouts(fanouts: Sequence[int]) -> list[int]:
+    """Fanouts per hop from the seeds: each a positive count, or -1 for all neighbours."""
+    if isinstance(fanouts, (str, bytes)) or not isinstance(fanouts, Sequence) or len(fanouts) == 0:
+        raise ValueError(f"fanouts: expected a non-empty list of ints such as [15, 10, 5], got {fanouts!r}")
+    checked = []
+    for hop, fanout in enumerate(fanouts):
+        if isinstance(fanout, bool) or not isinstance(fanout, (int, np.integer)) or (fanout != -1 and fanout <= 0):
+            raise ValueError(
+                f"fanouts[{hop}] = {fanout!r}: each fanout is a positive neighbour count or -1 for all neighbours"
+            )
+        checked.append(int(fanout))
+    return checked
+
+
+def check_positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} = {value!r}: expected a positive integer")
+    return int(value)
+
+
+def check_seed_ids(seeds: torch.Tensor | np.ndarray | Sequence[int], num_nodes: int, name: str = "seeds") -> torch.Tensor:
+    """Seed node ids as a 1-D int64 tensor, each in [0, num_nodes) and none repeated."""
+    tensor = torch.as_tensor(np.asarray(seeds) if not isinstance(seeds, torch.Tensor) else seeds)
+    if tensor.dim() != 1:
+        raise ValueError(f"{name}: expected a 1-D list of node ids, got shape {tuple(tensor.shape)}")
+    if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.is_complex():
+        raise ValueError(f"{name}: expected integer node ids, got dtype {tensor.dtype}")
+    tensor = tensor.to(torch.int64).contiguous()
+    if tensor.numel() == 0:
+        raise ValueError(f"{name}: no seed nodes given; pass at least one node id")
+    low, high = int(tensor.min()), int(tensor.max())
+    if low < 0 or high >= num_nodes:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name}: node id {bad} is outside [0, {num_nodes}); pass ids of nodes in the graph")
+    if torch.unique(tensor).numel() != tensor.numel():
+        raise ValueError(f"{name}: contains repeated node ids; each seed must appear once (use torch.unique)")
+    return tensor

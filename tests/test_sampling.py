@@ -1,0 +1,232 @@
+"""Correctness of the C++ neighbour sampler and the threaded CPU batcher (Route 0)."""
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from morphpipe import native
+from morphpipe.sampling import CpuBatcher, MiniBatch, sample_neighbors
+
+FANOUTS = [4, 3, 2]
+
+
+def make_graph(num_nodes: int, index_dtype=torch.int32, seed: int = 0, num_classes: int = 5):
+    """A graph with zero-degree nodes, low-degree nodes, hubs, and no duplicate edges."""
+    rng = np.random.default_rng(seed)
+    degrees = rng.integers(0, 12, num_nodes)
+    degrees[::17] = 0
+    degrees[5] = min(300, num_nodes - 1)
+    neighbour_lists = [np.sort(rng.choice(num_nodes, size=d, replace=False)) for d in degrees]
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    indptr[1:] = torch.from_numpy(np.cumsum(degrees))
+    indices = torch.from_numpy(np.concatenate(neighbour_lists)).to(index_dtype)
+    features = torch.from_numpy(rng.standard_normal((num_nodes, 7)).astype(np.float32))
+    labels = torch.from_numpy(rng.integers(0, num_classes, num_nodes))
+    return SimpleNamespace(
+        indptr=indptr, indices=indices, features=features, labels=labels,
+        train_idx=torch.arange(0, num_nodes, 2), num_nodes=num_nodes,
+    )
+
+
+@pytest.fixture(scope="module", params=[torch.int32, torch.int64], ids=["int32", "int64"])
+def graph(request):
+    return make_graph(500, index_dtype=request.param)
+
+
+def neighbours_of(graph, node: int) -> np.ndarray:
+    return graph.indices[graph.indptr[node]:graph.indptr[node + 1]].numpy().astype(np.int64)
+
+
+def check_batch(graph, batch: MiniBatch, fanouts: list[int]) -> None:
+    """Every structural property a sampled batch must have."""
+    num_seeds = batch.seeds.numel()
+    assert torch.equal(batch.input_nodes[:num_seeds], batch.seeds), "seeds are the prefix of input_nodes"
+    assert torch.unique(batch.input_nodes).numel() == batch.input_nodes.numel()
+    assert len(batch.blocks) == len(fanouts)
+    assert batch.blocks[0].num_src == batch.input_nodes.numel()
+    assert batch.blocks[-1].num_dst == num_seeds
+    for layer, block in enumerate(batch.blocks):
+        fanout = fanouts[len(fanouts) - 1 - layer]
+        if layer > 0:
+            assert block.num_src == batch.blocks[layer - 1].num_dst
+        assert block.indptr.numel() == block.num_dst + 1 and block.indptr[0] == 0
+        assert int(block.indptr[-1]) == block.nnz
+        assert block.nnz == 0 or (0 <= int(block.indices.min()) and int(block.indices.max()) < block.num_src)
+        for dst in range(block.num_dst):
+            dst_global = int(batch.input_nodes[dst])
+            sampled = batch.input_nodes[block.indices[block.indptr[dst]:block.indptr[dst + 1]]].numpy()
+            true = neighbours_of(graph, dst_global)
+            assert np.isin(sampled, true).all(), "every sampled edge exists in the graph"
+            assert len(np.unique(sampled)) == len(sampled), "no repeated neighbour per destination"
+            expected = len(true) if fanout == -1 else min(fanout, len(true))
+            assert len(sampled) == expected, "fanout respected, low-degree nodes take all"
+    assert torch.equal(batch.x, graph.features[batch.input_nodes])
+    assert torch.equal(batch.y, graph.labels[batch.seeds])
+
+
+def test_single_batch_structure(graph):
+    seeds = torch.tensor([5, 0, 17, 3, 499, 250])
+    for fanouts in (FANOUTS, [-1, 2], [100, 1]):
+        check_batch(graph, sample_neighbors(graph, seeds, fanouts, seed=3), fanouts)
+
+
+def test_batcher_batches_are_valid(graph):
+    with CpuBatcher(graph, FANOUTS, batch_size=32, num_threads=3, seed=1) as batcher:
+        for batch in batcher:
+            check_batch(graph, batch, FANOUTS)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_each_seed_exactly_once_per_epoch(graph, drop_last):
+    batcher = CpuBatcher(graph, FANOUTS, batch_size=48, num_threads=2, drop_last=drop_last, seed=5)
+    for _ in range(2):
+        batches = list(batcher)
+        assert len(batches) == len(batcher)
+        assert [b.batch_index for b in batches] == list(range(len(batches)))
+        seen = torch.cat([b.seeds for b in batches])
+        assert torch.unique(seen).numel() == seen.numel()
+        if drop_last:
+            assert all(b.seeds.numel() == 48 for b in batches)
+            assert seen.numel() == (graph.train_idx.numel() // 48) * 48
+        else:
+            assert torch.equal(torch.sort(seen).values, torch.sort(graph.train_idx).values)
+    batcher.close()
+
+
+def batches_as_tensors(batches):
+    return [
+        [b.seeds, b.input_nodes, b.x, b.y, *[t for blk in b.blocks for t in (blk.indptr, blk.indices)]]
+        for b in batches
+    ]
+
+
+def assert_same_epochs(first, second):
+    assert len(first) == len(second)
+    for a, b in zip(batches_as_tensors(first), batches_as_tensors(second)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_deterministic_for_seed_and_thread_count(graph):
+    def epoch(threads, seed, epoch_number=0):
+        return list(CpuBatcher(graph, FANOUTS, 40, num_threads=threads, seed=seed).epoch(epoch_number))
+
+    assert_same_epochs(epoch(2, 7), epoch(2, 7))
+    assert_same_epochs(epoch(1, 7), epoch(4, 7))
+    different = epoch(2, 8)
+    assert not torch.equal(epoch(2, 7)[0].seeds, different[0].seeds)
+    assert not torch.equal(epoch(2, 7, 0)[0].seeds, epoch(2, 7, 1)[0].seeds), "each epoch reshuffles"
+
+
+def test_replaying_an_epoch_and_unshuffled_order(graph):
+    batcher = CpuBatcher(graph, FANOUTS, 40, num_threads=2, seed=2)
+    first = list(batcher)
+    list(batcher)
+    assert_same_epochs(first, list(batcher.epoch(0)))
+    ordered = CpuBatcher(graph, FANOUTS, 40, num_threads=2, shuffle=False)
+    assert torch.equal(torch.cat([b.seeds for b in ordered]), graph.train_idx)
+
+
+def test_a_new_epoch_supersedes_an_unfinished_one(graph):
+    batcher = CpuBatcher(graph, FANOUTS, 10, num_threads=2, queue_size=2)
+    old = iter(batcher)
+    next(old)
+    fresh = iter(batcher)
+    assert len(list(fresh)) == len(batcher)
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(old)
+
+
+def test_sampling_is_uniform_chi_square():
+    """Every neighbour of a node is drawn equally often, and so is every pair (Floyd and Fisher-Yates paths)."""
+    graph = make_graph(400, seed=1)
+    hub = 5
+    degree = int(graph.indptr[hub + 1] - graph.indptr[hub])
+    for fanout in (5, 100):
+        trials = 600
+        counts = np.zeros(degree)
+        position = {n: i for i, n in enumerate(neighbours_of(graph, hub))}
+        for trial in range(trials):
+            batch = sample_neighbors(graph, [hub], [fanout], seed=trial)
+            for node in batch.input_nodes[batch.blocks[0].indices].tolist():
+                counts[position[node]] += 1
+        assert counts.sum() == trials * fanout
+        assert stats.chisquare(counts).pvalue > 1e-3
+
+    small = SimpleNamespace(
+        indptr=torch.tensor([0, 6, 6, 6, 6, 6, 6, 6]), indices=torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.int32),
+        features=torch.zeros(7, 1), labels=torch.zeros(7, dtype=torch.long), num_nodes=7,
+    )
+    pairs = {p: 0 for p in itertools.combinations(range(1, 7), 2)}
+    for trial in range(3000):
+        batch = sample_neighbors(small, [0], [2], seed=trial)
+        pairs[tuple(sorted(batch.input_nodes[batch.blocks[0].indices].tolist()))] += 1
+    assert stats.chisquare(list(pairs.values())).pvalue > 1e-3
+
+
+def test_edge_index_conversion(graph):
+    batch = sample_neighbors(graph, torch.tensor([5, 6, 7]), FANOUTS, seed=0)
+    for block, edge_index in zip(batch.blocks, batch.edge_indices()):
+        assert edge_index.shape == (2, block.nnz)
+        degrees = torch.bincount(edge_index[1], minlength=block.num_dst)
+        assert torch.equal(degrees, block.indptr[1:] - block.indptr[:-1])
+        assert torch.equal(edge_index[0], block.indices)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"fanouts": [0, 2]}, r"fanouts\[0\] = 0"),
+        ({"fanouts": [3, -2]}, r"fanouts\[1\] = -2"),
+        ({"fanouts": []}, "fanouts"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"num_threads": 0}, "num_threads"),
+        ({"seeds": torch.tensor([1, 500])}, "outside"),
+        ({"seeds": torch.tensor([-1, 2])}, "outside"),
+        ({"seeds": torch.tensor([3, 3])}, "repeated"),
+        ({"seeds": torch.tensor([0.5])}, "integer"),
+    ],
+)
+def test_bad_arguments_are_named(graph, kwargs, match):
+    args = {"fanouts": FANOUTS, "batch_size": 8} | kwargs
+    with pytest.raises(ValueError, match=match):
+        CpuBatcher(graph, args.pop("fanouts"), args.pop("batch_size"), **args)
+
+
+def test_worker_error_reaches_the_caller_with_its_message():
+    """A corrupt graph that skipped validation makes a worker thread fail; next() re-raises it."""
+    graph = make_graph(50)
+    corrupt = graph.indices.clone()
+    corrupt[graph.indptr[5]] = 10_000
+    extension = native.load()
+    batcher = extension.CpuBatcher(graph.indptr, corrupt, graph.features, graph.labels, [50], 3, 4, False)
+    batcher.start_epoch(torch.arange(50), 4, False, 0)
+    with pytest.raises(RuntimeError, match="outside"):
+        while batcher.next() is not None:
+            pass
+    batcher.start_epoch(torch.tensor([0, 50]), 1, False, 0)
+    with pytest.raises(RuntimeError, match=r"seeds\[0\] = 50"):
+        while batcher.next() is not None:
+            pass
+    batcher.stop()
+
+
+def test_native_checks_topology_before_use():
+    graph = make_graph(20)
+    extension = native.load()
+    with pytest.raises(RuntimeError, match="indptr"):
+        extension.CpuBatcher(graph.indptr[:-1], graph.indices, graph.features, graph.labels, [2], 1, 1, False)
+    with pytest.raises(RuntimeError, match="features"):
+        extension.CpuBatcher(graph.indptr, graph.indices, graph.features[:5], graph.labels, [2], 1, 1, False)
+
+
+def test_gather_rows_op_matches_indexing():
+    source = torch.randn(1000, 33).to(torch.bfloat16)
+    index = torch.randint(0, 1000, (5000,))
+    assert torch.equal(native.ops().gather_rows(source, index), source[index])
+    with pytest.raises(RuntimeError, match="outside"):
+        native.ops().gather_rows(source, torch.tensor([1000]))
