@@ -1,0 +1,42 @@
+"""MLP baseline with the block models' interface: it uses only the seeds' own features."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from morphpipe.nn.base import check_blocks, check_dropout, check_model_args, layer_dims
+from morphpipe.sampling.minibatch import Block
+
+
+class MLP(nn.Module):
+    """`num_layers` Linear layers with ReLU + dropout between them, on `x[:blocks[-1].num_dst]`."""
+
+    def __init__(self, in_dim: int, num_classes: int, num_layers: int = 3, hidden: int = 256, dropout: float = 0.5) -> None:
+        super().__init__()
+        check_model_args(in_dim, num_classes, num_layers, hidden)
+        self.lins = nn.ModuleList(nn.Linear(i, o) for i, o in layer_dims(in_dim, hidden, num_classes, num_layers))
+        self.dropout = check_dropout(dropout)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.lins)
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every layer."""
+        for lin in self.lins:
+            lin.reset_parameters()
+
+    def forward(self, blocks: Sequence[Block], x: Tensor) -> Tensor:
+        """Logits `[blocks[-1].num_dst, num_classes]`: the seeds are the prefix of the input nodes.
+
+        Any number of blocks is accepted (the MLP has no hops); with none, `x` is the seeds' features.
+        """
+        check_blocks(type(self).__name__, blocks, x, None)
+        h = x[: blocks[-1].num_dst] if blocks else x
+        for i, lin in enumerate(self.lins):
+            h = lin(h)
+            if i < self.num_layers - 1:
+                h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
+        return h

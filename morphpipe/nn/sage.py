@@ -1,0 +1,47 @@
+"""GraphSAGE with mean aggregation (Hamilton et al., 2017) on mini-batch blocks."""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
+from morphpipe.ops import aggregate
+from morphpipe.sampling.minibatch import Block
+
+
+class SAGEConv(nn.Module):
+    """`lin_self(h_dst) + lin_neigh(mean of in-neighbours)`; same as PyG `SAGEConv(aggr="mean")` (lin_r, lin_l).
+
+    When the layer narrows (out < in) the neighbour projection runs before the mean, which is
+    equal (the mean is linear) and aggregates the narrower tensor.
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features = check_positive_int("in_features", in_features)
+        self.out_features = check_positive_int("out_features", out_features)
+        self.lin_neigh = nn.Linear(in_features, out_features, bias=True)
+        self.lin_self = nn.Linear(in_features, out_features, bias=False)
+
+    def reset_parameters(self) -> None:
+        """Re-initialise both projections."""
+        self.lin_neigh.reset_parameters()
+        self.lin_self.reset_parameters()
+
+    def forward(self, block: Block, h_src: Tensor) -> Tensor:
+        """`[num_src, in] -> [num_dst, out]`; destinations with no sampled neighbours see a zero mean."""
+        if self.out_features < self.in_features:
+            neigh = aggregate(block, F.linear(h_src, self.lin_neigh.weight), "mean") + self.lin_neigh.bias
+        else:
+            neigh = self.lin_neigh(aggregate(block, h_src, "mean"))
+        return neigh + self.lin_self(h_src[: block.num_dst])
+
+
+class GraphSAGE(BlockModel):
+    """GraphSAGE-mean: `num_layers` SAGEConv layers, in_dim -> hidden -> ... -> num_classes."""
+
+    def __init__(self, in_dim: int, num_classes: int, num_layers: int = 3, hidden: int = 256, dropout: float = 0.5) -> None:
+        check_model_args(in_dim, num_classes, num_layers, hidden)
+        super().__init__(
+            [SAGEConv(i, o) for i, o in layer_dims(in_dim, hidden, num_classes, num_layers)], dropout
+        )
