@@ -31,7 +31,10 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor feature
               "labels: expected a contiguous 1-D int64 CPU tensor");
   TORCH_CHECK(labels_.numel() == num_nodes, "labels: ", labels_.numel(), " labels for ", num_nodes,
               " nodes; give one label per node");
-  output_options_ = at::TensorOptions(at::kLong).pinned_memory(pin_memory);
+  // Enough idle buffers for every tensor of every batch in flight or in the consumer's hands.
+  const size_t tensors_per_batch = 2 * fanouts_.size() + 4;
+  const size_t batches_held = static_cast<size_t>(queue_size_ + num_threads_ + 2);
+  pool_ = BufferPool::create(at::TensorOptions().pinned_memory(pin_memory), tensors_per_batch * batches_held);
   window_.resize(queue_size_);
 }
 
@@ -73,21 +76,21 @@ CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) 
   const int64_t count = std::min(batch_size_, order_.numel() - begin);
   CpuBatch batch;
   batch.batch_index = batch_index;
-  batch.seeds = at::empty({count}, output_options_);
+  batch.seeds = pool_->empty({count}, at::kLong);
   const int64_t* seeds = order_.data_ptr<int64_t>() + begin;
   std::memcpy(batch.seeds.data_ptr<int64_t>(), seeds, count * sizeof(int64_t));
 
   SampledBlocks blocks = sampler.sample(seeds, count, splitmix64(epoch_seed_ ^ static_cast<uint64_t>(batch_index)),
-                                        output_options_);
+                                        *pool_);
   batch.input_nodes = std::move(blocks.input_nodes);
   batch.block_indptrs = std::move(blocks.block_indptrs);
   batch.block_indices = std::move(blocks.block_indices);
 
   const int64_t num_inputs = batch.input_nodes.numel();
-  batch.x = at::empty({num_inputs, features_.size(1)}, output_options_.dtype(features_.scalar_type()));
+  batch.x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
   gather_rows_into(features_, batch.input_nodes.data_ptr<int64_t>(), num_inputs, batch.x);
 
-  batch.y = at::empty({count}, output_options_);
+  batch.y = pool_->empty({count}, at::kLong);
   const int64_t* labels = labels_.data_ptr<int64_t>();
   int64_t* y = batch.y.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) y[i] = labels[seeds[i]];

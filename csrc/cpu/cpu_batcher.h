@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "buffer_pool.h"
+
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -57,7 +59,7 @@ class CpuBatcher {
   std::vector<int64_t> fanouts_;
   int64_t num_threads_;
   int64_t queue_size_;
-  at::TensorOptions output_options_;
+  std::shared_ptr<BufferPool> pool_;  // memory of batch outputs, recycled
 
   at::Tensor order_;
   int64_t batch_size_ = 0;

@@ -76,8 +76,7 @@ void NeighborSampler::choose_offsets(int64_t degree, int64_t count, Xoshiro256& 
 
 template <typename index_t>
 void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
-                                 int64_t* out_indptr, const at::TensorOptions& options,
-                                 at::Tensor& out_indices) {
+                                 int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices) {
   out_indptr[0] = 0;
   for (int64_t dst = 0; dst < num_dst; ++dst) {
     const int64_t node = nodes_[dst];
@@ -85,7 +84,7 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
     const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
     out_indptr[dst + 1] = out_indptr[dst] + taken;
   }
-  out_indices = at::empty({out_indptr[num_dst]}, options);
+  out_indices = pool.empty({out_indptr[num_dst]}, at::kLong);
   int64_t* out = out_indices.data_ptr<int64_t>();
   for (int64_t dst = 0; dst < num_dst; ++dst) {
     const int64_t node = nodes_[dst];
@@ -109,7 +108,7 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
 }
 
 SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
-                                      const at::TensorOptions& options) {
+                                      BufferPool& pool) {
   Xoshiro256 rng(rng_seed);
   node_map_.clear();
   nodes_.clear();
@@ -132,18 +131,18 @@ SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, u
   for (size_t hop = 0; hop < num_hops; ++hop) {
     const size_t layer = num_hops - 1 - hop;  // hop 0 (around the seeds) is the last layer
     const int64_t num_dst = static_cast<int64_t>(nodes_.size());
-    at::Tensor indptr = at::empty({num_dst + 1}, options);
+    at::Tensor indptr = pool.empty({num_dst + 1}, at::kLong);
     if (indices_.scalar_type() == at::kInt) {
       sample_hop(indices_.data_ptr<int32_t>(), fanouts_[hop], num_dst, rng, indptr.data_ptr<int64_t>(),
-                 options, result.block_indices[layer]);
+                 pool, result.block_indices[layer]);
     } else {
       sample_hop(indices_.data_ptr<int64_t>(), fanouts_[hop], num_dst, rng, indptr.data_ptr<int64_t>(),
-                 options, result.block_indices[layer]);
+                 pool, result.block_indices[layer]);
     }
     result.num_sampled_edges += result.block_indices[layer].numel();
     result.block_indptrs[layer] = std::move(indptr);
   }
-  result.input_nodes = at::empty({static_cast<int64_t>(nodes_.size())}, options);
+  result.input_nodes = pool.empty({static_cast<int64_t>(nodes_.size())}, at::kLong);
   std::memcpy(result.input_nodes.data_ptr<int64_t>(), nodes_.data(), nodes_.size() * sizeof(int64_t));
   return result;
 }
@@ -173,8 +172,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample_
               "; convert with seeds.long()");
   const at::Tensor seeds_contiguous = seeds.contiguous();
   NeighborSampler sampler(indptr.contiguous(), indices.contiguous(), fanouts.vec());
+  auto allocator = BufferPool::create(at::TensorOptions(), /*max_idle=*/0);
   SampledBlocks blocks = sampler.sample(seeds_contiguous.data_ptr<int64_t>(), seeds_contiguous.numel(),
-                                        splitmix64(static_cast<uint64_t>(seed)), at::TensorOptions(at::kLong));
+                                        splitmix64(static_cast<uint64_t>(seed)), *allocator);
   return {blocks.input_nodes, blocks.block_indptrs, blocks.block_indices};
 }
 

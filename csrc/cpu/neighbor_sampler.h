@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "buffer_pool.h"
 #include "node_map.h"
 #include "random.h"
 
@@ -27,16 +28,15 @@ class NeighborSampler {
   NeighborSampler(at::Tensor indptr, at::Tensor indices, std::vector<int64_t> fanouts);
 
   // Samples the blocks of one batch; `rng_seed` alone decides the random choices.
-  // Outputs are allocated with `options` (e.g. pinned host memory).
-  SampledBlocks sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
-                       const at::TensorOptions& options);
+  // Outputs come from `pool` (e.g. recycled pinned host memory).
+  SampledBlocks sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed, BufferPool& pool);
 
   int64_t num_nodes() const { return num_nodes_; }
 
  private:
   template <typename index_t>
   void sample_hop(const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
-                  int64_t* out_indptr, const at::TensorOptions& options, at::Tensor& out_indices);
+                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices);
 
   // Draws `count` distinct offsets in [0, degree) into chosen_ (uniform over subsets).
   void choose_offsets(int64_t degree, int64_t count, Xoshiro256& rng);

@@ -1,0 +1,47 @@
+#include "buffer_pool.h"
+
+#include <algorithm>
+
+namespace morphpipe {
+
+at::Tensor BufferPool::empty(at::IntArrayRef sizes, at::ScalarType dtype) {
+  if (max_idle_ == 0) return at::empty(sizes, options_.dtype(dtype));
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  for (const int64_t size : sizes) bytes *= size;
+  at::Tensor buffer;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Smallest idle buffer that fits, so large buffers stay free for large requests.
+    auto best = idle_.end();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+      if (it->numel() >= bytes && (best == idle_.end() || it->numel() < best->numel())) best = it;
+    }
+    if (best != idle_.end()) {
+      buffer = std::move(*best);
+      idle_.erase(best);
+    }
+  }
+  if (!buffer.defined()) {
+    // Headroom so that the next, slightly larger batch can reuse this buffer.
+    buffer = at::empty({std::max<int64_t>(bytes + bytes / 4, 64)}, options_.dtype(at::kByte));
+  }
+  void* data = buffer.data_ptr();
+  std::shared_ptr<BufferPool> self = shared_from_this();
+  return at::from_blob(
+      data, sizes, [self, buffer](void*) mutable { self->give_back(std::move(buffer)); },
+      at::TensorOptions().dtype(dtype));
+}
+
+void BufferPool::give_back(at::Tensor buffer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (idle_.size() < max_idle_) {
+    idle_.push_back(std::move(buffer));
+  } else {
+    // Keep the larger buffers: a pool that only holds small ones stops helping.
+    auto smallest = std::min_element(idle_.begin(), idle_.end(),
+                                     [](const at::Tensor& a, const at::Tensor& b) { return a.numel() < b.numel(); });
+    if (smallest != idle_.end() && smallest->numel() < buffer.numel()) *smallest = std::move(buffer);
+  }
+}
+
+}  // namespace morphpipe

@@ -1,0 +1,50 @@
+"""`morphpipe bench`: CPU batcher throughput on a dataset for several thread counts."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from morphpipe.sampling.cpu_batcher import CpuBatcher, usable_cores
+from morphpipe.sampling.throughput import measure_throughput
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    """'15,10,5' -> [15, 10, 5], with an error naming the option."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise ValueError(f"{name}: expected comma-separated integers such as 15,10,5, got {text!r}") from error
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="measure the CPU batcher's throughput on a dataset")
+    parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
+    parser.add_argument("--fanouts", default="15,10,5", help="neighbours per hop from the seeds (default 15,10,5)")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--threads", default=None, help="thread counts to try, e.g. 1,2,4 (default 1..usable cores)")
+    parser.add_argument("--batches", type=int, default=30, help="batches measured per thread count")
+    parser.add_argument("--json", dest="json_path", default=None, help="also write the results to this JSON file")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from morphpipe.data import load_dataset
+
+    graph = load_dataset(args.dataset)
+    fanouts = parse_int_list(args.fanouts, "--fanouts")
+    threads = parse_int_list(args.threads, "--threads") if args.threads else list(range(1, usable_cores() + 1))
+    print(f"{graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges; fanouts {fanouts}, "
+          f"batch {args.batch_size}")
+    print(f"{'threads':>7}{'batches/s':>11}{'Medges/s':>10}{'GB/s feat':>11}{'MB/batch':>10}")
+    rows = []
+    for count in threads:
+        with CpuBatcher(graph, fanouts, args.batch_size, num_threads=count) as batcher:
+            result = measure_throughput(batcher, max_batches=args.batches)
+        rows.append({"threads": count, **result.to_dict()})
+        print(f"{count:>7}{result.batches_per_s:>11.2f}{result.edges_per_s / 1e6:>10.2f}"
+              f"{result.feature_bytes_per_s / 1e9:>11.3f}{result.bytes_per_batch / 1e6:>10.2f}")
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump({"dataset": graph.name, "fanouts": fanouts, "batch_size": args.batch_size, "rows": rows},
+                      handle, indent=2)
+    return 0

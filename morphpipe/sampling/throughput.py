@@ -1,0 +1,52 @@
+"""Measured throughput of a batcher: what the benchmark, `morphpipe bench` and the profiler report."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+from morphpipe.sampling.minibatch import MiniBatch
+
+
+@dataclass
+class BatcherThroughput:
+    """Batches, sampled edges and gathered feature bytes per second over one measured run."""
+
+    batches: int
+    seconds: float
+    batches_per_s: float
+    edges_per_s: float
+    feature_bytes_per_s: float
+    edges_per_batch: float
+    input_nodes_per_batch: float
+    bytes_per_batch: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_throughput(batches: Iterable[MiniBatch], max_batches: int | None = None) -> BatcherThroughput:
+    """Consumes up to `max_batches` batches and times them from the first request to the last."""
+    start = time.perf_counter()
+    count = edges = input_nodes = feature_bytes = total_bytes = 0
+    for batch in batches:
+        count += 1
+        edges += batch.num_sampled_edges()
+        input_nodes += batch.input_nodes.numel()
+        feature_bytes += batch.x.numel() * batch.x.element_size()
+        total_bytes += batch.nbytes
+        if max_batches is not None and count >= max_batches:
+            break
+    seconds = time.perf_counter() - start
+    if count == 0:
+        raise ValueError("measure_throughput: the batcher produced no batch; check the seeds and batch_size")
+    return BatcherThroughput(
+        batches=count,
+        seconds=seconds,
+        batches_per_s=count / seconds,
+        edges_per_s=edges / seconds,
+        feature_bytes_per_s=feature_bytes / seconds,
+        edges_per_batch=edges / count,
+        input_nodes_per_batch=input_nodes / count,
+        bytes_per_batch=total_bytes / count,
+    )

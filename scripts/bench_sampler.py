@@ -1,0 +1,121 @@
+"""Benchmark: the C++ CPU batcher versus a plain PyTorch reference sampler, 1..N threads.
+
+Default graph: the `bench-1m` preset (power law, 1M nodes, average degree 20, 128 float16
+features); fanouts 15,10,5; batch 1024. Prints a table and writes JSON. Not a test.
+Usage: python scripts/bench_sampler.py [--dataset bench-1m] [--batches 40] [--out bench_sampler.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from datetime import date
+
+import torch
+
+from morphpipe.data import load_dataset
+from morphpipe.sampling import CpuBatcher, MiniBatch, usable_cores
+from morphpipe.sampling.cpu_batcher import blocks_from_native
+from morphpipe.sampling.throughput import measure_throughput
+
+
+def reference_sample(graph, seeds: torch.Tensor, fanouts: list[int], generator: torch.Generator,
+                     node_to_local: torch.Tensor) -> MiniBatch:
+    """Uniform sampling without replacement with vectorised PyTorch ops (random keys, sort per segment)."""
+    indptr, indices = graph.indptr, graph.indices
+    nodes = seeds
+    node_to_local[seeds] = torch.arange(seeds.numel())
+    indptrs, block_indices = [], []
+    for fanout in fanouts:
+        start = indptr[nodes]
+        degree = indptr[nodes + 1] - start
+        taken = degree if fanout < 0 else degree.clamp(max=fanout)
+        segment = torch.repeat_interleave(torch.arange(nodes.numel()), degree)
+        segment_start = torch.cumsum(degree, 0) - degree
+        offset = torch.arange(segment.numel()) - segment_start[segment]
+        order = torch.argsort(segment.double() + torch.rand(segment.numel(), generator=generator, dtype=torch.float64))
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel())
+        keep = (rank - segment_start[segment]) < taken[segment]
+        kept = keep.nonzero().squeeze(1)
+        neighbours = indices[start[segment[kept]] + offset[kept]].long()
+        unseen = neighbours[node_to_local[neighbours] < 0]
+        fresh = torch.unique(unseen)
+        node_to_local[fresh] = torch.arange(nodes.numel(), nodes.numel() + fresh.numel())
+        nodes = torch.cat([nodes, fresh])
+        block_indptr = torch.zeros(taken.numel() + 1, dtype=torch.int64)
+        block_indptr[1:] = torch.cumsum(taken, 0)
+        indptrs.append(block_indptr)
+        block_indices.append(node_to_local[neighbours])
+    node_to_local[nodes] = -1
+    return MiniBatch(
+        seeds=seeds,
+        input_nodes=nodes,
+        blocks=blocks_from_native(nodes.numel(), indptrs[::-1], block_indices[::-1]),
+        x=graph.features[nodes],
+        y=graph.labels[seeds],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="bench-1m")
+    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--batches", type=int, default=40, help="batches per measurement")
+    parser.add_argument("--max-threads", type=int, default=usable_cores())
+    parser.add_argument("--out", default="bench_sampler.json")
+    args = parser.parse_args()
+
+    graph = load_dataset(args.dataset)
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    generator = torch.Generator().manual_seed(0)
+    seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=generator)]
+    seeds = seeds[: args.batches * args.batch_size]
+    if seeds.numel() < args.batches * args.batch_size:
+        raise SystemExit(f"--batches {args.batches}: the train split has only {graph.train_idx.numel()} seeds")
+    torch.ones(1 << 20).sum()
+
+    torch.set_num_threads(1)
+    node_to_local = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
+    chunks = seeds.split(args.batch_size)
+    list(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks[:2])
+    reference = measure_throughput(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks)
+
+    results = []
+    for threads in range(1, args.max_threads + 1):
+        batcher = CpuBatcher(graph, fanouts, args.batch_size, num_threads=threads, seeds=seeds, seed=0,
+                             pin_memory=False)
+        list(batcher)
+        row = measure_throughput(batcher).to_dict()
+        row["threads"] = threads
+        row["speedup_vs_reference_1_thread"] = row["batches_per_s"] / reference.batches_per_s
+        results.append(row)
+        batcher.close()
+    for row in results:
+        row["scaling_vs_1_thread"] = row["batches_per_s"] / results[0]["batches_per_s"]
+
+    print(f"graph {args.dataset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
+          f"{graph.features.shape[1]} x {graph.features.dtype}; fanouts {fanouts}, batch {args.batch_size}, "
+          f"{args.batches} batches per row")
+    print(f"{'sampler':<22}{'batches/s':>11}{'Medges/s':>10}{'GB/s feat':>11}{'vs ref':>8}{'vs 1 thr':>10}")
+    print(f"{'pytorch reference, 1':<22}{reference.batches_per_s:>11.2f}{reference.edges_per_s / 1e6:>10.2f}"
+          f"{reference.feature_bytes_per_s / 1e9:>11.3f}{1.0:>8.2f}{'':>10}")
+    for row in results:
+        print(f"{'morphpipe C++, ' + str(row['threads']):<22}{row['batches_per_s']:>11.2f}"
+              f"{row['edges_per_s'] / 1e6:>10.2f}{row['feature_bytes_per_s'] / 1e9:>11.3f}"
+              f"{row['speedup_vs_reference_1_thread']:>8.2f}{row['scaling_vs_1_thread']:>10.2f}")
+    report = {
+        "date": date.today().isoformat(),
+        "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),
+                    "torch": torch.__version__},
+        "dataset": args.dataset, "fanouts": fanouts, "batch_size": args.batch_size,
+        "reference_1_thread": reference.to_dict(), "morphpipe": results,
+    }
+    with open(args.out, "w") as handle:
+        json.dump(report, handle, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
