@@ -1,4 +1,4 @@
-"""Builds once (cached per source hash and torch version) and loads the native extension.
+"""Builds (incrementally, cached per torch version) and loads the native extension.
 
 The extension registers `torch.ops.morphpipe.*` (schemas in csrc/ops.cpp, CPU kernels in
 csrc/cpu/, CUDA kernels in csrc/cuda/ where CUDA torch and nvcc exist) and exposes the
@@ -36,6 +36,7 @@ class BuildConfig:
     cuda_skip_reason: str | None
     build_dir: Path
     module_name: str
+    source_hash: str
 
 
 def _cuda_toolchain_problem() -> str | None:
@@ -54,7 +55,7 @@ def _cuda_toolchain_problem() -> str | None:
 
 
 def build_config() -> BuildConfig:
-    """Sources and cache location for this machine's torch; the hash covers every source file."""
+    """Sources and build directory for this torch; ninja rebuilds only what changed in it."""
     if not (CSRC_DIR / "ops.cpp").exists():
         raise NativeBuildError(
             f"native sources not found at {CSRC_DIR}; install morphpipe from a source checkout "
@@ -70,10 +71,10 @@ def build_config() -> BuildConfig:
         if path.is_file() and path.suffix in {".cpp", ".cu", ".h", ".cuh"}:
             digest.update(str(path.relative_to(CSRC_DIR)).encode())
             digest.update(path.read_bytes())
-    digest.update(f"{torch.__version__}|{sys.version_info[:2]}|{platform.machine()}|{with_cuda}".encode())
-    key = digest.hexdigest()[:16]
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    flavour = f"torch{torch.__version__.replace('+', '-')}-{python}-{platform.machine()}-{'cuda' if with_cuda else 'cpu'}"
     root = Path(os.environ.get("MORPHPIPE_BUILD_DIR", Path.home() / ".cache" / "morphpipe" / "build"))
-    return BuildConfig(tuple(sources), with_cuda, cuda_problem, root / key, f"morphpipe_native_{key}")
+    return BuildConfig(tuple(sources), with_cuda, cuda_problem, root / flavour, "morphpipe_native", digest.hexdigest())
 
 
 def _ensure_ninja_on_path() -> None:
@@ -95,9 +96,10 @@ def load(verbose: bool = False) -> ModuleType:
 
         config = build_config()
         config.build_dir.mkdir(parents=True, exist_ok=True)
-        cached = any(config.build_dir.glob(f"{config.module_name}*.so"))
-        if not cached:
-            print(f"morphpipe: compiling native ops into {config.build_dir} (once per source/torch version)",
+        stamp = config.build_dir / "sources.sha256"
+        up_to_date = stamp.exists() and stamp.read_text() == config.source_hash
+        if not up_to_date:
+            print(f"morphpipe: compiling native ops into {config.build_dir} (after install or source changes)",
                   file=sys.stderr)
             if config.cuda_skip_reason:
                 print(f"morphpipe: CUDA kernels not built ({config.cuda_skip_reason}); CPU kernels only",
@@ -119,8 +121,9 @@ def load(verbose: bool = False) -> ModuleType:
         except Exception as error:
             raise NativeBuildError(
                 f"building the native ops failed ({type(error).__name__}: {error}); rerun "
-                f"`morphpipe info --build --verbose` for the compiler log (build dir: {config.build_dir})"
+                f"`morphpipe info --verbose` for the compiler log (build dir: {config.build_dir})"
             ) from error
+        stamp.write_text(config.source_hash)
         return _module
 
 
