@@ -1,0 +1,141 @@
+"""The Profiler: measures every phase this machine has on a real workload and returns a Profile."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from tqdm import tqdm
+
+from morphpipe.profiler.hardware import HardwareFacts
+from morphpipe.profiler.operators import OPERATORS, ProfilingSession
+from morphpipe.profiler.profile import Profile
+from morphpipe.sampling.cpu_batcher import CpuBatcher
+from morphpipe.sampling.validation import check_fanouts, check_positive
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+def default_thread_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... up to the core count, and the core count itself: enough to fit T(P)."""
+    counts = {cores}
+    power = 1
+    while power < cores:
+        counts.add(power)
+        power *= 2
+    return sorted(counts)
+
+
+def resolve_device(device: str) -> str:
+    """'auto' becomes 'cuda' when a CUDA device is visible, else 'cpu'; 'cuda' without one is an error."""
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r}: choose one of {DEVICES}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA device; use --device cpu (or auto)")
+    return device
+
+
+class Profiler:
+    """Times CPU batching, GPU batching, DMA and training for one workload (MorphGL, Table III).
+
+    `thread_counts` are the CPU thread counts measured (default: powers of two up to the
+    usable cores); each measurement is `warmup` untimed steps and up to `steps` timed ones,
+    stopping after `budget_s` seconds once a few steps are timed.
+    """
+
+    def __init__(
+        self,
+        graph,
+        *,
+        model: str = "sage",
+        fanouts: Sequence[int] = (15, 10, 5),
+        batch_size: int = 1024,
+        hidden: int | None = None,
+        device: str = "auto",
+        thread_counts: Sequence[int] | None = None,
+        warmup: int = 2,
+        steps: int = 8,
+        budget_s: float = 5.0,
+        seed: int = 0,
+        progress: bool = True,
+    ) -> None:
+        self.graph = graph
+        self.model = model
+        self.fanouts = check_fanouts(fanouts)
+        self.batch_size = check_positive("batch_size", batch_size)
+        self.hidden = hidden
+        self.device = resolve_device(device)
+        self.hardware = HardwareFacts.detect()
+        counts = default_thread_counts(self.hardware.usable_cores) if thread_counts is None else list(thread_counts)
+        self.thread_counts = sorted({check_positive("thread_counts", count) for count in counts})
+        self.warmup = check_positive("warmup", warmup) if warmup else 0
+        self.steps = check_positive("steps", steps)
+        if not budget_s > 0:
+            raise ValueError(f"budget_s={budget_s!r}: give the seconds one measurement may take, > 0")
+        self.budget_s = float(budget_s)
+        self.seed = seed
+        self.progress = progress
+
+    def phases(self) -> list[tuple[str, str]]:
+        """The (phase, hardware) operators this profile needs, in the order they run."""
+        if self.device == "cpu":
+            return [("cpu_batching", "cpu"), ("training", "cpu")]
+        needed = [("cpu_batching", "cpu"), ("gpu_batching", "cuda"), ("dma", "cuda"), ("training", "cuda")]
+        missing = [phase for phase in needed if phase not in OPERATORS]
+        if missing:
+            raise ValueError(
+                f"device='cuda': no operator measures {', '.join(f'{p} on {h}' for p, h in missing)} in this "
+                "build (the GPU batcher is not available yet); profile with --device cpu"
+            )
+        return needed
+
+    def run(self) -> Profile:
+        """Measures every phase and returns the Profile."""
+        phases = self.phases()
+        per_measurement = self.warmup + self.steps
+        total = sum(per_measurement * (len(self.thread_counts) if hw == "cpu" else 1) for _, hw in phases)
+        with tqdm(total=total + per_measurement, desc="profiling", unit="step", disable=not self.progress) as bar:
+            session = ProfilingSession(
+                graph=self.graph, fanouts=self.fanouts, batch_size=self.batch_size, model_name=self.model,
+                hidden=self.hidden, thread_counts=self.thread_counts, warmup=self.warmup, steps=self.steps,
+                budget_s=self.budget_s, seed=self.seed, progress=bar,
+            )
+            bar.set_postfix_str("sampling batches")
+            with CpuBatcher(self.graph, self.fanouts, self.batch_size, seed=self.seed, pin_memory=False) as batcher:
+                for batch in batcher:
+                    session.sample_batches.append(batch)
+                    bar.update(1)
+                    if len(session.sample_batches) == per_measurement:
+                        break
+            timings = {}
+            for phase, hardware in phases:
+                bar.set_postfix_str(f"{phase} on {hardware}")
+                timings[phase] = OPERATORS[(phase, hardware)](session)
+        num_seeds = len(self.graph.train_idx)
+        return Profile(
+            hardware=self.hardware,
+            device=self.device,
+            num_batches=math.ceil(num_seeds / self.batch_size),
+            batch_bytes=int(sum(b.nbytes for b in session.sample_batches) / len(session.sample_batches)),
+            cpu_batching=timings["cpu_batching"],
+            gpu_batching=timings.get("gpu_batching"),
+            dma=timings.get("dma"),
+            training=timings["training"] if self.device == "cuda" else None,
+            cpu_training=timings["training"] if self.device == "cpu" else None,
+            workload=self.workload(),
+        )
+
+    def workload(self) -> dict[str, str | int | float | bool | None]:
+        """What was profiled, stored in the Profile so a plan can say what it is for."""
+        return {
+            "dataset": getattr(self.graph, "name", "graph"),
+            "num_nodes": int(self.graph.num_nodes),
+            "num_edges": int(self.graph.num_edges),
+            "model": self.model,
+            "hidden": self.hidden,
+            "fanouts": ",".join(str(f) for f in self.fanouts),
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+        }
