@@ -1,0 +1,191 @@
+"""`morphpipe data generate | convert | info`: make, import and inspect graph datasets."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse
+import torch
+
+from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy
+from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
+from morphpipe.data.generators import KINDS, GeneratorSpec, generate
+from morphpipe.data.ondisk import prepare_output_dir
+from morphpipe.data.presets import PRESETS, get_preset
+from morphpipe.data.splits import SplitFractions
+from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
+from morphpipe.data.summary import summarize
+
+CONVERTERS = ("edgelist", "scipy", "ogb", "pyg")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds `data` and its sub-commands to the top-level parser."""
+    parser = subparsers.add_parser("data", help="generate, convert and inspect graph datasets",
+                                   description="Generate, convert and inspect graph datasets.")
+    commands = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+    commands.required = True
+    add_generate(commands)
+    add_convert(commands)
+    add_info(commands)
+
+
+def add_generate(commands: argparse._SubParsersAction) -> None:
+    """`data generate [PRESET] [--kind ...] [-o DIR]`."""
+    parser = commands.add_parser(
+        "generate", help="generate a preset or a synthetic graph",
+        description=f"Generate a preset ({', '.join(PRESETS)}) into the dataset cache or -o DIR, or a graph "
+                    "of a given --kind into -o DIR. Options after a preset override its spec (needs -o).")
+    parser.add_argument("preset", nargs="?", choices=list(PRESETS), metavar="PRESET",
+                        help=f"one of {', '.join(PRESETS)}")
+    parser.add_argument("--kind", choices=KINDS, help="generator, instead of a preset")
+    parser.add_argument("--nodes", type=int, help="number of nodes (required with --kind)")
+    parser.add_argument("--avg-degree", type=float, help="average in-degree (default with --kind: 16)")
+    parser.add_argument("--feature-dim", type=int, help="feature width (default with --kind: 64)")
+    parser.add_argument("--feature-dtype", choices=list(FEATURE_DTYPES), help="default: float32")
+    parser.add_argument("--classes", type=int, help="number of classes (default: 10)")
+    parser.add_argument("--seed", type=int, help="random seed (default: 0)")
+    parser.add_argument("--exponent", type=float, help="degree power-law exponent, > 2 (default: 2.5)")
+    parser.add_argument("--homophily", type=float, help="community: share of same-class edges (default: 0.85)")
+    parser.add_argument("--feature-noise", type=float, help="noise std per feature dimension (default: 1.0)")
+    parser.add_argument("--split", help="train,val,test fractions, e.g. 0.6,0.2,0.2")
+    parser.add_argument("-o", "--output", help="output directory (default for a preset: the dataset cache)")
+    parser.add_argument("--name", help="dataset name recorded in meta.json")
+    parser.add_argument("--root", help="dataset cache directory (default: $MORPHPIPE_DATA_DIR or "
+                                       "~/.cache/morphpipe/datasets)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Generates a preset or a spec built from the options, then prints a summary."""
+    overrides = {
+        "num_nodes": args.nodes, "avg_degree": args.avg_degree, "feature_dim": args.feature_dim,
+        "feature_dtype": args.feature_dtype, "num_classes": args.classes, "seed": args.seed,
+        "exponent": args.exponent, "homophily": args.homophily, "feature_noise": args.feature_noise,
+        "split": SplitFractions.parse(args.split) if args.split else None,
+    }
+    changed = {key: value for key, value in overrides.items() if value is not None}
+    progress = not args.quiet
+    started = time.perf_counter()
+    if args.preset and args.kind:
+        raise ValueError("give a PRESET or --kind, not both")
+    if args.preset:
+        preset = get_preset(args.preset)
+        if args.output is None:
+            if changed or args.name:
+                named = sorted(changed) + (["name"] if args.name else [])
+                raise ValueError(f"options {', '.join(named)} change the preset; the cache only holds presets as "
+                                 "defined, so give -o DIR")
+            path = ensure_preset(preset, root=args.root, progress=progress, regenerate=args.force)
+        else:
+            path = generate(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
+                            preset=None if changed else preset.name, progress=progress, overwrite=args.force)
+    else:
+        if args.kind is None:
+            raise ValueError(f"give a PRESET ({', '.join(PRESETS)}) or --kind {'|'.join(KINDS)}")
+        if args.output is None or args.nodes is None:
+            raise ValueError("--kind needs -o DIR and --nodes N")
+        changed.setdefault("avg_degree", 16.0)
+        changed.setdefault("feature_dim", 64)
+        spec = GeneratorSpec(kind=args.kind, **changed)
+        path = generate(spec, args.output, name=args.name, progress=progress, overwrite=args.force)
+    store = GraphStore.load(path, validate=False)
+    print(f"{store.name}: {store.num_nodes:,} nodes, {store.num_edges:,} edges, features {store.num_nodes:,} x "
+          f"{store.feature_dim} {dtype_name(store.feature_dtype)} -> {path} "
+          f"({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+def add_convert(commands: argparse._SubParsersAction) -> None:
+    """`data convert {edgelist,scipy,ogb,pyg} SRC -o DIR [options]`."""
+    parser = commands.add_parser(
+        "convert", help="convert an edge list, scipy matrix, OGB directory or PyG Data to a graph directory",
+        description="Convert a graph to morphpipe's format. Edges go source -> destination: edge-list rows, "
+                    "A[i, j] != 0 of a scipy matrix, OGB raw/edge.csv.gz rows, PyG edge_index columns. What the "
+                    "source lacks comes from --features/--labels/--splits or is generated with --seed.")
+    parser.add_argument("format", choices=CONVERTERS, help="edgelist: .npy (2,E)/(E,2) or csv/txt; scipy: .npz "
+                        "from scipy.sparse.save_npz; ogb: dataset directory with raw/ and split/; pyg: torch.save'd "
+                        "Data (unpickled: only convert files you trust)")
+    parser.add_argument("source", help="input file or directory")
+    parser.add_argument("-o", "--output", required=True, help="output graph directory")
+    parser.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    parser.add_argument("--drop-self-loops", action="store_true")
+    parser.add_argument("--dedupe", action="store_true", help="keep one copy of repeated edges")
+    parser.add_argument("--num-nodes", type=int, help="default: from the source, else max id + 1")
+    parser.add_argument("--features", help=".npy [N, F] features (float32/float16 kept, other floats -> float32)")
+    parser.add_argument("--labels", help=".npy [N] integer labels (-1 = unlabelled)")
+    parser.add_argument("--splits", help=".npz with train, val (or valid) and test id arrays or boolean masks")
+    parser.add_argument("--num-classes", type=int, help="default: max label + 1")
+    parser.add_argument("--feature-dim", type=int, default=64, help="width of generated random features (64)")
+    parser.add_argument("--split", default="0.6,0.2,0.2", help="fractions of a generated split (0.6,0.2,0.2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for whatever is generated (0)")
+    parser.add_argument("--split-scheme", help="ogb: the split/<scheme> directory, when there are several")
+    parser.add_argument("--name", help="dataset name (default: from the source)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
+    parser.set_defaults(func=run_convert)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """Reads the source, converts it, validates and saves it, then prints a summary."""
+    out = prepare_output_dir(args.output, overwrite=args.force)
+    options = ConvertOptions(
+        make_undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedupe=args.dedupe,
+        num_nodes=args.num_nodes, name=args.name, seed=args.seed, split=SplitFractions.parse(args.split),
+        feature_dim=args.feature_dim, num_classes=args.num_classes, progress=True,
+    )
+    extra = {
+        "features": np.load(args.features, mmap_mode="c", allow_pickle=False) if args.features else None,
+        "labels": np.load(args.labels, allow_pickle=False) if args.labels else None,
+        "splits": dict(np.load(args.splits, allow_pickle=False)) if args.splits else None,
+    }
+    source = Path(args.source)
+    if not source.exists():
+        raise FileNotFoundError(f"{args.format} source {source} does not exist")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        if args.format == "edgelist":
+            store = from_edge_list(source, options=options, **extra)
+        elif args.format == "scipy":
+            store = from_scipy(scipy.sparse.load_npz(source), options=options, **extra)
+        elif args.format == "ogb":
+            store = from_ogb(source, split_scheme=args.split_scheme, options=options, **extra)
+        else:
+            store = from_pyg(load_pyg_data(source), options=options, **extra)
+    for warning in caught:
+        print(f"morphpipe data convert: note: {warning.message}", file=sys.stderr)
+    store.save(out)
+    print(f"{store.name}: {store.num_nodes:,} nodes, {store.num_edges:,} edges -> {out}")
+    return 0
+
+
+def load_pyg_data(path: Path):
+    """A torch.save'd torch_geometric Data object (unpickling needs torch_geometric and runs the file's code)."""
+    if importlib.util.find_spec("torch_geometric") is None:
+        raise RuntimeError("converting a PyG file needs torch_geometric: pip install torch_geometric")
+    return torch.load(path, weights_only=False)
+
+
+def add_info(commands: argparse._SubParsersAction) -> None:
+    """`data info DIR|PRESET [--json]`."""
+    parser = commands.add_parser("info", help="print sizes, degree statistics, features, classes and splits",
+                                 description="Summarise a graph directory or a preset (generated first if missing).")
+    parser.add_argument("target", metavar="DIR|PRESET", help=f"graph directory or preset ({', '.join(PRESETS)})")
+    parser.add_argument("--root", help="dataset cache directory for presets")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.set_defaults(func=run_info)
+
+
+def run_info(args: argparse.Namespace) -> int:
+    """Loads (and validates) the graph and prints its summary."""
+    summary = summarize(load_dataset(args.target, root=args.root))
+    print(json.dumps(asdict(summary), indent=2) if args.json else summary)
+    return 0

@@ -1,0 +1,147 @@
+"""Edge list -> CSC (in-neighbour lists) by one sort of packed int64 keys `dst * N + src`.
+
+numpy 2.x sorts int64 with SIMD (x86-simd-sort), so one in-place sort groups edges by destination,
+orders each neighbour list, and puts duplicate edges next to each other for deduplication.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from morphpipe.data.dtypes import index_dtype_for
+from morphpipe.data.validation import GraphValidationError
+
+# Largest node count whose keys dst * N + src fit in int64.
+KEY_NODE_LIMIT = 3_037_000_499
+CHUNK_EDGES = 1 << 24
+
+
+def build_csc(
+    src,
+    dst,
+    num_nodes: int,
+    *,
+    make_undirected: bool = False,
+    drop_self_loops: bool = False,
+    dedupe: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSC of the edges src -> dst: in-neighbours of v are indices[indptr[v]:indptr[v+1]], sorted.
+
+    Returns int64 `indptr [N+1]` and `indices [E']` (int32 when N < 2**31, else int64).
+    """
+    indptr, indices = build_csc_arrays(
+        as_node_ids(src, "src"), as_node_ids(dst, "dst"), num_nodes,
+        make_undirected=make_undirected, drop_self_loops=drop_self_loops, dedupe=dedupe)
+    return torch.from_numpy(indptr), torch.from_numpy(indices)
+
+
+def build_csc_arrays(
+    src: np.ndarray,
+    dst: np.ndarray,
+    num_nodes: int,
+    *,
+    make_undirected: bool = False,
+    drop_self_loops: bool = False,
+    dedupe: bool = False,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """numpy version of `build_csc` for integer arrays; `progress` shows a tqdm bar."""
+    check_edge_ids(src, dst, num_nodes)
+    keys = pack_edge_keys(src, dst, num_nodes, make_undirected=make_undirected)
+    keys.sort()
+    return csc_from_sorted_keys(keys, num_nodes, drop_self_loops=drop_self_loops, dedupe=dedupe, progress=progress)
+
+
+def as_node_ids(values, field: str) -> np.ndarray:
+    """A 1-D integer numpy array (zero-copy from tensors and arrays), or an error naming `field`."""
+    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    if array.size == 0:
+        return array.reshape(0).astype(np.int64, copy=False)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise GraphValidationError(field, f"has shape {array.shape} and dtype {array.dtype}, expected a 1-D "
+                                   "integer array of node ids", "pass integer node ids, e.g. ids.astype(np.int64)")
+    return array
+
+
+def check_edge_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> None:
+    """Both endpoint arrays have the same length and hold ids in [0, num_nodes)."""
+    if not 0 <= num_nodes <= KEY_NODE_LIMIT:
+        raise GraphValidationError("num_nodes", f"is {num_nodes}, expected 0 <= num_nodes <= {KEY_NODE_LIMIT}",
+                                   "pass the number of nodes of the graph")
+    if src.shape != dst.shape:
+        raise GraphValidationError("dst", f"has {dst.size} entries but src has {src.size}",
+                                   "give one source and one destination per edge")
+    for field, ids in (("src", src), ("dst", dst)):
+        if ids.size and (ids.min() < 0 or ids.max() >= num_nodes):
+            position = int(np.flatnonzero((ids < 0) | (ids >= num_nodes))[0])
+            raise GraphValidationError(field, f"node id {int(ids[position])} at edge {position} is outside "
+                                       f"[0, {num_nodes})", "remap ids to 0..num_nodes-1 or raise num_nodes")
+
+
+def pack_edge_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, make_undirected: bool = False) -> np.ndarray:
+    """int64 keys `dst * N + src` (followed by the reversed edges when `make_undirected`), filled in chunks."""
+    num_edges = src.size
+    keys = np.empty(2 * num_edges if make_undirected else num_edges, dtype=np.int64)
+    for start in range(0, num_edges, CHUNK_EDGES):
+        stop = min(start + CHUNK_EDGES, num_edges)
+        fill_keys(keys[start:stop], src[start:stop], dst[start:stop], num_nodes)
+        if make_undirected:
+            fill_keys(keys[num_edges + start:num_edges + stop], dst[start:stop], src[start:stop], num_nodes)
+    return keys
+
+
+def fill_keys(out: np.ndarray, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> None:
+    """out = dst * N + src, computed in int64 whatever the id dtype."""
+    out[:] = dst
+    out *= num_nodes
+    out += src
+
+
+def csc_from_sorted_keys(
+    keys: np.ndarray,
+    num_nodes: int,
+    *,
+    drop_self_loops: bool = False,
+    dedupe: bool = False,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decodes sorted keys into (indptr, indices), dropping repeated keys and/or self loops on the way.
+
+    Works in chunks through scratch buffers allocated once (first-touch page faults are a large
+    part of the cost otherwise). A key is a self loop exactly when it is a multiple of N + 1.
+    """
+    indices = np.empty(keys.size, dtype=index_dtype_for(num_nodes))
+    counts = np.zeros(num_nodes, dtype=np.int64)
+    size = min(CHUNK_EDGES, keys.size)
+    dst, scratch = np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64)
+    keep, mask = np.empty(size, dtype=bool), np.empty(size, dtype=bool)
+    written = 0
+    starts = range(0, keys.size, CHUNK_EDGES)
+    for start in tqdm(starts, desc="CSC", unit="chunk", disable=not progress or len(starts) < 2, leave=False):
+        chunk = keys[start:start + CHUNK_EDGES]
+        length = chunk.size
+        kept = chunk
+        if dedupe or drop_self_loops:
+            keep[:length] = True
+            if dedupe:
+                np.not_equal(chunk[1:], chunk[:-1], out=keep[1:length])
+                keep[0] = start == 0 or chunk[0] != keys[start - 1]
+            if drop_self_loops:
+                np.remainder(chunk, num_nodes + 1, out=scratch[:length])
+                np.not_equal(scratch[:length], 0, out=mask[:length])
+                keep[:length] &= mask[:length]
+            kept = chunk[keep[:length]]
+        count = kept.size
+        np.floor_divide(kept, num_nodes, out=dst[:count])
+        np.multiply(dst[:count], num_nodes, out=scratch[:count])
+        np.subtract(kept, scratch[:count], out=indices[written:written + count], casting="unsafe")
+        written += count
+        if count:
+            first = int(dst[0])
+            np.subtract(dst[:count], first, out=dst[:count])
+            counts[first:first + int(dst[count - 1]) + 1] += np.bincount(dst[:count])
+    indices.resize(written, refcheck=False)
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return indptr, indices

@@ -1,0 +1,202 @@
+"""The graph store (CSC topology, features, labels, splits), its directory format, and the dataset cache."""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
+from morphpipe.data.generators import generate, generation_record
+from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, is_graph_dir, load_array, read_meta,
+                                   save_array, write_meta)
+from morphpipe.data.presets import PRESETS, Preset
+from morphpipe.data.validation import GraphValidationError, validate_graph
+
+DATA_DIR_ENV = "MORPHPIPE_DATA_DIR"
+DEFAULT_DATA_ROOT = Path("~/.cache/morphpipe/datasets")
+DEFAULT_DATASET = "default"
+
+
+@dataclass(repr=False)
+class GraphStore:
+    """A graph ready for mini-batch training: CSC in-neighbour lists, node features, labels and splits."""
+
+    indptr: torch.Tensor  # int64 [N+1]; in-neighbours of v are indices[indptr[v]:indptr[v+1]]
+    indices: torch.Tensor  # int32 (N < 2**31) or int64 [E]
+    features: torch.Tensor  # [N, F] float32 | float16 | bfloat16, possibly memory-mapped
+    labels: torch.Tensor  # int64 [N]; -1 = unlabelled (only outside the splits)
+    train_idx: torch.Tensor  # int64 node ids
+    val_idx: torch.Tensor
+    test_idx: torch.Tensor
+    num_classes: int
+    name: str = "graph"
+    source: dict[str, Any] = field(default_factory=dict)  # how the graph was made (meta.json `source`)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.indices.numel()
+
+    @property
+    def feature_dim(self) -> int:
+        return self.features.shape[1]
+
+    @property
+    def feature_dtype(self) -> torch.dtype:
+        return self.features.dtype
+
+    def in_degrees(self) -> torch.Tensor:
+        """int64 [N]: number of in-neighbours of each node."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def validate(self) -> None:
+        """Checks dtypes, shapes and every value; raises GraphValidationError naming the field and the fix."""
+        validate_graph(**self._arrays(), num_classes=self.num_classes)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the store to directory `path` (meta.json + one .npy per array), replacing files atomically."""
+        validate_graph(**self._arrays(), num_classes=self.num_classes, scan_values=False)
+        directory = Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "meta.json").unlink(missing_ok=True)
+        for name, tensor in self._arrays().items():
+            save_array(directory, name, tensor_to_numpy(tensor))
+        write_meta(directory, GraphMeta(
+            name=self.name,
+            num_nodes=self.num_nodes,
+            num_edges=self.num_edges,
+            feature_dim=self.feature_dim,
+            feature_dtype=dtype_name(self.feature_dtype),
+            num_classes=int(self.num_classes),
+            indices_dtype=dtype_name(self.indices.dtype),
+            source=self.source or {"kind": "saved", "note": "built in Python and saved with GraphStore.save"},
+        ))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, mmap: bool = True, validate: bool = True) -> "GraphStore":
+        """Reads a graph directory; `mmap` memory-maps indices and features (copy-on-write, the files are never
+        modified); `validate` scans every value (dtypes and shapes are always checked)."""
+        meta = read_meta(path)
+        arrays = {name: load_array(path, name, mmap=mmap and name in MMAP_FIELDS) for name in ARRAY_FIELDS}
+        _check_against_meta(arrays, meta, Path(path))
+        tensors = {name: _tensor(array, name) for name, array in arrays.items() if name != "features"}
+        tensors["features"] = features_from_storage(arrays["features"], meta.feature_dtype)
+        store = cls(**tensors, num_classes=meta.num_classes, name=meta.name, source=meta.source)
+        validate_graph(**store._arrays(), num_classes=store.num_classes, num_nodes=meta.num_nodes,
+                       scan_values=validate)
+        return store
+
+    def _arrays(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in ARRAY_FIELDS}
+
+    def __repr__(self) -> str:
+        return (f"GraphStore(name={self.name!r}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
+                f"features={tuple(self.features.shape)} {dtype_name(self.feature_dtype)}, "
+                f"num_classes={self.num_classes}, splits={self.train_idx.numel()}/{self.val_idx.numel()}/"
+                f"{self.test_idx.numel()})")
+
+
+def _check_against_meta(arrays: dict[str, np.ndarray], meta: GraphMeta, path: Path) -> None:
+    """The stored arrays have the dtypes and sizes meta.json records."""
+    features, indices = arrays["features"], arrays["indices"]
+    if meta.feature_dtype not in FEATURE_STORAGE:
+        raise GraphValidationError("meta.json feature_dtype", f"{meta.feature_dtype!r} is not supported "
+                                   f"(expected {', '.join(FEATURE_STORAGE)})", "re-create the graph with morphpipe")
+    expected = FEATURE_STORAGE[meta.feature_dtype]
+    if features.dtype != expected:
+        raise GraphValidationError("features", f"{path / 'features.npy'} holds {features.dtype}, but meta.json says "
+                                   f"{meta.feature_dtype} (stored as {expected})",
+                                   "re-save the graph with GraphStore.save")
+    if str(indices.dtype) != meta.indices_dtype:
+        raise GraphValidationError("indices", f"{path / 'indices.npy'} holds {indices.dtype}, but meta.json says "
+                                   f"{meta.indices_dtype}", "re-save the graph with GraphStore.save")
+    if indices.ndim != 1 or indices.size != meta.num_edges:
+        raise GraphValidationError("indices", f"{path / 'indices.npy'} has shape {indices.shape}, but meta.json "
+                                   f"says num_edges = {meta.num_edges}", "re-save the graph with GraphStore.save")
+    if features.ndim != 2 or features.shape[1] != meta.feature_dim:
+        raise GraphValidationError("features", f"{path / 'features.npy'} has shape {features.shape}, but meta.json "
+                                   f"says feature_dim = {meta.feature_dim}", "re-save the graph with GraphStore.save")
+
+
+def _tensor(array: np.ndarray, name: str) -> torch.Tensor:
+    """Zero-copy tensor over a loaded array; dtypes torch cannot hold are a validation error."""
+    if array.dtype.kind not in "biuf":
+        raise GraphValidationError(name, f"has numpy dtype {array.dtype}, expected a numeric array",
+                                   "re-save the array with a supported integer dtype")
+    try:
+        return torch.from_numpy(array)
+    except TypeError as error:
+        raise GraphValidationError(name, f"has numpy dtype {array.dtype}, which torch cannot hold ({error})",
+                                   "re-save the array as int64") from error
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """The dataset cache: `root`, else $MORPHPIPE_DATA_DIR, else ~/.cache/morphpipe/datasets."""
+    chosen = root if root is not None else os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_ROOT
+    return Path(chosen).expanduser()
+
+
+def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.PathLike | None = None,
+                 progress: bool = True) -> GraphStore:
+    """A graph directory (with meta.json), or a preset from the cache (generated there first if missing);
+    None means the "default" preset."""
+    target = DEFAULT_DATASET if name_or_path is None else str(name_or_path)
+    if is_graph_dir(Path(target).expanduser()):
+        return GraphStore.load(Path(target).expanduser())
+    if target in PRESETS:
+        return GraphStore.load(ensure_preset(PRESETS[target], root=root, progress=progress))
+    if Path(target).expanduser().exists():
+        raise FileNotFoundError(f"{target} is not a morphpipe graph directory (no meta.json); create one with "
+                                "`morphpipe data convert` or `morphpipe data generate`")
+    raise ValueError(f"unknown dataset {target!r}: not a graph directory and not a preset; "
+                     f"presets: {', '.join(PRESETS)}")
+
+
+def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progress: bool = True,
+                  regenerate: bool = False) -> Path:
+    """Path of the preset in the cache, generated first when missing, made by another generator version or spec,
+    or when `regenerate`.
+
+    A lock file serialises concurrent callers; generation goes to a temporary directory renamed into place
+    (one left by a crashed generation is removed under the lock).
+    """
+    cache = data_root(root)
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / preset.name
+    with open(cache / f".{preset.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not regenerate and _is_current(target, preset):
+            return target
+        stale = is_graph_dir(target) and not regenerate
+        if progress or stale:
+            reason = "the cached copy comes from another generator version or spec" if stale else \
+                "regenerating as asked" if regenerate else "first use"
+            print(f"morphpipe: generating dataset {preset.name} into {target} ({reason})", file=sys.stderr)
+        for leftover in cache.glob(f".{preset.name}.partial-*"):
+            shutil.rmtree(leftover)
+        partial = cache / f".{preset.name}.partial-{os.getpid()}"
+        generate(preset.spec, partial, preset=preset.name, progress=progress, overwrite=True)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(partial, target)
+    return target
+
+
+def _is_current(directory: Path, preset: Preset) -> bool:
+    """True when `directory` holds the preset made by this generator version from the same spec."""
+    if not is_graph_dir(directory):
+        return False
+    try:
+        return read_meta(directory).source == generation_record(preset.spec, preset.name)
+    except (GraphValidationError, OSError):
+        return False

@@ -1,0 +1,87 @@
+"""A printable summary of a graph store: sizes, degree statistics, features, classes, splits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from morphpipe.data.dtypes import dtype_name, tensor_to_numpy
+from morphpipe.data.store import GraphStore
+
+
+@dataclass
+class DegreeStats:
+    """Distribution of one degree over all nodes."""
+
+    min: int
+    mean: float
+    median: float
+    p99: float
+    max: int
+    zero: int  # nodes with degree 0
+
+    @classmethod
+    def of(cls, degrees: np.ndarray) -> "DegreeStats":
+        median, p99 = np.percentile(degrees, [50, 99])
+        return cls(min=int(degrees.min()), mean=float(degrees.mean()), median=float(median), p99=float(p99),
+                   max=int(degrees.max()), zero=int(np.count_nonzero(degrees == 0)))
+
+    def __str__(self) -> str:
+        return (f"min {self.min}, mean {self.mean:.2f}, median {self.median:g}, p99 {self.p99:g}, max {self.max} "
+                f"({self.zero:,} nodes with none)")
+
+
+@dataclass
+class GraphSummary:
+    """What `morphpipe data info` prints."""
+
+    name: str
+    num_nodes: int
+    num_edges: int
+    in_degree: DegreeStats
+    out_degree: DegreeStats
+    feature_shape: tuple[int, int]
+    feature_dtype: str
+    indices_dtype: str
+    num_classes: int
+    labelled: int
+    train: int
+    val: int
+    test: int
+    source: dict
+
+    def __str__(self) -> str:
+        made = self.source.get("kind", "unknown")
+        detail = self.source.get("preset") or self.source.get("converter") or ""
+        return "\n".join([
+            f"name        {self.name} ({made}{' ' + detail if detail else ''})",
+            f"nodes       {self.num_nodes:,}",
+            f"edges       {self.num_edges:,} (indices {self.indices_dtype})",
+            f"in-degree   {self.in_degree}",
+            f"out-degree  {self.out_degree}",
+            f"features    {self.feature_shape[0]:,} x {self.feature_shape[1]} {self.feature_dtype}",
+            f"classes     {self.num_classes} ({self.labelled:,} labelled nodes)",
+            f"splits      train {self.train:,}, val {self.val:,}, test {self.test:,}",
+        ])
+
+
+def summarize(store: GraphStore) -> GraphSummary:
+    """Degree statistics need one pass over the indices; nothing else reads the features."""
+    in_degrees = np.diff(tensor_to_numpy(store.indptr))
+    out_degrees = np.bincount(tensor_to_numpy(store.indices), minlength=store.num_nodes)
+    return GraphSummary(
+        name=store.name,
+        num_nodes=store.num_nodes,
+        num_edges=store.num_edges,
+        in_degree=DegreeStats.of(in_degrees),
+        out_degree=DegreeStats.of(out_degrees),
+        feature_shape=(store.features.shape[0], store.feature_dim),
+        feature_dtype=dtype_name(store.feature_dtype),
+        indices_dtype=dtype_name(store.indices.dtype),
+        num_classes=store.num_classes,
+        labelled=int((store.labels >= 0).sum()),
+        train=store.train_idx.numel(),
+        val=store.val_idx.numel(),
+        test=store.test_idx.numel(),
+        source=store.source,
+    )

@@ -1,0 +1,180 @@
+"""Generators and presets: determinism, degree skew, homophily, and a graph where neighbours beat own features."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse
+import torch
+
+from morphpipe.data import PRESETS, GeneratorSpec, GraphStore, SplitFractions, generate, get_preset
+from morphpipe.data import generators
+from morphpipe.data.ondisk import read_meta
+
+
+def spec(**changes) -> GeneratorSpec:
+    values = dict(kind="power-law", num_nodes=2_000, avg_degree=10, feature_dim=8, num_classes=3)
+    values.update(changes)
+    return GeneratorSpec(**values)
+
+
+def build(tmp_path, generator_spec: GeneratorSpec, name: str = "g") -> GraphStore:
+    return GraphStore.load(generate(generator_spec, tmp_path / name, progress=False))
+
+
+def file_bytes(directory) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("kind", ["power-law", "community"])
+def test_same_seed_same_files(tmp_path, kind):
+    generate(spec(kind=kind), tmp_path / "a", progress=False)
+    generate(spec(kind=kind), tmp_path / "b", progress=False)
+    generate(spec(kind=kind, seed=1), tmp_path / "c", progress=False)
+    assert file_bytes(tmp_path / "a") == file_bytes(tmp_path / "b")
+    assert file_bytes(tmp_path / "a")["indices.npy"] != file_bytes(tmp_path / "c")["indices.npy"]
+
+
+@pytest.mark.parametrize("kind", ["power-law", "community"])
+def test_generated_graph_is_simple_valid_and_near_target_degree(tmp_path, kind):
+    store = build(tmp_path, spec(kind=kind))
+    store.validate()
+    assert store.indices.dtype == torch.int32
+    dst = np.repeat(np.arange(store.num_nodes), store.in_degrees().numpy())
+    src = store.indices.numpy()
+    assert not np.any(src == dst), "self loops"
+    keys = dst.astype(np.int64) * store.num_nodes + src
+    assert np.unique(keys).size == keys.size, "duplicate edges"
+    assert 9.0 <= store.num_edges / store.num_nodes <= 10.0
+    reverse = set(zip(dst.tolist(), src.tolist()))
+    assert all((s, d) in reverse for s, d in zip(src[:200].tolist(), dst[:200].tolist())), "undirected"
+
+
+def test_power_law_degrees_are_skewed(tmp_path):
+    degrees = build(tmp_path, spec(num_nodes=20_000)).in_degrees().numpy()
+    assert degrees.max() > 20 * degrees.mean()
+    assert np.median(degrees) < degrees.mean()
+
+
+def test_power_law_sampler_follows_weights():
+    sampler = generators.PowerLawSampler(1000, exponent=2.5)
+    rng = np.random.default_rng(0)
+    ranks = sampler.sample(rng, np.empty(200_000), np.empty(200_000, dtype=np.int32))
+    counts = np.bincount(ranks, minlength=1000)
+    assert ranks.min() >= 0 and ranks.max() < 1000
+    power = 1 - 1 / 1.5  # P(i) is proportional to (i + 2)^power - (i + 1)^power
+    weights = np.arange(2, 1002) ** power - np.arange(1, 1001) ** power
+    expected = weights / weights.sum() * ranks.size
+    assert np.allclose(counts[:10], expected[:10], rtol=0.05)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_feature_dtypes(tmp_path, dtype):
+    store = build(tmp_path, spec(feature_dtype=dtype))
+    assert store.features.dtype == getattr(torch, dtype)
+    assert torch.isfinite(store.features.float()).all()
+
+
+def test_splits_follow_fractions(tmp_path):
+    store = build(tmp_path, spec(split=SplitFractions(0.5, 0.1, 0.2)))
+    assert (store.train_idx.numel(), store.val_idx.numel(), store.test_idx.numel()) == (1000, 200, 400)
+
+
+def test_many_chunks_give_a_valid_graph(tmp_path, monkeypatch):
+    monkeypatch.setattr(generators, "CHUNK_EDGES", 999)
+    monkeypatch.setattr(generators, "CHUNK_FEATURE_VALUES", 77)
+    for kind in ("power-law", "community"):
+        store = build(tmp_path, spec(kind=kind), name=kind)
+        store.validate()
+        assert store.num_edges > 0
+
+
+def test_meta_records_the_spec(tmp_path):
+    generate(spec(), tmp_path / "g", progress=False, name="mine")
+    meta = read_meta(tmp_path / "g")
+    assert meta.name == "mine"
+    assert GeneratorSpec.from_dict(meta.source["spec"]) == spec()
+    assert meta.source["generator_version"] == generators.GENERATOR_VERSION
+
+
+def test_timings_are_reported(tmp_path):
+    timings: dict[str, float] = {}
+    generate(spec(), tmp_path / "g", progress=False, timings=timings)
+    assert set(timings) == {"edges", "sort", "csc", "save", "features"}
+
+
+def test_refuses_to_overwrite_without_permission(tmp_path):
+    generate(spec(), tmp_path / "g", progress=False)
+    with pytest.raises(FileExistsError, match="already holds a graph"):
+        generate(spec(), tmp_path / "g", progress=False)
+    generate(spec(seed=3), tmp_path / "g", progress=False, overwrite=True)
+    assert read_meta(tmp_path / "g").source["spec"]["seed"] == 3
+
+
+def test_overwrite_never_deletes_foreign_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="notes.txt"):
+        generate(spec(), tmp_path, progress=False, overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("kind", "random"), ("num_nodes", 0), ("exponent", 2.0), ("feature_dtype", "float64"), ("homophily", 0.1),
+    ("feature_dim", 0), ("num_classes", 0),
+])
+def test_spec_checks(field, value):
+    with pytest.raises(ValueError, match=f"{field} = "):
+        spec(**{field: value})
+
+
+def neighbourhood_estimates(store: GraphStore) -> tuple[float, float, float]:
+    """(edge homophily, accuracy of nearest class mean on own features, same on the mean over self + neighbours).
+
+    The class means come from the train split, accuracy is measured on the test split: a stand-in
+    for an MLP versus one mean-aggregation layer of GraphSAGE.
+    """
+    labels = store.labels.numpy()
+    features = store.features.float().numpy()
+    degrees = store.in_degrees().numpy()
+    dst = np.repeat(np.arange(store.num_nodes), degrees)
+    homophily = float(np.mean(labels[store.indices.numpy()] == labels[dst]))
+    adjacency = scipy.sparse.csr_matrix(
+        (np.ones(store.num_edges, dtype=np.float32), store.indices.numpy(), store.indptr.numpy()),
+        shape=(store.num_nodes, store.num_nodes))
+    averaged = (adjacency @ features + features) / (degrees[:, None] + 1)
+    train, test = store.train_idx.numpy(), store.test_idx.numpy()
+
+    def accuracy(values: np.ndarray) -> float:
+        means = np.stack([values[train][labels[train] == c].mean(0) for c in range(store.num_classes)])
+        distances = ((values[test][:, None, :] - means[None]) ** 2).sum(-1)
+        return float(np.mean(distances.argmin(1) == labels[test]))
+
+    return homophily, accuracy(features), accuracy(averaged)
+
+
+@pytest.mark.parametrize("name", ["tiny", "default"])
+def test_community_presets_reward_neighbourhood_aggregation(tmp_path, name):
+    preset = get_preset(name)
+    store = GraphStore.load(generate(preset.spec, tmp_path / name, preset=name, progress=False))
+    homophily, own, neighbourhood = neighbourhood_estimates(store)
+    assert 0.8 <= homophily <= 0.9
+    assert 0.35 <= own <= 0.65
+    assert neighbourhood >= 0.9
+
+
+def test_presets_match_their_descriptions():
+    assert {"tiny", "default", "bench-1m", "bench-10m"} <= set(PRESETS)
+    default = PRESETS["default"].spec
+    assert default.kind == "community" and 100_000 <= default.num_nodes <= 200_000
+    assert 15 <= default.avg_degree <= 20 and 64 <= default.feature_dim <= 128 and 10 <= default.num_classes <= 16
+    assert default.feature_dtype == "float32"
+    assert PRESETS["tiny"].spec.num_nodes < 10_000
+    one, ten = PRESETS["bench-1m"].spec, PRESETS["bench-10m"].spec
+    assert (one.kind, one.num_nodes, one.avg_degree, one.feature_dim, one.feature_dtype) == \
+        ("power-law", 1_000_000, 20, 128, "float16")
+    assert (ten.kind, ten.num_nodes, ten.num_nodes * ten.avg_degree, ten.feature_dim, ten.feature_dtype) == \
+        ("power-law", 10_000_000, 200_000_000, 128, "float16")
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(ValueError, match="tiny, default, bench-1m, bench-10m"):
+        get_preset("huge")
