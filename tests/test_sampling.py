@@ -230,3 +230,16 @@ def test_gather_rows_op_matches_indexing():
     assert torch.equal(native.ops().gather_rows(source, index), source[index])
     with pytest.raises(RuntimeError, match="outside"):
         native.ops().gather_rows(source, torch.tensor([1000]))
+
+
+def test_batcher_on_a_memory_mapped_preset():
+    from morphpipe.data import load_dataset
+
+    graph = load_dataset("tiny", progress=False)
+    assert graph.indices.dtype == torch.int32
+    fanouts = [10, 5]
+    with CpuBatcher(graph, fanouts, batch_size=128, num_threads=2, seed=0) as batcher:
+        batches = list(batcher)
+    assert sum(b.num_seeds for b in batches) == graph.train_idx.numel()
+    for batch in batches[:3]:
+        check_batch(graph, batch, fanouts)
