@@ -1,0 +1,84 @@
+"""PhaseTimes: the per-batch phase times of one machine configuration, as the planner uses them.
+
+A Profile stores measurements; PhaseTimes fixes the thread counts and reads off the numbers
+the lower bound, Eq. 6 and the simulator need: T_CB (CPU batching per batch at P threads,
+counted as throughput), T_GB (UVA batching), T_DMA and T_M, each with its coefficient of
+variation (for CPU batching, the spread of one thread's batch, measured at the fewest
+threads). On a CPU-only machine T_GB and T_DMA are None and T_M is the CPU training step at
+`train_threads` threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from morphpipe.profiler.profile import PhaseTiming, Profile
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Per-batch phase times (seconds) and their coefficients of variation for one configuration."""
+
+    num_batches: int
+    cpu_batch_s: float
+    cpu_threads: int
+    train_s: float
+    gpu_batch_s: float | None = None
+    dma_s: float | None = None
+    cpu_batch_cv: float = 0.0
+    gpu_batch_cv: float = 0.0
+    dma_cv: float = 0.0
+    train_cv: float = 0.0
+    train_threads: int | None = None
+    device: str = "cuda"
+
+    def __post_init__(self) -> None:
+        if self.num_batches < 1:
+            raise ValueError(f"PhaseTimes.num_batches must be >= 1, got {self.num_batches!r}")
+        if self.cpu_threads < 1:
+            raise ValueError(f"PhaseTimes.cpu_threads must be >= 1, got {self.cpu_threads!r}")
+        for name in ("cpu_batch_s", "train_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"PhaseTimes.{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.device == "cuda" and not (self.gpu_batch_s and self.gpu_batch_s > 0 and self.dma_s and self.dma_s > 0):
+            raise ValueError("PhaseTimes on device 'cuda' needs gpu_batch_s > 0 and dma_s > 0")
+        if self.device == "cpu" and (self.train_threads is None or self.train_threads < 1):
+            raise ValueError(f"PhaseTimes on device 'cpu' needs train_threads >= 1, got {self.train_threads!r}")
+
+    @property
+    def cpu_batch_latency_s(self) -> float:
+        """Time one CPU worker takes for one batch: P workers deliver one batch per T_CB together."""
+        return self.cpu_batch_s * self.cpu_threads
+
+    @classmethod
+    def from_profile(cls, profile: Profile, cpu_threads: int | None = None,
+                     train_threads: int | None = None) -> PhaseTimes:
+        """Reads the phase times at the given thread counts (default: every usable core batches).
+
+        On a CPU-only profile both thread counts are needed: they split the cores.
+        """
+        cores = profile.cores
+        threads = cores if cpu_threads is None else cpu_threads
+        batching = PhaseTiming.from_mean(profile.cpu_batching.per_batch_time(threads, cores),
+                                         profile.cpu_batching.fewest_threads_cv())
+        if profile.device == "cpu":
+            if train_threads is None:
+                raise ValueError("PhaseTimes.from_profile on a CPU-only profile needs train_threads")
+            assert profile.cpu_training is not None
+            training = profile.cpu_training.timing(train_threads, cores)
+            return cls(profile.num_batches, batching.mean_s, threads, training.mean_s,
+                       cpu_batch_cv=batching.cv, train_cv=training.cv, train_threads=train_threads, device="cpu")
+        assert profile.gpu_batching is not None and profile.dma is not None and profile.training is not None
+        return cls(
+            profile.num_batches, batching.mean_s, threads, profile.training.mean_s,
+            gpu_batch_s=profile.gpu_batching.mean_s, dma_s=profile.dma.mean_s,
+            cpu_batch_cv=batching.cv, gpu_batch_cv=profile.gpu_batching.cv, dma_cv=profile.dma.cv,
+            train_cv=profile.training.cv,
+        )
+
+    def summary(self) -> dict[str, float | int | str | None]:
+        """The numbers, JSON-ready (for plans and reports)."""
+        return {
+            "device": self.device, "num_batches": self.num_batches, "cpu_threads": self.cpu_threads,
+            "train_threads": self.train_threads, "t_cb_s": self.cpu_batch_s, "t_gb_s": self.gpu_batch_s,
+            "t_dma_s": self.dma_s, "t_m_s": self.train_s,
+        }

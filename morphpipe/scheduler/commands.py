@@ -1,0 +1,147 @@
+"""`morphpipe simulate`: what-if predictions from one profile for other core counts and PCIe links."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from morphpipe.profiler.profile import Profile
+from morphpipe.scheduler import whatif
+from morphpipe.scheduler.plan import Plan
+from morphpipe.scheduler.plots import plot_cores_sweep
+from morphpipe.scheduler.simulate_plan import draw_plan
+
+_EPILOG = """\
+what-if model:
+  --cores N      the machine has N usable cores and the CPU batcher runs N threads; the CPU
+                 batching time per batch T_CB(N) comes from the profile's thread-count
+                 measurements (interpolated in throughput; beyond the largest measured count
+                 each thread adds the marginal gain measured last; never better past N cores).
+                 GPU phases are unchanged. A CPU-only profile splits the N cores between
+                 batching and training threads instead.
+  --pcie-gbps X  with r = (this machine's link GB/s) / X, DMA takes r times as long, and so does
+                 the transfer part of UVA batching (the profile's uva_transfer_s if measured,
+                 else min(T_GB, T_DMA)); the rest of T_GB is unchanged. This machine's link is
+                 its theoretical bandwidth from the hardware facts, else batch_bytes / T_DMA.
+
+columns: predicted epoch (s) of the all-CPU pipeline (SALIENT-like), all-GPU (DUCATI-like) and
+the adaptive plan; speedup of the plan over the better baseline; the plan's CPU share of batches.
+"""
+
+
+def parse_cores(text: str) -> list[int]:
+    """'2,4,8' or '2,4,...,16' (an arithmetic progression) -> a list of core counts >= 1."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        if "..." in parts:
+            at = parts.index("...")
+            if at < 2 or at != len(parts) - 2:
+                raise ValueError
+            first, second, last = int(parts[at - 2]), int(parts[at - 1]), int(parts[at + 1])
+            step = second - first
+            if step <= 0 or last < second:
+                raise ValueError
+            counts = [int(p) for p in parts[: at - 2]] + list(range(first, last + 1, step))
+        else:
+            counts = [int(part) for part in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--cores must be a comma-separated list like 2,4,8 or a progression like 2,4,...,16, got {text!r}"
+        ) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--cores values must be integers >= 1, got {text!r}")
+    return counts
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Adds the `simulate` sub-command."""
+    parser = subparsers.add_parser(
+        "simulate",
+        help="what-if predictions from a profile for other core counts / PCIe bandwidth",
+        description="Predict epoch times of the all-CPU, all-GPU and adaptive plans from one saved profile, "
+                    "for other core counts and PCIe bandwidths (the paper's Figure 9).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("profile", type=Path, help="profile JSON written by `morphpipe tune`")
+    parser.add_argument("--cores", type=parse_cores, default=None,
+                        help="core counts to predict, e.g. 2,4,8,16 or 2,4,...,16 (default: the profile's own)")
+    parser.add_argument("--pcie-gbps", type=_positive_float, default=None,
+                        help="PCIe bandwidth of the what-if machine in GB/s (default: this machine's)")
+    parser.add_argument("--gbs", type=_positive_int, default=10, help="GPU buffer size in batches (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the stochastic phase durations (default 0)")
+    parser.add_argument("--plot", type=Path, default=None, help="write epoch time vs cores (Figure 9) as PNG")
+    parser.add_argument("--gantt", type=Path, default=None,
+                        help="write a Gantt chart PNG of the first batches of the plan at the last core count")
+    parser.add_argument("--json", type=Path, default=None, help="write the plans as a JSON list")
+    parser.set_defaults(func=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """Runs the what-if sweep and prints the table."""
+    profile = Profile.load(args.profile)
+    cores = args.cores or [profile.cores]
+    if args.pcie_gbps is not None:
+        print(f"what-if: {whatif.what_if(profile, None, args.pcie_gbps).notes[-1]}")
+    plans = whatif.sweep(profile, cores, args.pcie_gbps, args.gbs, args.seed)
+    print(format_table(cores, plans))
+    if args.plot is not None:
+        print(f"wrote {plot_cores_sweep(cores, plans, args.plot, title=_title(profile, args.pcie_gbps))}")
+    if args.gantt is not None:
+        print(f"wrote {_gantt(profile, cores[-1], args, plans[-1])}")
+    if args.json is not None:
+        args.json.write_text(json.dumps([plan.to_dict() for plan in plans], indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def format_table(cores: list[int], plans: list[Plan]) -> str:
+    """The what-if table: one row per core count."""
+    cpu_only = plans[0].kind == "cpu-only"
+    if cpu_only:
+        header = f"{'cores':>5}  {'even split':>11}  {'adaptive':>11}  {'speedup':>7}  {'batch/train threads':>19}"
+        rows = [
+            f"{count:>5}  {plan.baselines_s['even-split']:>11.4g}  {plan.predicted_epoch_s:>11.4g}  "
+            f"{plan.speedup:>6.2f}x  {f'{plan.cpu_threads}/{plan.train_threads}':>19}"
+            for count, plan in zip(cores, plans)
+        ]
+    else:
+        header = (f"{'cores':>5}  {'all-CPU (s)':>11}  {'all-GPU (s)':>11}  {'adaptive (s)':>12}  {'speedup':>7}  "
+                  f"{'CPU share':>9}  {'plan':>8}")
+        rows = [
+            f"{count:>5}  {plan.baselines_s['all-cpu']:>11.4g}  {plan.baselines_s['all-gpu']:>11.4g}  "
+            f"{plan.predicted_epoch_s:>12.4g}  {plan.speedup:>6.2f}x  {plan.cpu_share:>9.1%}  {plan.kind:>8}"
+            for count, plan in zip(cores, plans)
+        ]
+    return "\n".join([header, *rows])
+
+
+def _title(profile: Profile, pcie_gbps: float | None) -> str:
+    name = profile.workload.get("dataset") or profile.workload.get("name") or "profile"
+    link = f", PCIe {pcie_gbps:g} GB/s" if pcie_gbps else ""
+    return f"Predicted epoch time vs CPU cores ({name}, {profile.num_batches} batches{link})"
+
+
+def _gantt(profile: Profile, cores: int, args: argparse.Namespace, plan: Plan) -> Path:
+    """Re-simulates the plan of the what-if machine with a trace (SimPy) and draws its first batches."""
+    return draw_plan(whatif.what_if(profile, cores, args.pcie_gbps).profile, plan, args.gantt)

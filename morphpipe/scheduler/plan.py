@@ -1,0 +1,196 @@
+"""The Plan: what the executor runs with, and what the planner predicted for it (versioned JSON)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from morphpipe.profiler.profile import FieldReader, check_document_header, read_json_document, write_json_document
+
+PLAN_KIND = "morphpipe.plan"
+PLAN_SCHEMA_VERSION = 1
+SCHEDULE_KINDS = ("adaptive", "all-cpu", "all-gpu", "cpu-only")
+_FIX_PLAN = "re-create it with `morphpipe tune` (or plan_from_profile)"
+
+
+@dataclass
+class Plan:
+    """A CPU:GPU split with buffer sizes and thread counts, plus the predictions behind it.
+
+    `baselines_s` holds the predicted epochs of the plans it was compared with: 'all-cpu' and
+    'all-gpu' on a GPU machine, 'even-split' (half the cores batch) on a CPU-only one.
+    `eq6_x` is None when Eq. 6 is minimised in the limit x -> infinity (everything on the GPU).
+    `optimality_gap` bounds how much faster an unvisited split could be (0: certified within the
+    planner's tolerance). `lower_bound_s` uses mean phase times, so a stochastic epoch can land
+    slightly below it.
+    """
+
+    kind: str
+    num_batches: int
+    n_cpu: int
+    n_gpu: int
+    cbs: int
+    gbs: int
+    cpu_threads: int
+    train_threads: int | None
+    predicted_epoch_s: float
+    baselines_s: dict[str, float]
+    lower_bound_s: float
+    lower_bound_n_cpu: int | None
+    eq6_s: float | None
+    eq6_x: float | None
+    eq6_cpu_fraction: float | None
+    busy: dict[str, float]
+    idle_s: dict[str, float]
+    evaluations: int
+    optimality_gap: float
+    notes: list[str]
+    seed: int
+    engine: str
+    profile: dict[str, Any]
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCHEDULE_KINDS:
+            raise ValueError(f"Plan.kind must be one of {SCHEDULE_KINDS}, got {self.kind!r}")
+        if self.n_cpu < 0 or self.n_gpu < 0 or self.n_cpu + self.n_gpu != self.num_batches:
+            raise ValueError(
+                f"Plan.n_cpu ({self.n_cpu}) + Plan.n_gpu ({self.n_gpu}) must equal num_batches ({self.num_batches})"
+            )
+        if self.n_cpu > 0 and self.cbs < 1:
+            raise ValueError(f"Plan.cbs must be >= 1 when n_cpu > 0, got {self.cbs!r}")
+        if self.kind != "cpu-only" and self.gbs < 1:
+            raise ValueError(f"Plan.gbs must be >= 1, got {self.gbs!r}")
+        if self.cpu_threads < 1:
+            raise ValueError(f"Plan.cpu_threads must be >= 1, got {self.cpu_threads!r}")
+        if self.kind == "cpu-only" and (self.train_threads is None or self.train_threads < 1):
+            raise ValueError(f"a cpu-only Plan needs train_threads >= 1, got {self.train_threads!r}")
+
+    @property
+    def cpu_share(self) -> float:
+        """Fraction of the epoch's batches made by the CPU batcher (Route 0)."""
+        return self.n_cpu / self.num_batches
+
+    @property
+    def best_baseline_s(self) -> float:
+        """The predicted epoch of the better baseline."""
+        return min(self.baselines_s.values())
+
+    @property
+    def speedup(self) -> float:
+        """Predicted speedup of this plan over the better baseline."""
+        return self.best_baseline_s / self.predicted_epoch_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": PLAN_KIND,
+            "schema_version": PLAN_SCHEMA_VERSION,
+            "created": self.created,
+            "schedule": self.kind,
+            "num_batches": self.num_batches,
+            "n_cpu": self.n_cpu,
+            "n_gpu": self.n_gpu,
+            "cbs": self.cbs,
+            "gbs": self.gbs,
+            "cpu_threads": self.cpu_threads,
+            "train_threads": self.train_threads,
+            "predicted_epoch_s": self.predicted_epoch_s,
+            "baselines_s": dict(self.baselines_s),
+            "lower_bound_s": self.lower_bound_s,
+            "lower_bound_n_cpu": self.lower_bound_n_cpu,
+            "eq6_s": self.eq6_s,
+            "eq6_x": self.eq6_x,
+            "eq6_cpu_fraction": self.eq6_cpu_fraction,
+            "busy": dict(self.busy),
+            "idle_s": dict(self.idle_s),
+            "evaluations": self.evaluations,
+            "optimality_gap": self.optimality_gap,
+            "notes": list(self.notes),
+            "seed": self.seed,
+            "engine": self.engine,
+            "profile": self.profile,
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Writes the plan as versioned JSON."""
+        write_json_document(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """Reads a plan, checking kind, schema version and every field."""
+        return cls.from_fields(read_json_document(path, PLAN_KIND, PLAN_SCHEMA_VERSION, _FIX_PLAN))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<plan>") -> Plan:
+        """Validates an in-memory plan document (same checks as `load`)."""
+        reader = FieldReader(data, source, _FIX_PLAN)
+        check_document_header(reader, PLAN_KIND, PLAN_SCHEMA_VERSION)
+        return cls.from_fields(reader)
+
+    @classmethod
+    def from_fields(cls, reader: FieldReader) -> Plan:
+        def numbers(name: str) -> dict[str, float]:
+            section = reader.section(name)
+            return {key: section.number(key) for key in section.data}
+
+        notes = reader.data.get("notes")
+        if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
+            raise reader.error("notes", "must be a list of strings", notes)
+        profile = reader.data.get("profile")
+        if not isinstance(profile, dict):
+            raise reader.error("profile", "must be an object (the profile summary)", profile)
+        eq6_x = reader.number("eq6_x", minimum=0.0, optional=True)
+        try:
+            return cls(
+                kind=reader.string("schedule", choices=SCHEDULE_KINDS),
+                num_batches=reader.integer("num_batches", minimum=1),
+                n_cpu=reader.integer("n_cpu", minimum=0),
+                n_gpu=reader.integer("n_gpu", minimum=0),
+                cbs=reader.integer("cbs", minimum=0),
+                gbs=reader.integer("gbs", minimum=0),
+                cpu_threads=reader.integer("cpu_threads", minimum=1),
+                train_threads=reader.integer("train_threads", minimum=1, optional=True),
+                predicted_epoch_s=reader.number("predicted_epoch_s", positive=True),
+                baselines_s=numbers("baselines_s"),
+                lower_bound_s=reader.number("lower_bound_s", minimum=0.0),
+                lower_bound_n_cpu=reader.integer("lower_bound_n_cpu", minimum=0, optional=True),
+                eq6_s=reader.number("eq6_s", minimum=0.0, optional=True),
+                eq6_x=eq6_x,
+                eq6_cpu_fraction=reader.number("eq6_cpu_fraction", minimum=0.0, optional=True),
+                busy=numbers("busy"),
+                idle_s=numbers("idle_s"),
+                evaluations=reader.integer("evaluations", minimum=0),
+                optimality_gap=reader.number("optimality_gap", minimum=0.0),
+                notes=notes,
+                seed=reader.integer("seed"),
+                engine=reader.string("engine"),
+                profile=profile,
+                created=reader.string("created"),
+            )
+        except ValueError as error:
+            if str(error).startswith(reader.source):
+                raise
+            raise ValueError(f"{reader.source}: {error}; {reader.fix}") from None
+
+    def describe(self) -> str:
+        """A few human-readable lines."""
+        lines = [
+            f"schedule {self.kind}: {self.n_cpu} CPU-batched + {self.n_gpu} GPU-batched of {self.num_batches} "
+            f"batches (CPU share {self.cpu_share:.1%}), cbs={self.cbs} gbs={self.gbs}, "
+            f"{self.cpu_threads} batching threads" + (f", {self.train_threads} training threads"
+                                                      if self.train_threads else ""),
+            f"predicted epoch {self.predicted_epoch_s:.4g} s; lower bound {self.lower_bound_s:.4g} s"
+            + (f"; Eq. 6 {self.eq6_s:.4g} s" if self.eq6_s is not None else ""),
+            "baselines: " + ", ".join(f"{k} {v:.4g} s" for k, v in self.baselines_s.items())
+            + f" -> speedup {self.speedup:.2f}x over the better one",
+            "busy: " + ", ".join(f"{k} {v:.0%}" for k, v in self.busy.items()),
+            *self.notes,
+        ]
+        return "\n".join(lines)
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no infinity: an infinite Eq. 6 ratio is stored as None."""
+    return None if math.isinf(value) else value

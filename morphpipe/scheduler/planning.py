@@ -1,0 +1,180 @@
+"""Planning: Partitioner and Scheduler iterate to a converged split, which becomes a Plan.
+
+The loop (DESIGN.md, "Dual-buffer scheduling", feedback):
+1. start at the exact minimiser of the lower bound LB;
+2. simulate; if the idle time of one side exceeds the other's by at least one GPU batching
+   time, move batches towards the idle side: as many as should close the gap (each moved
+   batch shifts about T_GB + T_CB), halving the move whenever it fails to shorten the epoch,
+   down to the paper's single batch; stop when the mismatch is below one GPU batching time or
+   a one-batch move stops improving the predicted epoch;
+3. certify: the simulated epoch of a split can never beat that split's lower bound computed
+   from the same drawn durations (Scheduler.lower_bounds), so the splits are visited in
+   order of that bound until it reaches the best epoch found, within `tolerance`: then no
+   unvisited split can be better by more than `tolerance` (a branch and bound). The epoch
+   landscape is saw-toothed at small n (buffer-size rounding, fill and drain), which a local
+   search alone can miss; the feedback result makes the pruning start tight;
+4. among the splits within `tolerance` of the best, keep the one nearest the LB optimum (the
+   simulator cannot tell them apart at that resolution, the analytic bound can), unless a
+   baseline (all-CPU, all-GPU) predicts a shorter epoch.
+The search and the baselines run on the fast engine, within a budget of simulated batches; the
+chosen plan is then simulated again with the reporting engine (SimPy by default), which gives
+the same numbers (tests/test_scheduler_engines.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from morphpipe.partitioner.cores import CoreSplit, split_cores
+from morphpipe.partitioner.partitioner import Partitioner, Split, buffer_sizes, pinned_buffer_limit
+from morphpipe.partitioner.times import PhaseTimes
+from morphpipe.profiler.profile import Profile
+from morphpipe.scheduler.plan import Plan, finite_or_none
+from morphpipe.scheduler.result import CPU_ONLY_DEVICES, SimulationResult
+from morphpipe.scheduler.scheduler import Scheduler
+
+TOLERANCE = 0.005
+BUDGET_BATCHES = 150_000
+MIN_EVALUATIONS = 8
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """Outcome of the search: the chosen split, its simulated epoch, every split tried, the certified gap.
+
+    `gap` bounds how much shorter an unvisited split's epoch could be, relative to the chosen
+    one, when the budget ran out first; 0 when every other split was ruled out within tolerance.
+    """
+
+    split: Split
+    result: SimulationResult
+    evaluated: dict[int, float]
+    feedback_steps: int
+    gap: float
+
+
+def converge(partitioner: Partitioner, scheduler: Scheduler, tolerance: float = TOLERANCE,
+             budget_batches: int = BUDGET_BATCHES) -> Convergence:
+    """Feedback search, then branch and bound, for the split with the shortest simulated epoch (fast engine)."""
+    n = partitioner.num_batches
+    max_evaluations = max(MIN_EVALUATIONS, budget_batches // n)
+    results: dict[int, SimulationResult] = {}
+
+    def evaluate(n_cpu: int) -> SimulationResult:
+        if n_cpu not in results:
+            results[n_cpu] = scheduler.simulate(partitioner.split(n_cpu), engine="fast")
+        return results[n_cpu]
+
+    current = partitioner.initial_split()
+    best = evaluate(current.n_cpu)
+    largest_step = n
+    steps = 0
+    while len(results) < max_evaluations:
+        feedback = best.feedback()
+        if partitioner.is_balanced(feedback):
+            break
+        step = min(partitioner.step_size(feedback), largest_step)
+        candidate = partitioner.adjust(current, feedback, step)
+        if candidate.n_cpu == current.n_cpu:
+            break
+        steps += 1
+        result = evaluate(candidate.n_cpu)
+        if result.epoch_s < best.epoch_s:
+            current, best = candidate, result
+        elif step > 1:
+            largest_step = step // 2
+        else:
+            break
+
+    bounds = scheduler.lower_bounds()
+    unvisited_bound = None
+    for n_cpu in np.argsort(bounds, kind="stable").tolist():
+        if bounds[n_cpu] * (1.0 + tolerance) >= best.epoch_s:
+            break
+        if n_cpu in results:
+            continue
+        if len(results) >= max_evaluations:
+            unvisited_bound = float(bounds[n_cpu])
+            break
+        if evaluate(n_cpu).epoch_s < best.epoch_s:
+            best = results[n_cpu]
+
+    anchor = partitioner.best_lower_bound().n_cpu
+    near_best = [k for k, r in results.items() if r.epoch_s <= best.epoch_s * (1.0 + tolerance)]
+    chosen = min(near_best, key=lambda k: (abs(k - anchor), k))
+    gap = 0.0 if unvisited_bound is None else max(0.0, results[chosen].epoch_s / unvisited_bound - 1.0)
+    return Convergence(partitioner.split(chosen), results[chosen],
+                       {k: r.epoch_s for k, r in sorted(results.items())}, steps, gap)
+
+
+def plan_from_profile(profile: Profile, gbs: int = 10, seed: int = 0, *, cpu_threads: int | None = None,
+                      engine: str = "simpy") -> Plan:
+    """Plans an epoch for a profile: the converged split, or a baseline if that is predicted faster."""
+    if profile.device == "cpu":
+        return _plan_cpu_only(profile, gbs, seed, engine)
+    times = PhaseTimes.from_profile(profile, cpu_threads)
+    max_cbs = pinned_buffer_limit(profile.batch_bytes, profile.hardware.memory_available_bytes)
+    partitioner = Partitioner(times, gbs, max_cbs)
+    scheduler = Scheduler(times, seed)
+    search = converge(partitioner, scheduler)
+    baselines = {"all-cpu": scheduler.all_cpu(gbs, engine="fast"), "all-gpu": scheduler.all_gpu(gbs, engine="fast")}
+    chosen = min([search.result, *baselines.values()], key=lambda r: (r.epoch_s, r.n_gpu))
+    chosen = scheduler.simulate(Split(chosen.n_cpu, chosen.n_gpu, chosen.cbs, chosen.gbs), engine=engine)
+    bound = partitioner.best_lower_bound()
+    relaxed = partitioner.best_eq6()
+    feedback = chosen.feedback()
+    kind = "all-gpu" if chosen.n_cpu == 0 else "all-cpu" if chosen.n_gpu == 0 else "adaptive"
+    notes = []
+    if buffer_sizes(chosen.n_cpu, chosen.n_gpu, gbs)[0] > chosen.cbs:
+        notes.append(f"cbs capped at {max_cbs} batches of {profile.batch_bytes} bytes: a quarter of the "
+                     "available host memory may be pinned")
+    return Plan(
+        kind=kind, num_batches=times.num_batches, n_cpu=chosen.n_cpu, n_gpu=chosen.n_gpu, cbs=chosen.cbs,
+        gbs=chosen.gbs, cpu_threads=times.cpu_threads, train_threads=None, predicted_epoch_s=chosen.epoch_s,
+        baselines_s={name: result.epoch_s for name, result in baselines.items()},
+        lower_bound_s=bound.value_s, lower_bound_n_cpu=bound.n_cpu, eq6_s=relaxed.value_s,
+        eq6_x=finite_or_none(relaxed.x), eq6_cpu_fraction=relaxed.cpu_fraction, busy=chosen.busy,
+        idle_s={"cpu": feedback.cpu_idle_s, "gpu": feedback.gpu_idle_s}, evaluations=len(search.evaluated),
+        optimality_gap=search.gap, notes=notes, seed=seed, engine=engine,
+        profile={**profile.summary(), **times.summary()},
+    )
+
+
+def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str) -> Plan:
+    """CPU-only planning: the core split (batching vs training threads) with the shortest simulated epoch.
+
+    Splits are simulated in order of their lower bound n * max(T_CB(P), T_M(Q)) until that bound
+    reaches the best epoch found (within the tolerance) or the budget runs out.
+    """
+    max_evaluations = max(MIN_EVALUATIONS, BUDGET_BATCHES // profile.num_batches)
+    results: dict[CoreSplit, SimulationResult] = {}
+    gap = 0.0
+    for core_split in split_cores(profile):
+        best = min((r.epoch_s for r in results.values()), default=float("inf"))
+        if core_split.lower_bound_s * (1.0 + TOLERANCE) >= best:
+            break
+        if len(results) >= max_evaluations:
+            gap = best / core_split.lower_bound_s - 1.0
+            break
+        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads)
+        results[core_split] = Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core, engine="fast")
+    cores = profile.cores
+    even = max(1, cores // 2)
+    even_split = CoreSplit(even, max(1, cores - even), cores == 1, 0.0)
+    chosen_split = min(results, key=lambda s: (results[s].epoch_s, s.lower_bound_s))
+    plans = {}
+    for name, core_split in (("chosen", chosen_split), ("even-split", even_split)):
+        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads)
+        plans[name] = times, Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core, engine=engine)
+    times, chosen = min(plans.values(), key=lambda item: item[1].epoch_s)
+    return Plan(
+        kind="cpu-only", num_batches=profile.num_batches, n_cpu=profile.num_batches, n_gpu=0, cbs=cbs, gbs=0,
+        cpu_threads=times.cpu_threads, train_threads=times.train_threads, predicted_epoch_s=chosen.epoch_s,
+        baselines_s={"even-split": plans["even-split"][1].epoch_s},
+        lower_bound_s=min(s.lower_bound_s for s in results), lower_bound_n_cpu=None, eq6_s=None, eq6_x=None,
+        eq6_cpu_fraction=None, busy=chosen.busy,
+        idle_s={device: chosen.idle_s(device) for device in CPU_ONLY_DEVICES},
+        evaluations=len(results) + 2, optimality_gap=gap, notes=[], seed=seed, engine=engine,
+        profile={**profile.summary(), **times.summary()},
+    )

@@ -1,0 +1,55 @@
+"""The SimPy model and its fast twin give the same epochs, busy fractions, blocks and traces."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from morphpipe.partitioner import Partitioner, PhaseTimes
+from morphpipe.scheduler import Scheduler, SimulationResult
+
+
+def comparable(result: SimulationResult) -> tuple:
+    trace = sorted((r.batch, r.route, r.phase, r.device, r.lane, r.start, r.end) for r in result.trace)
+    blocks = [(b.start, b.end, b.idle, b.weight) for b in result.blocks]
+    return result.epoch_s, result.busy, blocks, trace, result.trained
+
+
+def random_configurations(count: int, seed: int) -> list[tuple[PhaseTimes, int, int]]:
+    rng = random.Random(seed)
+    configurations = []
+    for _ in range(count):
+        n = rng.randint(1, 120)
+        cv = rng.choice([0.0, 0.0, 0.25, 1.0])
+        if rng.random() < 0.5:  # round numbers make ties between events common
+            values = [rng.choice([0.5, 1.0, 2.0, 3.0]) for _ in range(4)]
+        else:
+            values = [rng.uniform(0.05, 3.0) for _ in range(4)]
+        times = PhaseTimes(n, values[0], rng.randint(1, 12), values[3], values[1], values[2], cv, cv, cv, cv)
+        configurations.append((times, rng.randint(0, n), rng.randint(1, 10)))
+    return configurations
+
+
+@pytest.mark.parametrize("times, n_cpu, gbs", random_configurations(150, seed=11))
+def test_fast_engine_matches_simpy(times: PhaseTimes, n_cpu: int, gbs: int) -> None:
+    scheduler = Scheduler(times, seed=n_cpu)
+    split = Partitioner(times, gbs).split(n_cpu)
+    reference = scheduler.simulate(split, engine="simpy", trace=True)
+    fast = scheduler.simulate(split, engine="fast", trace=True)
+    assert reference.engine == "simpy" and fast.engine == "fast"
+    assert comparable(fast) == comparable(reference)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fast_cpu_only_engine_matches_simpy(seed: int) -> None:
+    rng = random.Random(seed)
+    shared = seed % 5 == 0
+    threads = 1 if shared else rng.randint(1, 8)
+    times = PhaseTimes(rng.randint(1, 80), rng.choice([0.5, rng.uniform(0.1, 2)]), threads,
+                       rng.choice([0.5, rng.uniform(0.1, 2)]), cpu_batch_cv=rng.choice([0.0, 0.3]),
+                       train_cv=rng.choice([0.0, 0.3]), train_threads=rng.randint(1, 8), device="cpu")
+    scheduler = Scheduler(times, seed)
+    cbs = rng.randint(1, 6)
+    reference = scheduler.simulate_cpu_only(cbs, shared, engine="simpy", trace=True)
+    fast = scheduler.simulate_cpu_only(cbs, shared, engine="fast", trace=True)
+    assert comparable(fast) == comparable(reference)
