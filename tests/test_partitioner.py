@@ -141,15 +141,28 @@ def test_initial_split_is_the_lower_bound_optimum_with_sized_buffers() -> None:
 def test_cpu_only_core_split_minimises_the_bound() -> None:
     profile = Profile.synthetic(t_cb=0.8, t_m=0.2, cores=8, num_batches=100)
     splits = split_cores(profile)
-    assert {s.batch_threads + s.train_threads for s in splits} == {8}
-    best = splits[0]
+    disjoint = [s for s in splits if not s.shared_core]
+    shared = [s for s in splits if s.shared_core]
+    assert {s.batch_threads + s.train_threads for s in disjoint} == {8}
+    assert [(s.batch_threads, s.train_threads) for s in shared] == [(8, 8)]
+    best = disjoint[0]
     # batching is 4x slower per thread than training: 6 batching threads (0.133 s) vs 2 training (0.1 s)
     assert (best.batch_threads, best.train_threads) == (6, 2)
     assert best.lower_bound_s == pytest.approx(100 * 0.8 / 6)
-    assert all(s.lower_bound_s >= best.lower_bound_s for s in splits)
+    assert all(s.lower_bound_s >= best.lower_bound_s for s in disjoint)
+    # with perfectly scaling phases, taking turns on all 8 cores is bounded by 100 * (0.8 + 0.2) / 8
+    assert splits[0] == shared[0] and shared[0].lower_bound_s == pytest.approx(100 * 1.0 / 8)
     single = split_cores(profile, cores=1)
     assert len(single) == 1 and single[0].shared_core
     assert single[0].lower_bound_s == pytest.approx(100 * (0.8 + 0.2))
+
+
+def test_taking_turns_loses_when_training_does_not_scale() -> None:
+    profile = Profile.synthetic(t_cb=0.8, t_m=0.2, cores=8, num_batches=100, training_efficiency=0.0)
+    best = split_cores(profile)[0]
+    assert not best.shared_core and best.lower_bound_s == pytest.approx(100 * 0.2)
+    shared = next(s for s in split_cores(profile) if s.shared_core)
+    assert shared.lower_bound_s == pytest.approx(100 * (0.8 / 8 + 0.2))
 
 
 def test_partitioner_refuses_cpu_only_times() -> None:

@@ -3,8 +3,10 @@
 Without a GPU both phases run on the CPU, so the planning problem has one device: batching
 throughput grows with the batching threads P, the training step gets faster with the training
 threads Q = cores - P. The lower bound of an epoch is n * max(T_CB(P), T_M(Q)); all P in
-[1, cores - 1] are enumerated exactly (cores are few). With a single core the two phases take
-turns on it and the bound is n * (T_CB(1) + T_M(1)).
+[1, cores - 1] are enumerated exactly (cores are few). The phases may also take turns on all
+the cores (batch with every core, then train with every core): the bound is then
+n * (T_CB(cores) + T_M(cores)). Turn-taking wins when batching is a small fraction of the
+work and training scales with threads, and it is the only choice on a single core.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from morphpipe.profiler.profile import Profile
 
 @dataclass(frozen=True)
 class CoreSplit:
-    """Batching threads, training threads, whether they share one core, and the epoch lower bound."""
+    """Batching threads, training threads, whether the phases take turns on shared cores, and the bound."""
 
     batch_threads: int
     train_threads: int
@@ -31,10 +33,8 @@ def split_cores(profile: Profile, cores: int | None = None) -> list[CoreSplit]:
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores!r}")
     n = profile.num_batches
-    if cores == 1:
-        serial = profile.cpu_batching.per_batch_time(1) + profile.cpu_training.per_batch_time(1)
-        return [CoreSplit(1, 1, True, n * serial)]
-    splits = []
+    serial = profile.cpu_batching.per_batch_time(cores, cores) + profile.cpu_training.per_batch_time(cores, cores)
+    splits = [CoreSplit(cores, cores, True, n * serial)]
     for batch_threads in range(1, cores):
         train_threads = cores - batch_threads
         bound = n * max(profile.cpu_batching.per_batch_time(batch_threads, cores),

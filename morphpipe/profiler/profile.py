@@ -77,6 +77,13 @@ class FieldReader:
             raise self.error(name, f"must be >= {minimum}", value)
         return value
 
+    def boolean(self, name: str) -> bool:
+        """A JSON true or false."""
+        value = self._get(name, optional=False)
+        if not isinstance(value, bool):
+            raise self.error(name, "must be true or false", value)
+        return value
+
     def string(self, name: str, *, choices: Iterable[str] | None = None, optional: bool = False) -> str | None:
         """A JSON string, optionally one of `choices`."""
         value = self._get(name, optional)

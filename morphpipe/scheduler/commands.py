@@ -122,7 +122,7 @@ def format_table(cores: list[int], plans: list[Plan]) -> str:
         header = f"{'cores':>5}  {'even split':>11}  {'adaptive':>11}  {'speedup':>7}  {'batch/train threads':>19}"
         rows = [
             f"{count:>5}  {plan.baselines_s['even-split']:>11.4g}  {plan.predicted_epoch_s:>11.4g}  "
-            f"{plan.speedup:>6.2f}x  {f'{plan.cpu_threads}/{plan.train_threads}':>19}"
+            f"{plan.speedup:>6.2f}x  {threads_column(plan):>19}"
             for count, plan in zip(cores, plans)
         ]
     else:
@@ -134,6 +134,11 @@ def format_table(cores: list[int], plans: list[Plan]) -> str:
             for count, plan in zip(cores, plans)
         ]
     return "\n".join([header, *rows])
+
+
+def threads_column(plan: Plan) -> str:
+    """'P/Q' batching/training threads of a CPU-only plan, marked when the phases take turns."""
+    return f"{plan.cpu_threads}/{plan.train_threads}" + (" turns" if plan.shares_cores else "")
 
 
 def _title(profile: Profile, pcie_gbps: float | None) -> str:

@@ -205,7 +205,7 @@ class DualBufferModel:
 class CpuOnlyModel:
     """One epoch on a CPU-only machine: P batching threads feed a CPU buffer, Q threads train.
 
-    With a shared core (a one-core machine) the executor batches and trains in turn instead.
+    With shared cores (every core batches, then every core trains) the two phases take turns.
     """
 
     def __init__(self, times: PhaseTimes, cbs: int, durations: Durations, shared_core: bool = False,
@@ -243,7 +243,7 @@ class CpuOnlyModel:
             self.rec.cpu_buffer(len(self.buffer.items))
 
     def trainer(self) -> Process:
-        """The training loop: take the next batch (or build it, on a shared core), train on it."""
+        """The training loop: take the next batch (or build it, on shared cores), train on it."""
         for number in range(self.times.num_batches):
             if self.shared_core:
                 start = self.env.now

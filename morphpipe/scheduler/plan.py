@@ -19,6 +19,8 @@ _FIX_PLAN = "re-create it with `morphpipe tune` (or plan_from_profile)"
 class Plan:
     """A CPU:GPU split with buffer sizes and thread counts, plus the predictions behind it.
 
+    `shares_cores` (CPU-only plans) means batching and training take turns on the same cores
+    instead of running side by side on disjoint ones.
     `baselines_s` holds the predicted epochs of the plans it was compared with: 'all-cpu' and
     'all-gpu' on a GPU machine, 'even-split' (half the cores batch) on a CPU-only one.
     `eq6_x` is None when Eq. 6 is minimised in the limit x -> infinity (everything on the GPU).
@@ -50,6 +52,7 @@ class Plan:
     seed: int
     engine: str
     profile: dict[str, Any]
+    shares_cores: bool = False
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     def __post_init__(self) -> None:
@@ -96,6 +99,7 @@ class Plan:
             "gbs": self.gbs,
             "cpu_threads": self.cpu_threads,
             "train_threads": self.train_threads,
+            "shares_cores": self.shares_cores,
             "predicted_epoch_s": self.predicted_epoch_s,
             "baselines_s": dict(self.baselines_s),
             "lower_bound_s": self.lower_bound_s,
@@ -152,6 +156,7 @@ class Plan:
                 gbs=reader.integer("gbs", minimum=0),
                 cpu_threads=reader.integer("cpu_threads", minimum=1),
                 train_threads=reader.integer("train_threads", minimum=1, optional=True),
+                shares_cores=reader.boolean("shares_cores"),
                 predicted_epoch_s=reader.number("predicted_epoch_s", positive=True),
                 baselines_s=numbers("baselines_s"),
                 lower_bound_s=reader.number("lower_bound_s", minimum=0.0),
@@ -180,7 +185,8 @@ class Plan:
             f"schedule {self.kind}: {self.n_cpu} CPU-batched + {self.n_gpu} GPU-batched of {self.num_batches} "
             f"batches (CPU share {self.cpu_share:.1%}), cbs={self.cbs} gbs={self.gbs}, "
             f"{self.cpu_threads} batching threads" + (f", {self.train_threads} training threads"
-                                                      if self.train_threads else ""),
+                                                      if self.train_threads else "")
+            + (", taking turns on the same cores" if self.shares_cores else ""),
             f"predicted epoch {self.predicted_epoch_s:.4g} s; lower bound {self.lower_bound_s:.4g} s"
             + (f"; Eq. 6 {self.eq6_s:.4g} s" if self.eq6_s is not None else ""),
             "baselines: " + ", ".join(f"{k} {v:.4g} s" for k, v in self.baselines_s.items())

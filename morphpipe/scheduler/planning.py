@@ -144,8 +144,9 @@ def plan_from_profile(profile: Profile, gbs: int = 10, seed: int = 0, *, cpu_thr
 def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str) -> Plan:
     """CPU-only planning: the core split (batching vs training threads) with the shortest simulated epoch.
 
-    Splits are simulated in order of their lower bound n * max(T_CB(P), T_M(Q)) until that bound
-    reaches the best epoch found (within the tolerance) or the budget runs out.
+    Splits (disjoint, bound n * max(T_CB(P), T_M(Q)), or taking turns on all cores, bound
+    n * (T_CB + T_M)) are simulated in order of their lower bound until that bound reaches the
+    best epoch found (within the tolerance) or the budget runs out.
     """
     max_evaluations = max(MIN_EVALUATIONS, BUDGET_BATCHES // profile.num_batches)
     results: dict[CoreSplit, SimulationResult] = {}
@@ -166,15 +167,16 @@ def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str) -> Plan:
     plans = {}
     for name, core_split in (("chosen", chosen_split), ("even-split", even_split)):
         times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads)
-        plans[name] = times, Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core, engine=engine)
-    times, chosen = min(plans.values(), key=lambda item: item[1].epoch_s)
+        plans[name] = core_split, times, Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core,
+                                                                                  engine=engine)
+    chosen_split, times, chosen = min(plans.values(), key=lambda item: item[2].epoch_s)
     return Plan(
         kind="cpu-only", num_batches=profile.num_batches, n_cpu=profile.num_batches, n_gpu=0, cbs=cbs, gbs=0,
         cpu_threads=times.cpu_threads, train_threads=times.train_threads, predicted_epoch_s=chosen.epoch_s,
-        baselines_s={"even-split": plans["even-split"][1].epoch_s},
+        baselines_s={"even-split": plans["even-split"][2].epoch_s},
         lower_bound_s=min(s.lower_bound_s for s in results), lower_bound_n_cpu=None, eq6_s=None, eq6_x=None,
         eq6_cpu_fraction=None, busy=chosen.busy,
         idle_s={device: chosen.idle_s(device) for device in CPU_ONLY_DEVICES},
         evaluations=len(results) + 2, optimality_gap=gap, notes=[], seed=seed, engine=engine,
-        profile={**profile.summary(), **times.summary()},
+        profile={**profile.summary(), **times.summary()}, shares_cores=chosen_split.shared_core,
     )

@@ -20,7 +20,7 @@ def simulate_plan(profile: Profile, plan: Plan, *, engine: str = "simpy", trace:
         )
     scheduler = Scheduler.from_profile(profile, plan.seed, plan.cpu_threads, plan.train_threads)
     if plan.kind == "cpu-only":
-        return scheduler.simulate_cpu_only(plan.cbs, profile.cores == 1, engine=engine, trace=trace)
+        return scheduler.simulate_cpu_only(plan.cbs, plan.shares_cores, engine=engine, trace=trace)
     return scheduler.simulate(Split(plan.n_cpu, plan.n_gpu, plan.cbs, plan.gbs), engine=engine, trace=trace)
 
 
