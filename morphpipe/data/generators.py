@@ -28,6 +28,7 @@ from morphpipe.data.csc import csc_from_sorted_keys, fill_keys
 from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE, float32_to_storage, index_dtype_for
 from morphpipe.data.ondisk import GraphMeta, NpyChunkWriter, prepare_output_dir, save_array, write_meta
 from morphpipe.data.splits import SplitFractions, random_split
+from morphpipe.profiler.hardware import usable_cores
 
 POWER_LAW = "power-law"
 COMMUNITY = "community"
@@ -285,7 +286,7 @@ def write_features(out: Path, spec: GeneratorSpec, labels: np.ndarray, *, progre
         values += means[labels[start:start + rows]]
         return float32_to_storage(values, spec.feature_dtype)
 
-    workers = min(MAX_FEATURE_THREADS, _usable_cores())
+    workers = min(MAX_FEATURE_THREADS, usable_cores())
     shape = (spec.num_nodes, dim)
     with NpyChunkWriter(out, "features", shape, FEATURE_STORAGE[spec.feature_dtype]) as writer, \
             ThreadPoolExecutor(workers) as pool, \
@@ -317,11 +318,6 @@ def _chunk_bounds(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:
         bounds.append((first, min(last, counts.size)))
         first = last
     return bounds
-
-
-def _usable_cores() -> int:
-    """Cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _stream_seed(seed: int, stream: int) -> int:

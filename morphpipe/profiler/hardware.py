@@ -98,7 +98,7 @@ class HardwareFacts:
         """Reads the facts of the machine this process runs on."""
         memory = psutil.virtual_memory()
         logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
-        usable, core_notes = _usable_cores(logical)
+        usable, core_notes = usable_cores_with_notes(logical)
         gpus, gpu_note, driver = _detect_gpus()
         return cls(
             cpu_model=_cpu_model(),
@@ -173,7 +173,12 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def _usable_cores(logical: int) -> tuple[int, list[str]]:
+def usable_cores() -> int:
+    """Cores this process may run on: the default thread count for batching and generation."""
+    return usable_cores_with_notes(psutil.cpu_count(logical=True) or os.cpu_count() or 1)[0]
+
+
+def usable_cores_with_notes(logical: int) -> tuple[int, list[str]]:
     """Cores this process may run on: the affinity mask, further capped by a cgroup CPU quota."""
     notes: list[str] = []
     usable = logical

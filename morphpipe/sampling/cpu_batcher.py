@@ -8,20 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-import psutil
 import torch
 
 from morphpipe import native
+from morphpipe.profiler.hardware import usable_cores
 from morphpipe.sampling.minibatch import Block, MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (CPU affinity), the default batching thread count."""
-    try:
-        return len(psutil.Process().cpu_affinity())
-    except (AttributeError, NotImplementedError):
-        return psutil.cpu_count(logical=True) or 1
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
