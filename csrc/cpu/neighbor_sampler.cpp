@@ -77,20 +77,31 @@ void NeighborSampler::choose_offsets(int64_t degree, int64_t count, Xoshiro256& 
 template <typename index_t>
 void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
                                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices) {
+  // Pass 1: how many neighbours each destination takes. indptr reads are random, so they
+  // are prefetched a few destinations ahead; the list starts are kept for pass 2.
+  constexpr int64_t kIndptrPrefetch = 16;
+  constexpr int64_t kListPrefetch = 4;
+  begins_.resize(num_dst);
   out_indptr[0] = 0;
   for (int64_t dst = 0; dst < num_dst; ++dst) {
-    const int64_t node = nodes_[dst];
-    const int64_t degree = indptr_data_[node + 1] - indptr_data_[node];
-    const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
-    out_indptr[dst + 1] = out_indptr[dst] + taken;
-  }
-  out_indices = pool.empty({out_indptr[num_dst]}, at::kLong);
-  int64_t* out = out_indices.data_ptr<int64_t>();
-  for (int64_t dst = 0; dst < num_dst; ++dst) {
+    if (dst + kIndptrPrefetch < num_dst) __builtin_prefetch(indptr_data_ + nodes_[dst + kIndptrPrefetch]);
     const int64_t node = nodes_[dst];
     const int64_t begin = indptr_data_[node];
     const int64_t degree = indptr_data_[node + 1] - begin;
+    const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
+    begins_[dst] = begin;
+    out_indptr[dst + 1] = out_indptr[dst] + taken;
+  }
+  TORCH_CHECK(static_cast<int64_t>(nodes_.size()) + out_indptr[num_dst] < INT32_MAX,
+              "one batch would hold more than 2^31 nodes; use a smaller batch_size or smaller fanouts");
+  out_indices = pool.empty({out_indptr[num_dst]}, at::kLong);
+  int64_t* out = out_indices.data_ptr<int64_t>();
+  // Pass 2: sample and relabel, prefetching the neighbour lists a few destinations ahead.
+  for (int64_t dst = 0; dst < num_dst; ++dst) {
+    if (dst + kListPrefetch < num_dst) __builtin_prefetch(indices + begins_[dst + kListPrefetch]);
+    const int64_t begin = begins_[dst];
     const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
+    const int64_t degree = indptr_data_[nodes_[dst] + 1] - begin;
     const index_t* neighbours = indices + begin;
     auto emit = [&](int64_t neighbour) {
       TORCH_CHECK(neighbour >= 0 && neighbour < num_nodes_, "graph topology: indices[", begin,
@@ -98,10 +109,13 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
                   "); validate the graph (GraphStore.validate) before sampling");
       *out++ = local_id(neighbour);
     };
+    // Map slots are random accesses too: request them all before the first insert.
     if (taken == degree) {
+      for (int64_t offset = 0; offset < degree; ++offset) node_map_.prefetch(neighbours[offset]);
       for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
     } else {
       choose_offsets(degree, taken, rng);
+      for (const int64_t offset : chosen_) node_map_.prefetch(neighbours[offset]);
       for (const int64_t offset : chosen_) emit(neighbours[offset]);
     }
   }

@@ -53,6 +53,7 @@ class NeighborSampler {
   std::vector<int64_t> nodes_;    // global id of every local id, in order of discovery
   std::vector<int64_t> chosen_;   // offsets picked for the current destination
   std::vector<int64_t> shuffle_;  // partial Fisher-Yates scratch for large fanouts
+  std::vector<int64_t> begins_;   // start of each destination's neighbour list, this hop
 };
 
 // Validates the graph topology tensors handed to native code (dtypes, shapes, contiguity).

@@ -30,6 +30,7 @@ class NodeMap {
   }
 
   // Returns the local id of `key`, inserting it as `candidate` when absent; `inserted` says which.
+  // Local ids are below 2^31: one batch never holds that many nodes.
   int64_t insert(int64_t key, int64_t candidate, bool& inserted) {
     if (static_cast<uint64_t>(size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
     uint64_t position = hash(key);
@@ -37,7 +38,7 @@ class NodeMap {
       Slot& slot = slots_[position];
       if (slot.generation != generation_) {
         slot.key = key;
-        slot.value = candidate;
+        slot.value = static_cast<int32_t>(candidate);
         slot.generation = generation_;
         ++size_;
         inserted = true;
@@ -51,14 +52,18 @@ class NodeMap {
     }
   }
 
+  // Hints the cache to load the slot where `key` would start probing.
+  void prefetch(int64_t key) const { __builtin_prefetch(&slots_[hash(key)]); }
+
   int64_t size() const { return size_; }
 
  private:
-  struct Slot {
+  struct Slot {  // 16 bytes: four slots per cache line
     int64_t key;
-    int64_t value;
+    int32_t value;
     uint32_t generation;
   };
+  static_assert(sizeof(Slot) == 16, "NodeMap::Slot should pack into 16 bytes");
 
   // Fibonacci hashing: the high bits of key * 2^64/phi spread consecutive and strided ids.
   uint64_t hash(int64_t key) const { return (static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> shift_; }
