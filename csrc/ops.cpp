@@ -11,4 +11,47 @@ TORCH_LIBRARY(morphpipe, m) {
         "-> (Tensor input_nodes, Tensor[] block_indptrs, Tensor[] block_indices)");
   // out[i] = source[index[i]] for a 2-D source (feature gathering).
   m.def("gather_rows(Tensor source, Tensor index) -> Tensor");
+
+  // Fused aggregation over a block's CSC (rows = destinations, indices = local source ids in
+  // [0, x.size(0))); no nnz x F tensor is allocated. `row_order`, a permutation of the rows
+  // (e.g. heaviest first, Seastar), sets the order destinations are processed in. Sums run in the accumulation dtype (float
+  // for float16/bfloat16, else x's), which edge_weight / src_scale / dst_scale must have.
+  // out[i] = dst_scale[i] * (sum_e edge_weight[e] src_scale[j] x[j] + self_loop src_scale[i] x[i]),
+  // the self loop applying to rows i < x.size(0) (prefix convention).
+  m.def("spmm_sum(Tensor indptr, Tensor indices, Tensor x, Tensor? edge_weight, Tensor? src_scale, "
+        "Tensor? dst_scale, bool self_loop, Tensor? row_order=None) -> Tensor");
+  // The adjoint of spmm_sum ([rows, F] -> [num_src, F]) by atomic scatter to the sources.
+  m.def("spmm_sum_scatter(Tensor indptr, Tensor indices, Tensor grad, Tensor? edge_weight, Tensor? src_scale, "
+        "Tensor? dst_scale, bool self_loop, int num_src) -> Tensor");
+  // Per-row max of edge_weight[e] x[j] and the CSC position of the first edge attaining it
+  // (argmax int64 [rows, F]); empty rows give 0 and -1.
+  m.def("spmm_max(Tensor indptr, Tensor indices, Tensor x, Tensor? edge_weight, Tensor? row_order=None) -> "
+        "(Tensor out, Tensor argmax)");
+  // Gradients of spmm_max through its argmax: grad_x [num_src, F] and grad_weight [nnz] (acc dtype).
+  m.def("spmm_max_backward(Tensor indices, Tensor argmax, Tensor grad, Tensor x, Tensor? edge_weight, "
+        "bool need_grad_x, bool need_grad_weight) -> (Tensor grad_x, Tensor grad_weight)");
+  // out[e] = dot(a[i], b[indices[e]]) for each edge e of row i (edge-weight gradients), acc dtype.
+  m.def("sddmm(Tensor indptr, Tensor indices, Tensor a, Tensor b) -> Tensor");
+  // The transposed structure: per source its out-edges' destinations (ascending) and CSC positions.
+  m.def("csr_transpose(Tensor indptr, Tensor indices, int num_src) -> (Tensor t_indptr, Tensor t_dst, Tensor t_eid)");
+  // The non-zeros of a dense 2-D x in CSR: indptr [rows + 1], column indices and values (row-major).
+  m.def("dense_to_csr(Tensor x) -> (Tensor indptr, Tensor indices, Tensor values)");
+  // Fused multi-head GAT: h [num_src, heads or 1, F], scores [num_src | num_dst, heads] in the acc
+  // dtype; edge j -> i scores leaky_relu(score_src[j] + score_dst[i]), softmax over the in-edges
+  // (plus the prefix self loop), weighted sum of h[j]. Keeps the softmax max and sum per row/head.
+  m.def("gat_forward(Tensor indptr, Tensor indices, Tensor h, Tensor score_src, Tensor score_dst, "
+        "float negative_slope, bool self_loop, Tensor? row_order=None) -> (Tensor out, Tensor row_max, Tensor row_sum)");
+  // Per-edge scalars per head: attention alpha and the raw-score gradient of every edge and self
+  // loop, and grad_score_dst [num_dst, heads].
+  m.def("gat_backward(Tensor indptr, Tensor indices, Tensor h, Tensor score_src, Tensor score_dst, "
+        "Tensor row_max, Tensor row_sum, Tensor grad_out, float negative_slope, bool self_loop, "
+        "Tensor? row_order=None) -> "
+        "(Tensor alpha, Tensor alpha_self, Tensor grad_edge, Tensor grad_self, Tensor grad_score_dst)");
+  // grad_h [num_src, h_heads, F] from alpha and grad_out over the transposed structure (atomic-free);
+  // h_heads == 1 sums the heads (shared features). alpha_self is empty without self loops.
+  m.def("gat_grad_h(Tensor t_indptr, Tensor t_dst, Tensor t_eid, Tensor alpha, Tensor alpha_self, "
+        "Tensor grad_out, int h_heads) -> Tensor");
+  // The same gradient scattered from the destinations with atomic adds.
+  m.def("gat_grad_h_scatter(Tensor indptr, Tensor indices, Tensor alpha, Tensor alpha_self, Tensor grad_out, "
+        "int num_src, int h_heads) -> Tensor");
 }

@@ -49,6 +49,9 @@ def _cuda_toolchain_problem() -> str | None:
 
     if CUDA_HOME is None:
         return "nvcc was not found (set CUDA_HOME)"
+    if not (Path(CUDA_HOME) / "include" / "cuda_runtime.h").exists():
+        return (f"CUDA_HOME={CUDA_HOME} has no include/cuda_runtime.h (torch guesses it from the nvcc on PATH); "
+                "set CUDA_HOME to the CUDA toolkit root, e.g. /usr/local/cuda")
     if not any(CSRC_DIR.glob("cuda/*.cu")):
         return "csrc/cuda has no kernels yet"
     return None

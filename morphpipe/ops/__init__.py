@@ -1,10 +1,14 @@
 """Aggregation and attention ops over Blocks, behind one interface with swappable backends.
 
-Models call `aggregate`, `gcn_aggregate` and `gat_attention`; the active `Backend` (default:
-the plain-PyTorch `reference`) runs them. Fused kernels plug in with `register_backend` and are
-chosen with `set_backend` (process default) or `use_backend` (scoped, e.g. to force one).
+Models call `aggregate`, `gcn_aggregate` and `gat_attention`; the active `Backend` runs them:
+by default (`"auto"`) the `fused` native kernels where they are built, else the plain-PyTorch
+`reference`. Choose with `set_backend` (process default) or `use_backend` (scoped, e.g. to force
+one). Input-sensitive choices (kernel variant, re-association, sparse first layer) are forced
+with `force_choices` and reported by `recorded_choices` / `choice_counts`.
 """
+from morphpipe.ops import fused
 from morphpipe.ops.aggregate import (
+    AUTO,
     REDUCTIONS,
     Backend,
     Reduce,
@@ -17,19 +21,46 @@ from morphpipe.ops.aggregate import (
     set_backend,
     use_backend,
 )
+from morphpipe.ops.choice import (
+    ChoiceRecord,
+    choice_counts,
+    clear_choices,
+    force_choices,
+    recorded_choices,
+    set_forced_choices,
+)
 from morphpipe.ops.reference import gcn_scales
 
+register_backend(
+    Backend(
+        name=fused.NAME,
+        aggregate=fused.aggregate,
+        gcn_aggregate=fused.gcn_aggregate,
+        gat_attention=fused.gat_attention,
+        device_types=frozenset({"cpu", "cuda"}),
+        unavailable=fused.unavailable,
+    ),
+    preferred=True,
+)
+
 __all__ = [
+    "AUTO",
     "REDUCTIONS",
     "Backend",
+    "ChoiceRecord",
     "Reduce",
     "aggregate",
     "available_backends",
+    "choice_counts",
+    "clear_choices",
     "current_backend",
+    "force_choices",
     "gat_attention",
     "gcn_aggregate",
     "gcn_scales",
+    "recorded_choices",
     "register_backend",
     "set_backend",
+    "set_forced_choices",
     "use_backend",
 ]

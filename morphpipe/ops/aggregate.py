@@ -2,10 +2,13 @@
 
 Models never index or scatter themselves: they call `aggregate`, `gcn_aggregate` and
 `gat_attention`, which validate their inputs once, here, and dispatch to the active `Backend`.
-The plain-PyTorch `reference` backend is always registered and is the default; fused CPU/CUDA
-kernels register as further backends with the same signatures. The active backend is the
-process default (`set_backend`) unless a `use_backend` block overrides it for the current
-thread or task. A backend that cannot run on the inputs' device is an error, never a fallback.
+The plain-PyTorch `reference` backend is always registered; fused CPU/CUDA kernels register as
+further backends with the same signatures. The active backend is the process default
+(`set_backend`) unless a `use_backend` block overrides it for the current thread or task. The
+default is `"auto"`: per device type, the first backend registered with `preferred=True` that can
+run there (the fused kernels, where the native ops are built), else the reference, said once in
+the log. A backend explicitly selected that cannot run on the inputs' device is an error, never
+a fallback.
 
 Semantics shared by every backend (edges are a Block's CSC in-edges, local ids):
 - a destination with no in-edges aggregates to zeros (GAT: to its self loop alone);
@@ -15,6 +18,7 @@ Semantics shared by every backend (edges are a Block's CSC in-edges, local ids):
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +34,9 @@ from morphpipe.sampling.minibatch import Block
 
 Reduce = Literal["sum", "mean", "max"]
 REDUCTIONS: tuple[str, ...] = ("sum", "mean", "max")
+AUTO = "auto"
+
+log = logging.getLogger("morphpipe.ops")
 
 
 @dataclass(frozen=True)
@@ -38,9 +45,10 @@ class Backend:
 
     `aggregate(block, h_src [num_src, F], reduce, edge_weight [nnz] | None) -> [num_dst, F]`
     `gcn_aggregate(block, h_src [num_src, F], add_self_loops) -> [num_dst, F]`
-    `gat_attention(block, h_src [num_src, H, F], score_src [num_src, H], score_dst [num_dst, H],
-    negative_slope, add_self_loops) -> [num_dst, H, F]`
+    `gat_attention(block, h_src [num_src, H or 1, F], score_src [num_src, H], score_dst [num_dst, H],
+    negative_slope, add_self_loops) -> [num_dst, H, F]` (one h_src head: shared by every head)
     `device_types`: the device types it runs on (`{"cpu"}`, `{"cuda"}`), None for every device.
+    `unavailable(device_type)`: why it cannot run there after all (e.g. native ops not built), None when it can.
     """
 
     name: str
@@ -48,6 +56,7 @@ class Backend:
     gcn_aggregate: Callable[[Block, Tensor, bool], Tensor]
     gat_attention: Callable[[Block, Tensor, Tensor, Tensor, float, bool], Tensor]
     device_types: frozenset[str] | None = None
+    unavailable: Callable[[str], str | None] | None = None
 
     def supports(self, device: torch.device) -> bool:
         """Whether this backend runs on `device`."""
@@ -62,17 +71,27 @@ REFERENCE = Backend(
 )
 
 _backends: dict[str, Backend] = {REFERENCE.name: REFERENCE}
-_default_name: str = REFERENCE.name
+_preferred: list[str] = []
+_auto_resolved: dict[str, str] = {}
+_default_name: str = AUTO
 _override_name: ContextVar[str | None] = ContextVar("morphpipe_ops_backend", default=None)
 
 
-def register_backend(backend: Backend, *, replace: bool = False) -> None:
-    """Make `backend` selectable by name; registering a taken name needs `replace=True`."""
+def register_backend(backend: Backend, *, replace: bool = False, preferred: bool = False) -> None:
+    """Make `backend` selectable by name; registering a taken name needs `replace=True`.
+
+    `preferred=True` also makes the automatic default try it (in registration order) before the reference.
+    """
+    if backend.name == AUTO:
+        raise ValueError(f"backend name={AUTO!r} is reserved for the automatic default; pick another name")
     if backend.name in _backends and not replace:
         raise ValueError(
             f"backend name={backend.name!r} is already registered; pick another name or pass replace=True"
         )
     _backends[backend.name] = backend
+    if preferred and backend.name not in _preferred:
+        _preferred.append(backend.name)
+    _auto_resolved.clear()
 
 
 def available_backends() -> list[str]:
@@ -88,16 +107,17 @@ def _lookup(name: str) -> Backend:
 
 
 def set_backend(name: str) -> None:
-    """Make `name` the process-wide default backend (a `use_backend` block still overrides it)."""
+    """Make `name` (or `"auto"`) the process-wide default backend (a `use_backend` block still overrides it)."""
     global _default_name
-    _lookup(name)
+    if name != AUTO:
+        _lookup(name)
     _default_name = name
 
 
 @contextmanager
 def use_backend(name: str) -> Iterator[Backend]:
-    """Force backend `name` inside the block, for this thread / task only (benchmarks, tests)."""
-    backend = _lookup(name)
+    """Force backend `name` (or `"auto"`) inside the block, for this thread / task only (benchmarks, tests)."""
+    backend = _auto_backend("cpu") if name == AUTO else _lookup(name)
     token = _override_name.set(name)
     try:
         yield backend
@@ -105,14 +125,33 @@ def use_backend(name: str) -> Iterator[Backend]:
         _override_name.reset(token)
 
 
-def current_backend() -> Backend:
-    """The backend the ops dispatch to right now."""
-    return _lookup(_override_name.get() or _default_name)
+def current_backend(device: torch.device | str = "cpu") -> Backend:
+    """The backend the ops dispatch to right now for inputs on `device` (it matters only under `"auto"`)."""
+    name = _override_name.get() or _default_name
+    return _auto_backend(torch.device(device).type) if name == AUTO else _lookup(name)
+
+
+def _auto_backend(device_type: str) -> Backend:
+    """The first preferred backend that runs on `device_type`, else the reference; a skipped one is logged once."""
+    if device_type not in _auto_resolved:
+        chosen = REFERENCE.name
+        for name in _preferred:
+            backend = _backends[name]
+            if backend.device_types is not None and device_type not in backend.device_types:
+                continue
+            reason = backend.unavailable(device_type) if backend.unavailable else None
+            if reason is None:
+                chosen = name
+                break
+            log.warning("ops backend %r cannot run on %s (%s); the %r backend runs instead",
+                        name, device_type, reason, REFERENCE.name)
+        _auto_resolved[device_type] = chosen
+    return _lookup(_auto_resolved[device_type])
 
 
 def _backend_for(device: torch.device) -> Backend:
     """The active backend, or an error when it cannot run on `device`."""
-    backend = current_backend()
+    backend = current_backend(device)
     if not backend.supports(device):
         raise RuntimeError(
             f"ops backend {backend.name!r} runs on {sorted(backend.device_types or ())} but the inputs are on "
@@ -207,19 +246,24 @@ def gat_attention(
 ) -> Tensor:
     """Multi-head GAT aggregation over a block -> `[num_dst, heads, F]`.
 
-    `h_src [num_src, heads, F]` are the projected source features, `score_src [num_src, heads]`
-    and `score_dst [num_dst, heads]` their attention halves. Edge `j -> i` scores
+    `h_src [num_src, heads, F]` are the projected source features (or `[num_src, 1, F]`: one set
+    shared by every head), `score_src [num_src, heads]` and `score_dst [num_dst, heads]` the
+    attention halves. Edge `j -> i` scores
     `leaky_relu(score_src[j] + score_dst[i], negative_slope)`; scores are softmax-normalised over
     each destination's in-edges (plus its self loop) and weight the sum of `h_src[j]`.
     """
     _check_block(block)
     _check_node_tensor("h_src", h_src, block.num_src, "num_src", block, 3)
-    heads = h_src.shape[1]
     _check_node_tensor("score_src", score_src, block.num_src, "num_src", block, 2)
     _check_node_tensor("score_dst", score_dst, block.num_dst, "num_dst", block, 2)
-    for name, score in (("score_src", score_src), ("score_dst", score_dst)):
-        if score.shape[1] != heads:
-            raise ValueError(f"{name} has {score.shape[1]} heads but h_src has {heads}; they must match")
+    heads = score_src.shape[1]
+    if score_dst.shape[1] != heads:
+        raise ValueError(f"score_dst has {score_dst.shape[1]} heads but score_src has {heads}; they must match")
+    if h_src.shape[1] not in (heads, 1):
+        raise ValueError(
+            f"h_src has {h_src.shape[1]} heads but the scores have {heads}; give h_src {heads} heads, "
+            f"or 1 to share its features across the heads"
+        )
     if add_self_loops:
         _check_prefix(block)
     return _backend_for(h_src.device).gat_attention(

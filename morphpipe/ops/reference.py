@@ -101,8 +101,12 @@ def gat_attention(
     negative_slope: float,
     add_self_loops: bool,
 ) -> Tensor:
-    """GAT aggregation: `sum_j softmax_j(leaky_relu(score_src[j] + score_dst[i])) * h_src[j]`, `[num_dst, heads, F]`."""
+    """GAT aggregation: `sum_j softmax_j(leaky_relu(score_src[j] + score_dst[i])) * h_src[j]`, `[num_dst, heads, F]`.
+
+    An `h_src` with one head is shared by every head of the scores.
+    """
     acc = accumulate_dtype(h_src.dtype)
+    h_src = h_src.expand(-1, score_src.shape[1], -1)
     src, dst = block.indices, dst_index(block)
     if add_self_loops:
         loops = torch.arange(block.num_dst, device=block.device)

@@ -1,0 +1,85 @@
+"""Morphling's sparsity-aware input transform: `x @ W^T` as sparse-times-dense when x is sparse enough.
+
+A layer measures the density of its input once (`InputDensity`, on a row sample of the first
+input it sees). `sparse_aware_linear` then runs the projection as a dense GEMM or, when the
+cost model predicts it faster at that density (below `Calibration.sparse_threshold`), by
+converting x to CSR and multiplying with the fused row-wise kernel. Both give the same result up
+to floating-point summation order, and the same gradients to the weight and the bias. The sparse
+path is a candidate only when x needs no gradient (a model's input features): it could not
+give x's gradient at its zero entries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from morphpipe import native
+from morphpipe.ops import choice
+from morphpipe.ops.cost_model import current_calibration
+from morphpipe.ops.fused import WeightedSum, unavailable
+from morphpipe.sampling.minibatch import Block
+
+# Rows sampled to estimate the density: enough for a stable fraction, cheap on any input.
+DENSITY_SAMPLE_ROWS = 4096
+# Densities are compared in steps of 1/64 so that batches of one dataset share one signature.
+DENSITY_STEPS = 64
+
+
+@dataclass
+class InputDensity:
+    """Fraction of non-zero entries in a layer's input, measured once on the first input and then kept."""
+
+    density: float | None = None
+
+    def measure(self, x: Tensor) -> float:
+        """The kept density, measuring it on up to `DENSITY_SAMPLE_ROWS` evenly spaced rows of `x` the first time."""
+        if self.density is None:
+            step = max(1, x.shape[0] // DENSITY_SAMPLE_ROWS)
+            sample = x.detach()[::step]
+            self.density = float(sample.count_nonzero()) / max(sample.numel(), 1)
+        return self.density
+
+    def reset(self) -> None:
+        """Measure again on the next input (e.g. after switching datasets)."""
+        self.density = None
+
+
+def dense_to_csr(x: Tensor) -> tuple[Block, Tensor]:
+    """The non-zeros of 2-D `x` (no gradient) as a Block (rows = x's rows, sources = its columns) and their values."""
+    if x.device.type == "cpu":
+        indptr, cols, values = native.ops().dense_to_csr(x.contiguous())
+        return Block(indptr, cols, x.shape[1], x.shape[0]), values
+    mask = x != 0
+    indptr = torch.zeros(x.shape[0] + 1, dtype=torch.int64, device=x.device)
+    torch.cumsum(mask.sum(1), 0, out=indptr[1:])
+    rows, cols = mask.nonzero(as_tuple=True)
+    return Block(indptr, cols, x.shape[1], x.shape[0]), x[rows, cols]
+
+
+def _sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """`x @ weight^T + bias` with x in CSR and the fused row-wise kernel (`weight^T` rows gathered per non-zero)."""
+    structure, values = dense_to_csr(x.detach())
+    out = WeightedSum.apply(weight.t().contiguous(), values, structure, None, None, False, None)
+    return out if bias is None else out + bias
+
+
+def sparse_aware_linear(x: Tensor, weight: Tensor, bias: Tensor | None, density: float) -> Tensor:
+    """`F.linear(x, weight, bias)`, as sparse-times-dense when `density` makes that cheaper on this machine."""
+    rows, in_features, out_features = x.shape[0], x.shape[1], weight.shape[0]
+    step = round(density * DENSITY_STEPS) / DENSITY_STEPS
+    signature = ("linear", x.device.type, str(x.dtype).removeprefix("torch."), choice.bucket(rows), in_features,
+                 out_features, step)
+    calibration = current_calibration(x.device)
+    options = ("dense", "sparse") if unavailable(x.device.type) is None and not x.requires_grad else ("dense",)
+    transform = choice.choose(
+        "input.transform", signature,
+        lambda: {"dense": calibration.gemm(rows, in_features, out_features),
+                 "sparse": calibration.sparse_linear(rows, in_features, out_features, density)},
+        options=options,
+    )
+    if transform == "sparse":
+        return _sparse_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
