@@ -1,0 +1,155 @@
+// Shared by the fused CUDA aggregation and attention kernels (Seastar's recipe): one thread group
+// per destination (vertex-parallel, edge-sequential, partial sums in registers), the group being
+// 2^k threads for the largest 2^k <= feature width (at most a warp), several groups per block.
+// Index safety: host code checks shapes, dtypes and devices; kernels bounds-check every index
+// they read before using it (CUDA_KERNEL_ASSERT, as ATen's index kernels do, and skip it).
+// Only c10's CUDA headers are used (not ATen/cuda/CUDAContext.h), so a toolkit with just nvcc
+// and the runtime headers builds them.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/macros/Macros.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+
+namespace morphpipe::cuda {
+
+template <typename T>
+using acc_type = at::opmath_type<T>;
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int kWarp = 32;
+
+// The stream kernels launch on: the current one of the current device.
+inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+// The accumulation dtype for `x`: float for half types, x's own dtype otherwise.
+inline at::ScalarType accumulate_dtype(const at::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  return (dtype == at::kHalf || dtype == at::kBFloat16) ? at::kFloat : dtype;
+}
+
+// Threads per destination: the largest power of two <= width, at most a warp (Seastar's feature-adaptive groups).
+inline int group_size(int64_t width) {
+  int group = 1;
+  while (group * 2 <= width && group < kWarp) group *= 2;
+  return group;
+}
+
+// Blocks for `rows` groups of `group` threads.
+inline unsigned blocks_for(int64_t rows, int group) {
+  const int64_t threads = std::max<int64_t>(rows, 1) * group;
+  return static_cast<unsigned>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock);
+}
+
+// A CUDA tensor of `dtype` on `device`, contiguous, 1-D when `dims` is 1; shapes are checked by the caller.
+inline void check_cuda(const at::Tensor& t, const at::Device& device, const char* op, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.device() == device, op, ": ", name, " must be on ", device, ", got ", t.device());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous; call .contiguous()");
+}
+
+// indptr [rows + 1] and indices [nnz], int64 CUDA tensors on one device. Their values are
+// bounds-checked inside the kernels (a host-side scan would need a device sync per call).
+inline void check_structure(const at::Tensor& indptr, const at::Tensor& indices, const char* op) {
+  TORCH_CHECK(indptr.scalar_type() == at::kLong && indices.scalar_type() == at::kLong, op,
+              ": indptr and indices must be int64, got ", indptr.scalar_type(), " and ", indices.scalar_type());
+  TORCH_CHECK(indptr.dim() == 1 && indptr.numel() >= 1 && indices.dim() == 1, op,
+              ": indptr must be 1-D [rows + 1] and indices 1-D [nnz], got ", indptr.sizes(), " and ",
+              indices.sizes());
+  check_cuda(indptr, indptr.device(), op, "indptr");
+  check_cuda(indices, indptr.device(), op, "indices");
+}
+
+// `t` has `rows` rows, sits on `device` and is contiguous.
+inline void check_rows(const at::Tensor& t, int64_t rows, const at::Device& device, const char* op,
+                       const char* name) {
+  check_cuda(t, device, op, name);
+  TORCH_CHECK(t.dim() >= 1 && t.size(0) == rows, op, ": ", name, " must have ", rows, " rows, got ", t.sizes());
+}
+
+// Data pointer of an optional 1-D factor of the accumulation dtype, nullptr when absent.
+template <typename acc_t>
+const acc_t* optional_factor(const std::optional<at::Tensor>& t, int64_t rows, at::ScalarType acc,
+                             const at::Device& device, const char* op, const char* name) {
+  if (!t.has_value() || !t->defined()) return nullptr;
+  check_rows(*t, rows, device, op, name);
+  TORCH_CHECK(t->dim() == 1 && t->scalar_type() == acc, op, ": ", name, " must be 1-D ", acc, ", got ",
+              t->scalar_type(), " ", t->sizes());
+  return t->data_ptr<acc_t>();
+}
+
+// Optional row order (int64 [rows]); its entries are bounds-checked in the kernels.
+inline const int64_t* optional_order(const std::optional<at::Tensor>& order, int64_t rows, const at::Device& device,
+                                     const char* op) {
+  if (!order.has_value() || !order->defined()) return nullptr;
+  check_rows(*order, rows, device, op, "row_order");
+  TORCH_CHECK(order->dim() == 1 && order->scalar_type() == at::kLong, op, ": row_order must be 1-D int64");
+  return order->data_ptr<int64_t>();
+}
+
+// The destination a group works on and its edge range [begin, end); false for idle or invalid groups.
+__device__ __forceinline__ bool group_row(int64_t group, int64_t rows, const int64_t* order, const int64_t* indptr,
+                                          int64_t nnz, int64_t& row, int64_t& begin, int64_t& end) {
+  if (group >= rows) return false;
+  row = order ? order[group] : group;
+  CUDA_KERNEL_ASSERT(row >= 0 && row < rows && "row_order entry out of range");
+  if (row < 0 || row >= rows) return false;
+  begin = indptr[row];
+  end = indptr[row + 1];
+  CUDA_KERNEL_ASSERT(begin >= 0 && begin <= end && end <= nnz && "indptr must be nondecreasing from 0 to nnz");
+  if (begin < 0 || end > nnz || begin > end) begin = end = 0;
+  return true;
+}
+
+// `index` is a valid row of a table with `size` rows (asserted; callers skip it otherwise).
+__device__ __forceinline__ bool valid_index(int64_t index, int64_t size) {
+  CUDA_KERNEL_ASSERT(index >= 0 && index < size && "index outside [0, num_src)");
+  return index >= 0 && index < size;
+}
+
+// Lanes of the calling thread's group within its warp (for shuffles restricted to the group).
+template <int G>
+__device__ __forceinline__ unsigned group_mask() {
+  if constexpr (G == kWarp) {
+    return 0xffffffffu;
+  } else {
+    const unsigned lane = threadIdx.x % kWarp;
+    return ((1u << G) - 1u) << (lane / G * G);
+  }
+}
+
+template <int G, typename T>
+__device__ __forceinline__ T group_sum(T value, unsigned mask) {
+#pragma unroll
+  for (int offset = G / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(mask, value, offset, G);
+  return value;
+}
+
+template <int G, typename T>
+__device__ __forceinline__ T group_max(T value, unsigned mask) {
+#pragma unroll
+  for (int offset = G / 2; offset > 0; offset /= 2) value = max(value, __shfl_xor_sync(mask, value, offset, G));
+  return value;
+}
+
+// Calls `launch(std::integral_constant<int, G>{})` with the compile-time group size G for `group`.
+template <typename Launch>
+void with_group_size(int group, const Launch& launch) {
+  switch (group) {
+    case 32: launch(std::integral_constant<int, 32>{}); break;
+    case 16: launch(std::integral_constant<int, 16>{}); break;
+    case 8: launch(std::integral_constant<int, 8>{}); break;
+    case 4: launch(std::integral_constant<int, 4>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    default: launch(std::integral_constant<int, 1>{}); break;
+  }
+}
+
+}  // namespace morphpipe::cuda
