@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import FunctionCtx, once_differentiable
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int
 from morphpipe.ops import gat_attention
+from morphpipe.ops.reassociate import PROJECT_FIRST, gat_layer_order
+from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
 from morphpipe.sampling.minibatch import Block
 
 
@@ -17,6 +20,14 @@ class GATConv(nn.Module):
     `z_j`; heads are concatenated (`concat=True`) or averaged, then the bias is added.
     Differences from PyG: no attention dropout, and a self edge stored in the block is kept
     as an extra edge (PyG removes stored self loops before adding its own).
+
+    The attention vectors are folded into the input space (`a . W h == (W^T a) . h`), so both
+    score halves cost one `[num_src, in] @ [in, 2 * heads]` product and no `[num_src, heads, out]`
+    temporary. Where it projects is chosen per block by the calibrated cost model (SENSEi,
+    `morphpipe.ops.reassociate`): project first and attend over `z`, or attend over the inputs
+    `h` shared by all heads and project each head's result after; both are equal. The projection
+    of the layer's input runs sparse-times-dense when its measured density makes that cheaper
+    (`morphpipe.ops.sparse_input`).
     """
 
     def __init__(
@@ -32,6 +43,7 @@ class GATConv(nn.Module):
         self.att_src = nn.Parameter(torch.empty(1, heads, out_features))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_features))
         self.bias = nn.Parameter(torch.empty(heads * out_features if concat else out_features))
+        self.input_density = InputDensity()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -43,12 +55,49 @@ class GATConv(nn.Module):
 
     def forward(self, block: Block, h_src: Tensor) -> Tensor:
         """`[num_src, in] -> [num_dst, heads * out]` when concatenating, `[num_dst, out]` when averaging."""
-        z = self.lin(h_src).view(-1, self.heads, self.out_features)
-        score_src = (z * self.att_src).sum(-1)
-        score_dst = (z[: block.num_dst] * self.att_dst).sum(-1)
-        out = gat_attention(block, z, score_src, score_dst, self.negative_slope, add_self_loops=True)
+        density = self.input_density.measure(h_src)
+        weight = self.lin.weight.view(self.heads, self.out_features, self.in_features)
+        attention = torch.cat([self.att_src[0], self.att_dst[0]])  # [2 * heads, out]
+        scores = h_src @ torch.einsum("hoi,ho->ih", weight.repeat(2, 1, 1), attention)
+        score_src, score_dst = scores[:, : self.heads], scores[: block.num_dst, self.heads :]
+        if gat_layer_order(block, h_src, self.out_features, self.heads, density) == PROJECT_FIRST:
+            z = sparse_aware_linear(h_src, self.lin.weight, None, density).view(-1, self.heads, self.out_features)
+            out = gat_attention(block, z, score_src, score_dst, self.negative_slope, add_self_loops=True)
+        else:
+            attended = gat_attention(block, h_src.unsqueeze(1), score_src, score_dst, self.negative_slope,
+                                     add_self_loops=True)
+            out = HeadwiseLinear.apply(attended, weight)
         out = out.flatten(1) if self.concat else out.mean(1)
         return out + self.bias
+
+
+class HeadwiseLinear(torch.autograd.Function):
+    """`out[:, k] = x[:, k] @ weight[k]^T` per head k of `x [n, heads, in]`, `weight [heads, out, in]`.
+
+    One GEMM per head on the strided head slices (BLAS takes the row stride), so neither x, its
+    gradient nor the output is ever copied into a head-major layout, as `torch.bmm` would need.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        out = x.new_empty(x.shape[0], weight.shape[0], weight.shape[1])
+        for k in range(weight.shape[0]):
+            out[:, k] = x[:, k] @ weight[k].t()
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_x = x.new_empty(x.shape)
+            for k in range(weight.shape[0]):
+                grad_x[:, k] = grad[:, k] @ weight[k]
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.stack([grad[:, k].t() @ x[:, k] for k in range(weight.shape[0])])
+        return grad_x, grad_weight
 
 
 class GAT(BlockModel):

@@ -6,6 +6,8 @@ from torch import Tensor, nn
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
 from morphpipe.ops import gcn_aggregate
+from morphpipe.ops.reassociate import PROJECT_FIRST, linear_layer_order
+from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
 from morphpipe.sampling.minibatch import Block
 
 
@@ -26,8 +28,10 @@ class GCNConv(nn.Module):
     the block's edge_index would give every non-destination source degree 1; and mini-batch
     outputs are not expected to equal full-graph outputs, because block degrees are sampled.
 
-    The projection runs first when the layer narrows (out < in), otherwise after the
-    aggregation; both are equal because the propagation is linear.
+    The projection runs before or after the propagation (equal, it is linear), whichever the
+    calibrated cost model predicts cheaper for the block's sizes and the widths (SENSEi,
+    `morphpipe.ops.reassociate`); a projection of the layer's input runs sparse-times-dense when
+    its measured density makes that cheaper (Morphling, `morphpipe.ops.sparse_input`).
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
@@ -36,6 +40,7 @@ class GCNConv(nn.Module):
         self.out_features = check_positive_int("out_features", out_features)
         self.lin = nn.Linear(in_features, out_features, bias=False)
         self.bias = nn.Parameter(torch.empty(out_features))
+        self.input_density = InputDensity()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -45,8 +50,9 @@ class GCNConv(nn.Module):
 
     def forward(self, block: Block, h_src: Tensor) -> Tensor:
         """`[num_src, in] -> [num_dst, out]`."""
-        if self.out_features < self.in_features:
-            out = gcn_aggregate(block, self.lin(h_src))
+        density = self.input_density.measure(h_src)
+        if linear_layer_order("gcn", block, h_src, self.out_features, density, self_loops=True) == PROJECT_FIRST:
+            out = gcn_aggregate(block, sparse_aware_linear(h_src, self.lin.weight, None, density))
         else:
             out = self.lin(gcn_aggregate(block, h_src))
         return out + self.bias

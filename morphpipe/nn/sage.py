@@ -1,19 +1,22 @@
 """GraphSAGE with mean aggregation (Hamilton et al., 2017) on mini-batch blocks."""
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
 from morphpipe.ops import aggregate
+from morphpipe.ops.reassociate import PROJECT_FIRST, linear_layer_order
+from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
 from morphpipe.sampling.minibatch import Block
 
 
 class SAGEConv(nn.Module):
     """`lin_self(h_dst) + lin_neigh(mean of in-neighbours)`; same as PyG `SAGEConv(aggr="mean")` (lin_r, lin_l).
 
-    When the layer narrows (out < in) the neighbour projection runs before the mean, which is
-    equal (the mean is linear) and aggregates the narrower tensor.
+    The neighbour projection runs before or after the mean (equal, the mean is linear), whichever
+    the calibrated cost model predicts cheaper for the block's sizes and the widths (SENSEi,
+    `morphpipe.ops.reassociate`). Projections of the layer's input run sparse-times-dense when its
+    measured density makes that cheaper (Morphling, `morphpipe.ops.sparse_input`).
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
@@ -22,6 +25,7 @@ class SAGEConv(nn.Module):
         self.out_features = check_positive_int("out_features", out_features)
         self.lin_neigh = nn.Linear(in_features, out_features, bias=True)
         self.lin_self = nn.Linear(in_features, out_features, bias=False)
+        self.input_density = InputDensity()
 
     def reset_parameters(self) -> None:
         """Re-initialise both projections."""
@@ -30,11 +34,13 @@ class SAGEConv(nn.Module):
 
     def forward(self, block: Block, h_src: Tensor) -> Tensor:
         """`[num_src, in] -> [num_dst, out]`; destinations with no sampled neighbours see a zero mean."""
-        if self.out_features < self.in_features:
-            neigh = aggregate(block, F.linear(h_src, self.lin_neigh.weight), "mean") + self.lin_neigh.bias
+        density = self.input_density.measure(h_src)
+        if linear_layer_order("sage", block, h_src, self.out_features, density, self_loops=False) == PROJECT_FIRST:
+            projected = sparse_aware_linear(h_src, self.lin_neigh.weight, None, density)
+            neigh = aggregate(block, projected, "mean") + self.lin_neigh.bias
         else:
             neigh = self.lin_neigh(aggregate(block, h_src, "mean"))
-        return neigh + self.lin_self(h_src[: block.num_dst])
+        return neigh + sparse_aware_linear(h_src[: block.num_dst], self.lin_self.weight, None, density)
 
 
 class GraphSAGE(BlockModel):
