@@ -8,6 +8,7 @@ import sys
 # Sub-command modules, each exposing `register(subparsers)`; the order is the order of --help.
 COMMAND_MODULES = [
     "morphpipe.tune",  # tune
+    "morphpipe.executor.commands",  # train
     "morphpipe.scheduler.commands",  # simulate
     "morphpipe.sampling.commands",  # bench
     "morphpipe.data.commands",  # data generate | convert | info

@@ -1,0 +1,20 @@
+"""morphpipe.executor: the dual-buffer training runtime that executes a Plan (MorphGL Algorithms 1-4).
+
+`Executor` runs epochs of the schedule on `Devices` (CUDA streams and events, the CPU, or
+virtual devices for tests); `Trainer` builds it from a graph, a model and a plan, and adds
+evaluation, progress bars and checkpoints.
+"""
+from morphpipe.executor.checkpoint import TrainingState, load_checkpoint, save_checkpoint
+from morphpipe.executor.devices import CpuDevices, CudaDevices, Devices, InFlight, Launched
+from morphpipe.executor.evaluate import accuracy
+from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
+from morphpipe.executor.routes import RouteSeeds, batches_per_epoch, route_seeds
+from morphpipe.executor.stats import EpochStats
+from morphpipe.executor.train_step import TrainStep
+from morphpipe.executor.trainer import Trainer, plan_split, training_device
+
+__all__ = [
+    "CpuDevices", "CudaDevices", "Devices", "EpochBatcher", "EpochResult", "EpochStats", "Executor", "InFlight",
+    "Launched", "RouteSeeds", "TrainStep", "Trainer", "TrainingState", "accuracy", "batches_per_epoch",
+    "load_checkpoint", "plan_split", "route_seeds", "save_checkpoint", "training_device",
+]

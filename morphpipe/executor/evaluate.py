@@ -1,0 +1,32 @@
+"""Accuracy of a model on a node split, by mini-batch inference over the same sampled neighbourhoods."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from morphpipe.sampling.cpu_batcher import CpuBatcher
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, graph, seeds: torch.Tensor, fanouts: Sequence[int], *, batch_size: int = 4096,
+             device: torch.device | str = "cpu", num_threads: int | None = None, seed: int = 0) -> float:
+    """Share of `seeds` whose predicted class is their label (eval mode, sampled fanouts, fixed seed)."""
+    if seeds.numel() == 0:
+        raise ValueError("accuracy needs at least one seed; this split of the graph is empty")
+    device = torch.device(device)
+    dtype = next(model.parameters()).dtype
+    was_training = model.training
+    model.eval()
+    correct = 0
+    try:
+        with CpuBatcher(graph, fanouts, batch_size, seeds=seeds, shuffle=False, seed=seed, num_threads=num_threads,
+                        pin_memory=device.type == "cuda") as batcher:
+            for batch in batcher:
+                batch = batch.to(device, non_blocking=True)
+                logits = model(batch.blocks, batch.x.to(dtype))
+                correct += int((logits.argmax(dim=1) == batch.y).sum())
+    finally:
+        model.train(was_training)
+    return correct / seeds.numel()

@@ -1,0 +1,56 @@
+"""Route 0 for plans whose batching and training take turns on the same cores: batches built on demand.
+
+A CPU-only plan with `shares_cores` batches with every core, then trains with every core, in
+turns. The C++ CpuBatcher's threads build ahead in the background, which would overlap (and
+oversubscribe) training; this batcher builds each batch only when asked, on the caller's
+thread, with `sample_neighbors` (whose feature gather uses the caller's OpenMP threads), and
+nothing runs between calls. Epochs visit the seeds in CpuBatcher's order for the same seed.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from morphpipe.executor.routes import batches_per_epoch
+from morphpipe.sampling.cpu_batcher import epoch_seed, sample_neighbors
+from morphpipe.sampling.minibatch import MiniBatch
+from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
+
+
+class SerialBatcher:
+    """Epoch iterator that samples and gathers each batch on the calling thread, when it is asked for."""
+
+    route = 0
+
+    def __init__(self, graph, fanouts: Sequence[int], batch_size: int, *, seeds: torch.Tensor | None = None,
+                 shuffle: bool = True, seed: int = 0) -> None:
+        self.graph = graph
+        self.fanouts = check_fanouts(fanouts)
+        self.batch_size = check_positive("batch_size", batch_size)
+        self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return batches_per_epoch(self.seeds.numel(), self.batch_size)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The seeds in the order epoch `epoch` visits them (CpuBatcher's order)."""
+        if not self.shuffle:
+            return self.seeds
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
+        return self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+
+    def epoch(self, epoch: int) -> Iterator[MiniBatch]:
+        """The batches of epoch `epoch`, each built when `next()` asks for it."""
+        order = self.epoch_order(epoch)
+        sampling_seed = epoch_seed(self.seed, epoch)
+        for index in range(len(self)):
+            seeds = order[index * self.batch_size:(index + 1) * self.batch_size]
+            batch = sample_neighbors(self.graph, seeds, self.fanouts, seed=epoch_seed(sampling_seed, index))
+            batch.batch_index = index
+            yield batch
+
+    def close(self) -> None:
+        """Nothing runs between calls."""

@@ -1,0 +1,235 @@
+"""The Trainer: trains a model for some epochs under a Plan, evaluates it, and checkpoints it.
+
+It turns a plan into running parts: the training seeds split between the routes
+(`route_seeds`), the C++ CpuBatcher for Route 0 with the plan's thread count, a GPU batcher
+for Route 1 when the plan has one, the devices (CUDA streams, or the CPU), a `TrainStep`,
+and the `Executor` that runs each epoch. On a CPU-only plan the training step runs with the
+plan's training threads while the batcher's threads overlap it, or, when the plan's phases
+take turns on the same cores, each batch is built on demand (`SerialBatcher`) and then trained. After each epoch it measures
+validation accuracy, prints one line (time, throughput, loss, accuracy, predicted vs measured
+epoch time) and writes a checkpoint, from which a killed run continues.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+from torch.nn import functional
+from tqdm.auto import tqdm
+
+from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from morphpipe.executor.devices import CpuDevices, CudaDevices, Devices, InFlight
+from morphpipe.executor.evaluate import accuracy
+from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
+from morphpipe.executor.routes import route_seeds
+from morphpipe.executor.serial_batcher import SerialBatcher
+from morphpipe.executor.stats import EpochStats
+from morphpipe.executor.train_step import TrainStep
+from morphpipe.ops.choice import choice_counts
+from morphpipe.partitioner.partitioner import Split
+from morphpipe.profiler.hardware import usable_cores
+from morphpipe.sampling.cpu_batcher import CpuBatcher
+from morphpipe.sampling.validation import check_fanouts, check_positive
+from morphpipe.scheduler.plan import Plan
+
+# Makes a Route 1 batcher over `seeds`: factory(graph, fanouts, batch_size, seeds=..., seed=...).
+GpuBatcherFactory = Callable[..., EpochBatcher]
+SPLITS = ("train", "val", "test")
+
+
+def plan_split(plan: Plan) -> Split:
+    """The executor's view of a plan: batches per route and buffer sizes."""
+    return Split(plan.n_cpu, plan.n_gpu, plan.cbs, plan.gbs)
+
+
+def training_device(plan: Plan, device: str | torch.device | None = None) -> torch.device:
+    """Where the plan trains: the CPU for a CPU-only plan, else a CUDA device (an error without one)."""
+    requested = None if device in (None, "auto") else torch.device(device)
+    if plan.kind == "cpu-only":
+        if requested is not None and requested.type != "cpu":
+            raise ValueError(f"device={str(device)!r}, but the plan is CPU-only (schedule 'cpu-only') and trains on "
+                             "the CPU; plan on the GPU machine (morphpipe tune) to train there")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"the plan (schedule {plan.kind!r}) trains on a GPU, but torch sees no CUDA device; plan for "
+                         "this machine with `morphpipe tune` or `morphpipe train --auto`")
+    if requested is not None and requested.type != "cuda":
+        raise ValueError(f"device={str(device)!r}, but the plan (schedule {plan.kind!r}) trains on a GPU; use "
+                         "device='cuda' or plan for the CPU")
+    return requested or torch.device("cuda")
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Runs the block with `count` intra-op threads (None: unchanged), restoring the setting after."""
+    saved = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def choice_counts_since(before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The op choices made since `before` (a `choice_counts()` snapshot): calls per option per decision."""
+    since: dict[str, dict[str, int]] = {}
+    for decision, options in choice_counts().items():
+        for option, count in options.items():
+            made = count - before.get(decision, {}).get(option, 0)
+            if made > 0:
+                since.setdefault(decision, {})[option] = made
+    return since
+
+
+class Trainer:
+    """Trains `model` on `graph` for epochs under `plan`, with validation, progress bars and checkpoints.
+
+    `optimizer` defaults to Adam(lr), `loss_fn` to cross entropy (any `(logits, labels) -> loss`).
+    `gpu_batcher` makes the Route 1 batcher when the plan has GPU batches. With `checkpoint_dir`
+    a checkpoint is written after every epoch and `fit` continues from the one found there.
+    """
+
+    def __init__(self, graph, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
+                 optimizer: torch.optim.Optimizer | None = None,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, lr: float = 3e-3,
+                 device: str | torch.device | None = None, seed: int = 0, gpu_batcher: GpuBatcherFactory | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
+                 progress: bool = True, log: Callable[[str], None] | None = None) -> None:
+        self.graph = graph
+        self.plan = plan
+        self.fanouts = check_fanouts(fanouts)
+        self.batch_size = check_positive("batch_size", batch_size)
+        self.eval_batch_size = check_positive("eval_batch_size", eval_batch_size)
+        self.seed = int(seed)
+        self.device = training_device(plan, device)
+        self.model = model.to(self.device)
+        self.optimizer = optimizer or torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.step = TrainStep(self.model, self.optimizer, loss_fn or functional.cross_entropy)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.progress = progress
+        self.log = log or tqdm.write
+        self.history: list[EpochStats] = []
+        self.last_result: EpochResult | None = None
+        routes = route_seeds(graph.train_idx, self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
+        cpu_batcher: EpochBatcher | None = None
+        if plan.n_cpu and plan.shares_cores:
+            cpu_batcher = SerialBatcher(graph, self.fanouts, self.batch_size, seeds=routes.cpu, seed=self.seed)
+        elif plan.n_cpu:
+            cpu_batcher = CpuBatcher(graph, self.fanouts, self.batch_size, num_threads=plan.cpu_threads,
+                                     seeds=routes.cpu, seed=self.seed, pin_memory=self.device.type == "cuda")
+        gpu_route = None
+        if plan.n_gpu:
+            if gpu_batcher is None:
+                raise ValueError(
+                    f"the plan puts {plan.n_gpu} batches on Route 1 (GPU batching over UVA), and no GPU batcher was "
+                    "given; pass gpu_batcher=<factory>, or train with an all-CPU plan"
+                )
+            gpu_route = gpu_batcher(graph, self.fanouts, self.batch_size, seeds=routes.gpu, seed=self.seed)
+        devices: Devices = CpuDevices() if self.device.type == "cpu" else CudaDevices(self.device)
+        self.executor = Executor(plan_split(plan), devices, self.step, cpu_batcher=cpu_batcher,
+                                 gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
+
+    def fit(self, epochs: int, *, validate: bool = True) -> list[EpochStats]:
+        """Trains until `epochs` epochs are done (continuing from a checkpoint), returns every epoch's stats."""
+        check_positive("epochs", epochs)
+        first = self._resume()
+        train_threads = self.plan.train_threads if self.plan.kind == "cpu-only" else None
+        for epoch in range(first, epochs):
+            with torch_threads(train_threads):
+                result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
+                val_acc = self.evaluate("val") if validate else None
+            stats = self._stats(result, val_acc, cpu_share, op_choices)
+            self.history.append(stats)
+            self.log(stats.line(epochs))
+            if self.checkpoint_dir is not None:
+                self.save(epoch + 1)
+        return self.history
+
+    def _train_epoch(self, epoch: int, epochs: int) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
+        """One epoch through the executor, with a progress bar; also the process's CPU utilisation and op choices."""
+        choices_before = choice_counts()
+        process = psutil.Process()
+        cpu_before = sum(process.cpu_times()[:2])
+        wall_before = time.perf_counter()
+        with tqdm(total=self.plan.num_batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
+                  disable=not self.progress) as bar:
+            def advance(_: InFlight) -> None:
+                bar.update(1)
+
+            result = self.executor.run_epoch(epoch, on_step=advance)
+        wall = time.perf_counter() - wall_before
+        cpu_share = (sum(process.cpu_times()[:2]) - cpu_before) / (wall * usable_cores()) if wall > 0 else 0.0
+        self.last_result = result
+        return result, cpu_share, choice_counts_since(choices_before)
+
+    def _stats(self, result: EpochResult, val_acc: float | None, cpu_share: float,
+               op_choices: dict[str, dict[str, int]]) -> EpochStats:
+        return EpochStats(
+            epoch=result.epoch, epoch_s=result.epoch_s, batches=result.batches, seeds=result.seeds, loss=result.loss,
+            val_acc=val_acc, n_cpu=result.n_cpu, n_gpu=result.n_gpu, cbs=self.plan.cbs, gbs=self.plan.gbs,
+            max_cpu_buffer=result.max_cpu_buffer, max_gpu_buffer=result.max_gpu_buffer,
+            cpu_idle_s=result.idle_s("cpu"), gpu_idle_s=result.idle_s("gpu"), cpu_utilisation=cpu_share,
+            predicted_epoch_s=self.plan.predicted_epoch_s, busy=result.busy, predicted_busy=dict(self.plan.busy),
+            op_choices=op_choices,
+        )
+
+    def evaluate(self, split: str = "val") -> float:
+        """Accuracy on the 'train', 'val' or 'test' seeds (mini-batch inference with the training fanouts)."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        seeds = getattr(self.graph, f"{split}_idx")
+        return accuracy(self.model, self.graph, seeds, self.fanouts, batch_size=self.eval_batch_size,
+                        device=self.device, seed=self.seed)
+
+    def meta(self) -> dict[str, Any]:
+        """What a checkpoint must agree with to be continued by this trainer."""
+        return {"dataset": getattr(self.graph, "name", "graph"), "num_nodes": int(self.graph.num_nodes),
+                "model": type(self.model).__name__, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
+                "seed": self.seed, "num_batches": self.plan.num_batches}
+
+    def save(self, epochs_done: int) -> Path:
+        """Writes a checkpoint after `epochs_done` completed epochs."""
+        assert self.checkpoint_dir is not None
+        state = TrainingState(epoch=epochs_done, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                              rng=capture_rng(), history=[stats.to_dict() for stats in self.history], meta=self.meta())
+        return save_checkpoint(self.checkpoint_dir, state)
+
+    def _resume(self) -> int:
+        """Loads the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from."""
+        if self.checkpoint_dir is None:
+            return len(self.history)
+        state = load_checkpoint(self.checkpoint_dir)
+        if state is None:
+            return len(self.history)
+        expected = self.meta()
+        different = {key: (state.meta.get(key), value) for key, value in expected.items() if state.meta.get(key) != value}
+        if different:
+            details = ", ".join(f"{key}: checkpoint {saved!r} vs now {now!r}" for key, (saved, now) in different.items())
+            raise ValueError(f"{self.checkpoint_dir}: the checkpoint is for another run ({details}); use another "
+                             "checkpoint directory or the same settings")
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        restore_rng(state.rng)
+        self.history = [EpochStats.from_dict(item) for item in state.history]
+        self.log(f"resumed from {self.checkpoint_dir} after epoch {state.epoch}")
+        return state.epoch
+
+    def close(self) -> None:
+        """Stops the batchers' threads."""
+        for batcher in (self.executor.cpu_batcher, self.executor.gpu_batcher):
+            if batcher is not None:
+                batcher.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
