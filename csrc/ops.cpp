@@ -11,6 +11,13 @@ TORCH_LIBRARY(morphpipe, m) {
         "-> (Tensor input_nodes, Tensor[] block_indptrs, Tensor[] block_indices)");
   // out[i] = source[index[i]] for a 2-D source (feature gathering).
   m.def("gather_rows(Tensor source, Tensor index) -> Tensor");
+  // Route 1 (CUDA only): sample_neighbors with topology in pinned host memory (read over UVA) and the
+  // neighbour lists of hot nodes in a device cache: cache_slot int32 [N] (row in cache_indptr or -1).
+  m.def("sample_neighbors_cached(Tensor indptr, Tensor indices, Tensor seeds, int[] fanouts, int seed, "
+        "Tensor cache_slot, Tensor cache_indptr, Tensor cache_indices) "
+        "-> (Tensor input_nodes, Tensor[] block_indptrs, Tensor[] block_indices)");
+  // Route 1 (CUDA only): gather_rows reading row v from cache_rows[cache_slot[v]] when cache_slot[v] >= 0.
+  m.def("gather_rows_cached(Tensor source, Tensor index, Tensor cache_slot, Tensor cache_rows) -> Tensor");
 
   // Fused aggregation over a block's CSC (rows = destinations, indices = local source ids in
   // [0, x.size(0))); no nnz x F tensor is allocated. `row_order`, a permutation of the rows

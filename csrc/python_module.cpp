@@ -6,6 +6,9 @@
 #endif
 
 #include "cpu/cpu_batcher.h"
+#ifdef MORPHPIPE_WITH_CUDA
+#include "cuda/host_pinning.h"
+#endif
 
 namespace py = pybind11;
 using morphpipe::CpuBatch;
@@ -39,6 +42,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return false;
 #endif
   });
+
+#ifdef MORPHPIPE_WITH_CUDA
+  m.def("cuda_host_register", &morphpipe::cuda::host_register, py::arg("tensor"), py::arg("read_only"),
+        "cudaHostRegister on the tensor's memory: '' on success, else CUDA's error text");
+  m.def("cuda_host_unregister", &morphpipe::cuda::host_unregister, py::arg("tensor"),
+        "cudaHostUnregister on the tensor's memory: '' on success, else CUDA's error text");
+  m.def("cuda_host_register_read_only_supported", &morphpipe::cuda::host_register_read_only_supported);
+#endif
 
   py::class_<CpuBatcher>(m, "CpuBatcher")
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>, int64_t, int64_t, bool>(),

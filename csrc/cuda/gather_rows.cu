@@ -1,0 +1,133 @@
+// Route 1 feature gathering: out[i] = source[index[i]] where `source` is pinned host memory read
+// over UVA (or a CUDA tensor), optionally with hot rows served from a device cache. A group of
+// threads copies one row with the widest aligned vector loads (16 bytes when source, cache, output
+// and row width allow), so consecutive threads read consecutive bytes of a row and the PCIe
+// requests are full, coalesced cache lines (PyTorch-Direct's "aligned, coalesced" UVA access).
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "uva.cuh"
+
+namespace morphpipe::cuda {
+namespace {
+
+template <typename vector_t>
+__global__ void gather_rows_kernel(const char* source, const char* cache, const int32_t* slot, const int64_t* index,
+                                   int64_t count, int64_t num_rows, int64_t row_bytes, int group, char* out,
+                                   int64_t* status) {
+  const int64_t thread = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int lane = static_cast<int>(thread % group);
+  const int64_t groups = static_cast<int64_t>(gridDim.x) * blockDim.x / group;
+  const int64_t row_vectors = row_bytes / static_cast<int64_t>(sizeof(vector_t));
+  for (int64_t i = thread / group; i < count; i += groups) {
+    const int64_t node = index[i];
+    if (node < 0 || node >= num_rows) {
+      if (lane == 0) report(status, kStatusIndexOutOfRange, i, node);
+      continue;
+    }
+    const int32_t cached_row = slot != nullptr ? slot[node] : -1;
+    const auto* from = reinterpret_cast<const vector_t*>(cached_row >= 0 ? cache + cached_row * row_bytes
+                                                                          : source + node * row_bytes);
+    auto* to = reinterpret_cast<vector_t*>(out + i * row_bytes);
+    for (int64_t v = lane; v < row_vectors; v += group) to[v] = from[v];
+  }
+}
+
+// The widest vector (16, 8, 4 or 1 bytes) dividing the row width and every base address.
+int vector_bytes(int64_t row_bytes, std::initializer_list<const void*> bases) {
+  for (const int width : {16, 8, 4}) {
+    bool aligned = row_bytes % width == 0;
+    for (const void* base : bases) aligned = aligned && reinterpret_cast<uintptr_t>(base) % width == 0;
+    if (aligned) return width;
+  }
+  return 1;
+}
+
+// Threads per row: vectors per row rounded up to a power of two, at most a warp.
+int threads_per_row(int64_t row_vectors) {
+  int group = 1;
+  while (group < row_vectors && group < kUvaWarp) group *= 2;
+  return group;
+}
+
+template <typename vector_t>
+void launch(const char* source, const char* cache, const int32_t* slot, const int64_t* index, int64_t count,
+            int64_t num_rows, int64_t row_bytes, char* out, int64_t* status) {
+  const int group = threads_per_row(row_bytes / static_cast<int64_t>(sizeof(vector_t)));
+  const int64_t threads = count * group;
+  const auto blocks = static_cast<unsigned>(
+      std::min<int64_t>((threads + kUvaThreadsPerBlock - 1) / kUvaThreadsPerBlock, int64_t{1} << 20));
+  gather_rows_kernel<vector_t><<<blocks, kUvaThreadsPerBlock, 0, uva_stream()>>>(
+      source, cache, slot, index, count, num_rows, row_bytes, group, out, status);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor gather_rows_cached_cuda(const at::Tensor& source, const at::Tensor& index, const at::Tensor& cache_slot,
+                                   const at::Tensor& cache_rows) {
+  constexpr const char* op = "morphpipe::gather_rows";
+  TORCH_CHECK(source.dim() == 2, op, ": source must be a 2-D [rows, width] tensor, got shape ", source.sizes());
+  TORCH_CHECK(index.is_cuda() && index.dim() == 1 && index.scalar_type() == at::kLong, op,
+              ": index must be a 1-D int64 CUDA tensor (the device that gathers), got ", index.scalar_type(), " ",
+              index.sizes(), " on ", index.device());
+  const auto device = index.device();
+  const c10::cuda::CUDAGuard guard(device);
+  const int64_t num_rows = source.size(0), count = index.numel();
+  const int64_t row_bytes = source.size(1) * source.element_size();
+  at::Tensor out = at::empty({count, source.size(1)}, source.options().device(device).pinned_memory(false));
+  if (count == 0 || row_bytes == 0) return out;
+  const bool cached = cache_slot.numel() > 0;
+  if (cached) {
+    TORCH_CHECK(cache_slot.scalar_type() == at::kInt && cache_slot.dim() == 1 && cache_slot.numel() == num_rows, op,
+                ": cache_slot must be int32 [rows of source] (", num_rows, "), got ", cache_slot.scalar_type(), " ",
+                cache_slot.sizes());
+    TORCH_CHECK(cache_rows.is_cuda() && cache_rows.dim() == 2 && cache_rows.size(1) == source.size(1) &&
+                    cache_rows.scalar_type() == source.scalar_type(),
+                op, ": cache_rows must be a CUDA tensor [num_cached, ", source.size(1), "] of ", source.scalar_type(),
+                ", got ", cache_rows.scalar_type(), " ", cache_rows.sizes(), " on ", cache_rows.device());
+    TORCH_CHECK(cache_slot.is_cuda(), op, ": cache_slot must be in device memory, got ", cache_slot.device());
+  }
+  const at::Tensor index_contiguous = index.contiguous();
+  const auto* from = static_cast<const char*>(device_address(source, device, op, "source"));
+  const auto* slot = cached ? static_cast<const int32_t*>(device_address(cache_slot, device, op, "cache_slot"))
+                            : nullptr;
+  const auto* cache = cached ? static_cast<const char*>(device_address(cache_rows, device, op, "cache_rows"))
+                             : nullptr;
+  char* to = static_cast<char*>(out.data_ptr());
+  const at::Tensor status = new_status(device);
+  const int64_t* rows = index_contiguous.data_ptr<int64_t>();
+  int64_t* status_data = status.data_ptr<int64_t>();
+  switch (vector_bytes(row_bytes, {from, cache, to})) {
+    case 16:
+      launch<uint4>(from, cache, slot, rows, count, num_rows, row_bytes, to, status_data);
+      break;
+    case 8:
+      launch<uint2>(from, cache, slot, rows, count, num_rows, row_bytes, to, status_data);
+      break;
+    case 4:
+      launch<uint32_t>(from, cache, slot, rows, count, num_rows, row_bytes, to, status_data);
+      break;
+    default:
+      launch<uint8_t>(from, cache, slot, rows, count, num_rows, row_bytes, to, status_data);
+  }
+  const at::Tensor host_status = status.cpu();
+  const int64_t* reported = host_status.data_ptr<int64_t>();
+  TORCH_CHECK(reported[0] == kStatusOk, op, ": index[", reported[1], "] = ", reported[2], " is outside [0, ",
+              num_rows, ")");
+  return out;
+}
+
+at::Tensor gather_rows_cuda(const at::Tensor& source, const at::Tensor& index) {
+  const at::Tensor none = at::empty({0}, index.options().dtype(at::kInt));
+  return gather_rows_cached_cuda(source, index, none, none);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(morphpipe, CUDA, m) {
+  m.impl("gather_rows", &gather_rows_cuda);
+  m.impl("gather_rows_cached", &gather_rows_cached_cuda);
+}
+
+}  // namespace morphpipe::cuda
