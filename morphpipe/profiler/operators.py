@@ -18,6 +18,7 @@ from morphpipe.executor.train_step import TrainStep
 from morphpipe.nn import build_model
 from morphpipe.profiler.profile import PhaseTiming, ThreadScaling
 from morphpipe.sampling.cpu_batcher import CpuBatcher
+from morphpipe.sampling.gpu_batcher import GpuBatcher
 from morphpipe.sampling.minibatch import MiniBatch
 
 PHASES = ("cpu_batching", "gpu_batching", "dma", "training")
@@ -132,6 +133,14 @@ def cpu_training(session: ProfilingSession) -> ThreadScaling:
     finally:
         torch.set_num_threads(saved_threads)
     return ThreadScaling(points)
+
+
+@register_operator("gpu_batching", "cuda")
+def cuda_gpu_batching(session: ProfilingSession) -> PhaseTiming:
+    """Route 1 batch time (T_UVA): sampling, feature and label gathering on the GPU over UVA, per batch."""
+    with GpuBatcher(session.graph, session.fanouts, session.batch_size, seed=session.seed) as batcher:
+        batches = itertools.chain.from_iterable(batcher.epoch(epoch) for epoch in itertools.count())
+        return timed_steps(session, lambda: next(batches), torch.cuda.synchronize)
 
 
 @register_operator("dma", "cuda")

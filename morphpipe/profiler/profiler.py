@@ -87,7 +87,7 @@ class Profiler:
         if missing:
             raise ValueError(
                 f"device='cuda': no operator measures {', '.join(f'{p} on {h}' for p, h in missing)} in this "
-                "build (the GPU batcher is not available yet); profile with --device cpu"
+                "build (morphpipe.profiler.operators registers them); profile with --device cpu"
             )
         return needed
 
