@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.data import load_dataset
     from morphpipe.executor.trainer import Trainer
     from morphpipe.nn import build_model
+    from morphpipe.sampling.gpu_batcher import GpuBatcher
 
     graph = load_dataset(args.dataset)
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features, "
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                         dropout=args.dropout)
     with Trainer(graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
                  seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
-                 progress=not args.no_progress) as trainer:
+                 progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None) as trainer:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test")
     print(f"test accuracy {test_acc:.4f}")
