@@ -15,8 +15,8 @@ from morphpipe import native
 from morphpipe.sampling import CacheConfig, CpuBatcher, GpuBatcher
 from morphpipe.sampling.cuda_support import CudaUnavailableError, cuda_problem
 from morphpipe.sampling.gpu_batcher import batch_seed
-from morphpipe.sampling.gpu_cache import (SLOT_BYTES, CachePlan, batch_hotness, degree_hotness, list_read_bytes,
-                                          plan_cache)
+from morphpipe.sampling.gpu_cache import (SLOT_BYTES, CachePlan, GpuCache, batch_hotness, degree_hotness,
+                                          list_read_bytes, plan_cache)
 from morphpipe.sampling.pinning import REGISTRATIONS, HostPinning, mapped_file
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -87,6 +87,25 @@ def test_auto_split_saves_at_least_as_much_as_either_kind_alone():
         assert auto.total_bytes <= budget
         assert auto.expected_saved_bytes >= max(features_only.expected_saved_bytes, lists_only.expected_saved_bytes)
         assert features_only.adjacency_nodes.numel() == 0 and lists_only.feature_nodes.numel() == 0
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_cache_layout_holds_the_planned_rows_and_lists(index_dtype):
+    """The cache's tables, rows and compact CSC (built here in host memory) match the graph and the plan's bytes."""
+    graph = make_graph(300, index_dtype=index_dtype)
+    plan = plan_for(graph, 12_000, fraction=0.5)
+    cache = GpuCache(plan, graph.indptr, graph.indices, graph.features, torch.device("cpu"), chunk_nodes=7)
+    assert plan.feature_nodes.numel() and plan.adjacency_nodes.numel()
+    assert cache.bytes_used == plan.total_bytes <= 12_000
+    rows = cache.feature_slot[plan.feature_nodes].long()
+    assert torch.equal(cache.feature_rows[rows], graph.features[plan.feature_nodes])
+    assert int((cache.feature_slot >= 0).sum()) == plan.feature_nodes.numel()
+    for node in plan.adjacency_nodes.tolist():
+        slot = int(cache.adjacency_slot[node])
+        cached = cache.adjacency_indices[cache.adjacency_indptr[slot]:cache.adjacency_indptr[slot + 1]]
+        assert np.array_equal(cached.numpy(), neighbours_of(graph, node))
+    empty = GpuCache(CachePlan.empty(), graph.indptr, graph.indices, graph.features, torch.device("cpu"))
+    assert empty.bytes_used == 0
 
 
 def test_list_read_model_counts_sectors():
