@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe.executor.routes import batches_per_epoch
-from morphpipe.sampling.cpu_batcher import epoch_seed, sample_neighbors
+from morphpipe.sampling.cpu_batcher import epoch_order, epoch_seed, sample_neighbors
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
@@ -37,10 +37,7 @@ class SerialBatcher:
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """The seeds in the order epoch `epoch` visits them (CpuBatcher's order)."""
-        if not self.shuffle:
-            return self.seeds
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-        return self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+        return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """The batches of epoch `epoch`, each built when `next()` asks for it."""

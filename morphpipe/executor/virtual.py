@@ -32,7 +32,7 @@ from morphpipe.executor.threads import POLL_S, Stopped, ThreadGroup
 from morphpipe.executor.trace import Trace
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.partitioner.times import PhaseTimes
-from morphpipe.sampling.cpu_batcher import epoch_seed
+from morphpipe.sampling.cpu_batcher import epoch_order
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.scheduler.durations import Durations
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES
@@ -243,8 +243,7 @@ class VirtualCpuBatcher:
     def epoch(self, epoch: int) -> _VirtualCpuEpoch:
         """Starts epoch `epoch` (stopping one in progress): its seeds shuffled as CpuBatcher shuffles them."""
         self.close()
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-        order = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+        order = epoch_order(self.seeds, self.seed, epoch)
         self._current = self.make_epoch(order)
         return self._current
 
@@ -274,8 +273,7 @@ class VirtualSerialBatcher:
         return batches_per_epoch(self.seeds.numel(), self.batch_size)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-        order = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+        order = epoch_order(self.seeds, self.seed, epoch)
         for index in range(len(self)):
             work(self.machine.group, time.perf_counter(), self.machine.durations.cpu_batch[index])
             yield virtual_batch(order[index * self.batch_size:(index + 1) * self.batch_size], index, 0)
@@ -301,8 +299,7 @@ class VirtualGpuBatcher:
         return batches_per_epoch(self.seeds.numel(), self.batch_size)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-        order = self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+        order = epoch_order(self.seeds, self.seed, epoch)
         for number in range(len(self)):
             yield self.make(number, order)
 

@@ -21,6 +21,14 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (int(seed) * 1_000_003 + int(epoch)) % (2**63)
 
 
+def epoch_order(seeds: torch.Tensor, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
+    """`seeds` in the order epoch `epoch` visits them: every batcher shuffles this way, so routes replay alike."""
+    if not shuffle:
+        return seeds
+    generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
+    return seeds[torch.randperm(seeds.numel(), generator=generator)]
+
+
 def minibatch_from_native(parts: tuple, route: int = 0) -> MiniBatch:
     """Wraps the native (batch_index, seeds, input_nodes, indptrs, indices, x, y) tuple."""
     batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y = parts
@@ -106,10 +114,7 @@ class CpuBatcher:
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """The seeds in the order epoch `epoch` visits them."""
-        if not self.shuffle:
-            return self.seeds
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-        return self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+        return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order."""

@@ -15,6 +15,11 @@ SCHEDULE_KINDS = ("adaptive", "all-cpu", "all-gpu", "cpu-only")
 _FIX_PLAN = "re-create it with `morphpipe tune` (or plan_from_profile)"
 
 
+def count_of(count: int, noun: str) -> str:
+    """`1 training thread`, `2 training threads`."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 @dataclass
 class Plan:
     """A CPU:GPU split with buffer sizes and thread counts, plus the predictions behind it.
@@ -184,8 +189,8 @@ class Plan:
         lines = [
             f"schedule {self.kind}: {self.n_cpu} CPU-batched + {self.n_gpu} GPU-batched of {self.num_batches} "
             f"batches (CPU share {self.cpu_share:.1%}), cbs={self.cbs} gbs={self.gbs}, "
-            f"{self.cpu_threads} batching threads" + (f", {self.train_threads} training threads"
-                                                      if self.train_threads else "")
+            f"{count_of(self.cpu_threads, 'batching thread')}"
+            + (f", {count_of(self.train_threads, 'training thread')}" if self.train_threads else "")
             + (", taking turns on the same cores" if self.shares_cores else ""),
             f"predicted epoch {self.predicted_epoch_s:.4g} s; lower bound {self.lower_bound_s:.4g} s"
             + (f"; Eq. 6 {self.eq6_s:.4g} s" if self.eq6_s is not None else ""),
