@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe import native
-from morphpipe.sampling.cpu_batcher import blocks_from_native, epoch_seed
+from morphpipe.sampling.cpu_batcher import blocks_from_native, epoch_order, epoch_seed
 from morphpipe.sampling.cuda_support import require_cuda
 from morphpipe.sampling.gpu_cache import CacheConfig, CachePlan, GpuCache, batch_hotness, degree_hotness, plan_cache
 from morphpipe.sampling.minibatch import MiniBatch
@@ -114,7 +114,7 @@ class GpuBatcher:
 
     def _presample(self, count: int) -> Iterator[MiniBatch]:
         """The first `count` batches of a throw-away epoch (-1), made without a cache (DUCATI's pre-sampling)."""
-        order = self._order(-1).to(self.device)
+        order = self.epoch_order(-1).to(self.device)
         for batch_index in range(min(count, self._num_batches(order))):
             seeds = order[batch_index * self.batch_size:(batch_index + 1) * self.batch_size]
             yield self._make_batch(seeds, batch_index, batch_seed(epoch_seed(self.seed, -1), batch_index))
@@ -141,12 +141,9 @@ class GpuBatcher:
         self._next_epoch += 1
         return self.epoch(epoch)
 
-    def _order(self, epoch: int) -> torch.Tensor:
-        """The seeds in the order epoch `epoch` visits them (CpuBatcher's order for the same seed)."""
-        if not self.shuffle:
-            return self.seeds
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-        return self.seeds[torch.randperm(self.seeds.numel(), generator=generator)]
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The seeds in the order epoch `epoch` visits them (every batcher's order for the same seed)."""
+        return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """Starts epoch `epoch` (superseding any epoch in progress) and yields its batches in order, on the device."""
@@ -157,7 +154,7 @@ class GpuBatcher:
         return self._iterate(token, epoch)
 
     def _iterate(self, token: object, epoch: int) -> Iterator[MiniBatch]:
-        order = self._order(epoch)
+        order = self.epoch_order(epoch)
         on_device = order.to(self.device)
         seed_of_epoch = epoch_seed(self.seed, epoch)
         for batch_index in range(self._num_batches(order)):
