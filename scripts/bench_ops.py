@@ -13,6 +13,9 @@ with the sparsity-aware transform versus a dense `nn.Linear`.
 Time: best and median of `--repeats` interleaved runs after a warm-up. Peak memory: growth of the
 resident set over one run, measured in a fresh process per (case, implementation) with the
 high-water mark reset first (`/proc/self/clear_refs`), so every allocation counts, inside ops too.
+The probes run with glibc's mmap threshold fixed (`MALLOC_MMAP_THRESHOLD_`): with its default
+dynamic threshold, whether a freed buffer is reused or fresh pages are touched depends on what ran
+before, and the same probe read anywhere from 185 to 330 MiB.
 Prints a markdown table and writes JSON. Not a test.
 Usage: python scripts/bench_ops.py [--datasets bench-1m default] [--kinds sage gat op:mean ...] [--repeats 5]
        [--threads N] [--out bench_ops.json]
@@ -52,6 +55,8 @@ OPS = ("op:mean", "op:max", "op:gcn", "op:gat", "op:linear")
 # Morphling's case: bag-of-words-like input features (Cora: 1433 words, ~1.3% non-zero)
 SPARSE_INPUT_DIM, SPARSE_INPUT_DENSITY = 1433, 0.01
 HEADS = 4
+# Allocations from 128 KiB up are mmapped and unmapped on free, so a probe's peak is its live peak.
+MMAP_THRESHOLD_BYTES = 128 * 1024
 IMPLEMENTATIONS = {"layer": ("fused", "reference", "pyg"), "op": ("fused", "reference")}
 
 
@@ -238,7 +243,8 @@ def measure_memory(case: Case, implementation: str, threads: int) -> float:
     """`probe_memory` in a subprocess, in MiB."""
     spec = json.dumps({**asdict(case), "implementation": implementation})
     command = [sys.executable, __file__, "--probe", spec, "--threads", str(threads)]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
+    output = subprocess.run(command, check=True, capture_output=True, text=True, env=environment).stdout
     return json.loads(output.strip().splitlines()[-1])["peak_bytes"] / 2**20
 
 
