@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from morphpipe.data import PRESETS, GraphStore, generate, load_dataset
-from morphpipe.executor import Trainer, batches_per_epoch
+from morphpipe.executor import Trainer
+from morphpipe.sampling import batches_per_epoch
 from morphpipe.nn import build_model
 from morphpipe.profiler import Profile
 from morphpipe.scheduler import Plan, plan_from_profile

@@ -8,13 +8,13 @@ from morphpipe.executor.checkpoint import TrainingState, load_checkpoint, save_c
 from morphpipe.executor.devices import CpuDevices, CudaDevices, Devices, InFlight, Launched
 from morphpipe.executor.evaluate import accuracy
 from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
-from morphpipe.executor.routes import RouteSeeds, batches_per_epoch, route_seeds
+from morphpipe.executor.routes import RouteSeeds, route_seeds
 from morphpipe.executor.stats import EpochStats
 from morphpipe.executor.train_step import TrainStep
 from morphpipe.executor.trainer import Trainer, plan_split, training_device
 
 __all__ = [
     "CpuDevices", "CudaDevices", "Devices", "EpochBatcher", "EpochResult", "EpochStats", "Executor", "InFlight",
-    "Launched", "RouteSeeds", "TrainStep", "Trainer", "TrainingState", "accuracy", "batches_per_epoch",
-    "load_checkpoint", "plan_split", "route_seeds", "save_checkpoint", "training_device",
+    "Launched", "RouteSeeds", "TrainStep", "Trainer", "TrainingState", "accuracy", "load_checkpoint",
+    "plan_split", "route_seeds", "save_checkpoint", "training_device",
 ]

@@ -8,10 +8,11 @@ and together cover the split. An all-CPU plan gives Route 0 every seed (short ba
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+
+from morphpipe.sampling.epochs import batches_per_epoch
 
 
 @dataclass(frozen=True)
@@ -20,11 +21,6 @@ class RouteSeeds:
 
     cpu: torch.Tensor
     gpu: torch.Tensor
-
-
-def batches_per_epoch(num_seeds: int, batch_size: int) -> int:
-    """Batches in an epoch over `num_seeds` seeds (the last one may be short)."""
-    return math.ceil(num_seeds / batch_size)
 
 
 def route_seeds(seeds: torch.Tensor, batch_size: int, n_cpu: int, num_batches: int, seed: int = 0) -> RouteSeeds:

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from morphpipe.executor.routes import batches_per_epoch
-from morphpipe.sampling.cpu_batcher import epoch_order, epoch_seed, sample_neighbors
+from morphpipe.sampling.cpu_batcher import sample_neighbors
+from morphpipe.sampling.epochs import batches_per_epoch, epoch_order, epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 

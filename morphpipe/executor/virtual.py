@@ -27,12 +27,12 @@ import torch
 
 from morphpipe.executor.devices import CpuDevices, Devices, InFlight, Launched, Step
 from morphpipe.executor.executor import Executor
-from morphpipe.executor.routes import batches_per_epoch, route_seeds
+from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.threads import POLL_S, Stopped, ThreadGroup
 from morphpipe.executor.trace import Trace
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.partitioner.times import PhaseTimes
-from morphpipe.sampling.cpu_batcher import epoch_order
+from morphpipe.sampling.epochs import batches_per_epoch, epoch_order
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.scheduler.durations import Durations
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES

@@ -12,21 +12,9 @@ import torch
 
 from morphpipe import native
 from morphpipe.profiler.hardware import usable_cores
+from morphpipe.sampling.epochs import batches_per_epoch, epoch_order, epoch_seed
 from morphpipe.sampling.minibatch import Block, MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """The seed of one epoch's shuffle and sampling, derived from the run seed."""
-    return (int(seed) * 1_000_003 + int(epoch)) % (2**63)
-
-
-def epoch_order(seeds: torch.Tensor, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
-    """`seeds` in the order epoch `epoch` visits them: every batcher shuffles this way, so routes replay alike."""
-    if not shuffle:
-        return seeds
-    generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
-    return seeds[torch.randperm(seeds.numel(), generator=generator)]
 
 
 def minibatch_from_native(parts: tuple, route: int = 0) -> MiniBatch:
@@ -104,8 +92,7 @@ class CpuBatcher:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        full, rest = divmod(self.seeds.numel(), self.batch_size)
-        return full + (0 if self.drop_last or rest == 0 else 1)
+        return batches_per_epoch(self.seeds.numel(), self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[MiniBatch]:
         epoch = self._next_epoch

@@ -16,7 +16,8 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe import native
-from morphpipe.sampling.cpu_batcher import blocks_from_native, epoch_order, epoch_seed
+from morphpipe.sampling.cpu_batcher import blocks_from_native
+from morphpipe.sampling.epochs import batches_per_epoch, epoch_order, epoch_seed
 from morphpipe.sampling.cuda_support import require_cuda
 from morphpipe.sampling.gpu_cache import CacheConfig, CachePlan, GpuCache, batch_hotness, degree_hotness, plan_cache
 from morphpipe.sampling.minibatch import MiniBatch
@@ -133,8 +134,7 @@ class GpuBatcher:
         return self._num_batches(self.seeds)
 
     def _num_batches(self, order: torch.Tensor) -> int:
-        full, rest = divmod(order.numel(), self.batch_size)
-        return full + (0 if self.drop_last or rest == 0 else 1)
+        return batches_per_epoch(order.numel(), self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[MiniBatch]:
         epoch = self._next_epoch
