@@ -25,7 +25,7 @@ from morphpipe.data import load_dataset
 from morphpipe.sampling import CpuBatcher, GpuBatcher, MiniBatch, usable_cores
 from morphpipe.sampling.cuda_support import cuda_problem
 from morphpipe.sampling.pinning import HostPinning
-from morphpipe.sampling.throughput import measure_throughput
+from morphpipe.sampling.throughput import measure_throughput, measurement_seeds
 
 
 def cuda_seconds(action, repeats: int) -> float:
@@ -84,16 +84,16 @@ def main() -> None:
 
     graph = load_dataset(args.dataset)
     fanouts = [int(f) for f in args.fanouts.split(",")]
-    generator = torch.Generator().manual_seed(0)
-    seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=generator)]
-    seeds = seeds[: args.batches * args.batch_size]
-    if seeds.numel() < args.batches * args.batch_size:
-        raise SystemExit(f"--batches {args.batches}: the train split has only {graph.train_idx.numel()} seeds")
+    try:
+        seeds = measurement_seeds(graph.train_idx, args.batches, args.batch_size)
+    except ValueError as error:
+        raise SystemExit(f"--batches: {error}") from None
     device_name = torch.cuda.get_device_name()
 
     copy_bps = h2d_bandwidth(args.copy_mib << 20, repeats=20)
     with HostPinning({"features": graph.features}) as pinned:
         count = min(args.gather_rows, graph.num_nodes)
+        generator = torch.Generator().manual_seed(0)
         random_rows = torch.randint(0, graph.num_nodes, (count,), generator=generator).cuda()
         consecutive_rows = torch.arange(count, device="cuda")
         uva = {"random_rows": gather_bandwidth(pinned["features"], random_rows, repeats=10),

@@ -16,7 +16,7 @@ import torch
 from morphpipe.data import load_dataset
 from morphpipe.sampling import CpuBatcher, MiniBatch, usable_cores
 from morphpipe.sampling.cpu_batcher import blocks_from_native
-from morphpipe.sampling.throughput import measure_throughput
+from morphpipe.sampling.throughput import measure_throughput, measurement_seeds
 
 
 def reference_sample(graph, seeds: torch.Tensor, fanouts: list[int], generator: torch.Generator,
@@ -69,16 +69,16 @@ def main() -> None:
 
     graph = load_dataset(args.dataset)
     fanouts = [int(f) for f in args.fanouts.split(",")]
-    generator = torch.Generator().manual_seed(0)
-    seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=generator)]
-    seeds = seeds[: args.batches * args.batch_size]
-    if seeds.numel() < args.batches * args.batch_size:
-        raise SystemExit(f"--batches {args.batches}: the train split has only {graph.train_idx.numel()} seeds")
+    try:
+        seeds = measurement_seeds(graph.train_idx, args.batches, args.batch_size)
+    except ValueError as error:
+        raise SystemExit(f"--batches: {error}") from None
     torch.ones(1 << 20).sum()
 
     torch.set_num_threads(1)
     node_to_local = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
     chunks = seeds.split(args.batch_size)
+    generator = torch.Generator().manual_seed(0)
     list(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks[:2])
     reference = measure_throughput(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks)
 

@@ -5,6 +5,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+import torch
+
 from morphpipe.sampling.minibatch import MiniBatch
 
 
@@ -23,6 +25,16 @@ class BatcherThroughput:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def measurement_seeds(train_idx: torch.Tensor, batches: int, batch_size: int, seed: int = 0) -> torch.Tensor:
+    """`batches * batch_size` training seeds drawn by a seeded shuffle, so every measurement of a run sees the same ones."""
+    needed = batches * batch_size
+    if train_idx.numel() < needed:
+        raise ValueError(f"batches={batches} of {batch_size} need {needed:,} seeds, but the train split has only "
+                         f"{train_idx.numel():,}; ask for fewer batches")
+    generator = torch.Generator().manual_seed(seed)
+    return train_idx[torch.randperm(train_idx.numel(), generator=generator)[:needed]]
 
 
 def measure_throughput(batches: Iterable[MiniBatch], max_batches: int | None = None) -> BatcherThroughput:
