@@ -22,10 +22,10 @@ import torch
 
 from morphpipe import native
 from morphpipe.data import load_dataset
-from morphpipe.sampling import CpuBatcher, GpuBatcher, MiniBatch, usable_cores
+from morphpipe.sampling import GpuBatcher, MiniBatch, usable_cores
 from morphpipe.sampling.cuda_support import cuda_problem
 from morphpipe.sampling.pinning import HostPinning
-from morphpipe.sampling.throughput import measure_throughput, measurement_seeds
+from morphpipe.sampling.throughput import cpu_batcher_by_threads, measure_throughput, measurement_seeds
 
 
 def cuda_seconds(action, repeats: int) -> float:
@@ -100,14 +100,7 @@ def main() -> None:
                "consecutive_rows": gather_bandwidth(pinned["features"], consecutive_rows, repeats=10)}
     row_bytes = graph.features.shape[1] * graph.features.element_size()
 
-    cpu_rows = []
-    for threads in range(1, args.max_threads + 1):
-        with CpuBatcher(graph, fanouts, args.batch_size, num_threads=threads, seeds=seeds, seed=0,
-                        pin_memory=True) as batcher:
-            list(batcher)
-            row = measure_throughput(batcher).to_dict()
-        row["threads"] = threads
-        cpu_rows.append(row)
+    cpu_rows = cpu_batcher_by_threads(graph, fanouts, args.batch_size, seeds, args.max_threads, pin_memory=True)
 
     total = graph_bytes(graph)
     cache_rows = []

@@ -14,9 +14,9 @@ from datetime import date
 import torch
 
 from morphpipe.data import load_dataset
-from morphpipe.sampling import CpuBatcher, MiniBatch, usable_cores
+from morphpipe.sampling import MiniBatch, usable_cores
 from morphpipe.sampling.cpu_batcher import blocks_from_native
-from morphpipe.sampling.throughput import measure_throughput, measurement_seeds
+from morphpipe.sampling.throughput import cpu_batcher_by_threads, measure_throughput, measurement_seeds
 
 
 def reference_sample(graph, seeds: torch.Tensor, fanouts: list[int], generator: torch.Generator,
@@ -82,17 +82,9 @@ def main() -> None:
     list(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks[:2])
     reference = measure_throughput(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks)
 
-    results = []
-    for threads in range(1, args.max_threads + 1):
-        batcher = CpuBatcher(graph, fanouts, args.batch_size, num_threads=threads, seeds=seeds, seed=0,
-                             pin_memory=False)
-        list(batcher)
-        row = measure_throughput(batcher).to_dict()
-        row["threads"] = threads
-        row["speedup_vs_reference_1_thread"] = row["batches_per_s"] / reference.batches_per_s
-        results.append(row)
-        batcher.close()
+    results = cpu_batcher_by_threads(graph, fanouts, args.batch_size, seeds, args.max_threads, pin_memory=False)
     for row in results:
+        row["speedup_vs_reference_1_thread"] = row["batches_per_s"] / reference.batches_per_s
         row["scaling_vs_1_thread"] = row["batches_per_s"] / results[0]["batches_per_s"]
 
     print(f"graph {args.dataset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "

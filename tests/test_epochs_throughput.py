@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from morphpipe.sampling import CpuBatcher, batches_per_epoch, epoch_order, epoch_seed
-from morphpipe.sampling.throughput import measure_throughput, measurement_seeds
+from morphpipe.sampling.throughput import cpu_batcher_by_threads, measure_throughput, measurement_seeds
 
 
 def make_graph(num_nodes: int = 500, degree: int = 6) -> SimpleNamespace:
@@ -83,3 +83,12 @@ def test_measure_throughput_counts_what_the_batches_hold():
 def test_measure_throughput_of_nothing_is_an_error():
     with pytest.raises(ValueError, match="produced no batch"):
         measure_throughput(iter([]))
+
+
+def test_cpu_batcher_by_threads_times_one_full_epoch_per_thread_count():
+    graph = make_graph()
+    seeds = measurement_seeds(graph.train_idx, batches=5, batch_size=20)
+    rows = cpu_batcher_by_threads(graph, [3, 2], 20, seeds, max_threads=2, pin_memory=False)
+    assert [row["threads"] for row in rows] == [1, 2]
+    assert all(row["batches"] == 5 and row["batches_per_s"] > 0 for row in rows)
+    assert rows[0]["edges_per_batch"] == pytest.approx(rows[1]["edges_per_batch"]), "same seeds and seed, any threads"

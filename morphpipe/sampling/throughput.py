@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
+from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.minibatch import MiniBatch
 
 
@@ -62,3 +63,16 @@ def measure_throughput(batches: Iterable[MiniBatch], max_batches: int | None = N
         input_nodes_per_batch=input_nodes / count,
         bytes_per_batch=total_bytes / count,
     )
+
+
+def cpu_batcher_by_threads(graph, fanouts: Sequence[int], batch_size: int, seeds: torch.Tensor, max_threads: int, *,
+                           pin_memory: bool) -> list[dict]:
+    """CpuBatcher throughput over `seeds` at 1..`max_threads` threads, each timed on the epoch after a warm-up one."""
+    rows = []
+    for threads in range(1, max_threads + 1):
+        with CpuBatcher(graph, fanouts, batch_size, num_threads=threads, seeds=seeds, seed=0,
+                        pin_memory=pin_memory) as batcher:
+            list(batcher)
+            row = measure_throughput(batcher).to_dict()
+        rows.append({**row, "threads": threads})
+    return rows
