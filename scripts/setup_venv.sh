@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Creates ./.venv (once) with torch pinned to the CPU build on local disk, then installs
-# morphpipe in editable mode with its test extras. Safe to run again; prints what it does.
+# morphpipe in editable mode; with --test also its test extras (pytest, hypothesis, torch_geometric).
+# Safe to run again; prints what it does.
 # MORPHPIPE_TORCH overrides the torch requirement (e.g. "torch==2.11.0" on a CUDA machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 torch_requirement=${MORPHPIPE_TORCH:-torch==2.13.0}
+target="."
+case "${1:-}" in
+  "") ;;
+  --test) target=".[test]" ;;
+  *) echo "usage: bash scripts/setup_venv.sh [--test]   (--test also installs the test dependencies)" >&2; exit 2 ;;
+esac
 
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($python --version)"
@@ -15,5 +22,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "setup: installing $torch_requirement"
   .venv/bin/python -m pip install -q "$torch_requirement"
 fi
-echo "setup: installing morphpipe (editable) and test dependencies"
-.venv/bin/python -m pip install -q -e ".[test]"
+if [ "$target" = "." ]; then
+  echo "setup: installing morphpipe (editable)"
+else
+  echo "setup: installing morphpipe (editable) and test dependencies"
+fi
+.venv/bin/python -m pip install -q -e "$target"
