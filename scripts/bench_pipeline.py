@@ -10,8 +10,7 @@ Three parts; each machine runs the ones it can:
           oversubscribed here, so their measurements cannot match a T-core prediction; they are
           marked.
 (gpu)     CUDA machine: all-CPU, all-GPU and adaptive plans for batching thread counts 2..16, each
-          measured by the executor. Needs a Route 1 (GPU) batcher and its profiler operator; until
-          the build has them this part stops with the profiler's error.
+          measured by the executor with the UVA GpuBatcher for Route 1.
 (virtual) Any machine: the same three plans for 2..16 batching threads on virtual devices (phases
           sleep for the simulator's drawn durations; morphpipe.executor.virtual), from a synthetic
           GPU profile scaled to milliseconds: does the executor realise the predicted epochs and
@@ -49,20 +48,23 @@ from morphpipe.data import load_dataset  # noqa: E402
 from morphpipe.executor import Trainer  # noqa: E402
 from morphpipe.executor.virtual import virtual_executor  # noqa: E402
 from morphpipe.nn import build_model  # noqa: E402
-from morphpipe.partitioner import PhaseTimes, Split, buffer_sizes  # noqa: E402
+from morphpipe.partitioner import PhaseTimes, buffer_sizes, even_core_split  # noqa: E402
 from morphpipe.profiler import Profile  # noqa: E402
 from morphpipe.profiler.profiler import Profiler  # noqa: E402
 from morphpipe.scheduler import Plan, Scheduler, plan_from_profile  # noqa: E402
+from morphpipe.sampling import GpuBatcher  # noqa: E402
+from morphpipe.sampling.commands import parse_int_list  # noqa: E402
 from morphpipe.scheduler.whatif import what_if  # noqa: E402
 
 PARTS = ("cpu", "gpu", "virtual")
 
 
 def parse_ints(text: str, name: str) -> list[int]:
+    """`parse_int_list`, with every value >= 1, and a SystemExit naming the option otherwise."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise SystemExit(f"{name}: expected comma-separated integers, got {text!r}") from None
+        values = parse_int_list(text, name)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     if not values or min(values) < 1:
         raise SystemExit(f"{name}: expected integers >= 1, got {text!r}")
     return values
@@ -79,9 +81,9 @@ def baseline(plan: Plan, name: str, gbs: int) -> Plan:
 
 def even_split(plan: Plan, cores: int) -> Plan:
     """The CPU-only baseline: half the cores batch while the other half train, as a runnable Plan."""
-    batch_threads = max(1, cores // 2)
-    return dataclasses.replace(plan, cpu_threads=batch_threads, train_threads=max(1, cores - batch_threads),
-                               shares_cores=cores == 1, predicted_epoch_s=plan.baselines_s["even-split"])
+    split = even_core_split(cores)
+    return dataclasses.replace(plan, cpu_threads=split.batch_threads, train_threads=split.train_threads,
+                               shares_cores=split.shared_core, predicted_epoch_s=plan.baselines_s["even-split"])
 
 
 def plan_label(plan: Plan) -> str:
@@ -143,13 +145,8 @@ def run_cpu(args: argparse.Namespace) -> list[dict]:
 def run_gpu(args: argparse.Namespace) -> list[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("--parts gpu needs a CUDA device; torch sees none (run --parts cpu,virtual here)")
-    import morphpipe.sampling as sampling
-
-    gpu_batcher = getattr(sampling, "GpuBatcher", None)
     graph = workload_graph(args)
     profile = profile_here(graph, args, "cuda")
-    if gpu_batcher is None:
-        raise SystemExit("--parts gpu: this build has no Route 1 batcher (morphpipe.sampling.GpuBatcher)")
     print(f"\n[gpu] {graph.name}: {profile.num_batches} batches; {profile.hardware.gpu.name if profile.hardware.gpu else ''}")
     print(f"{'P':>3}  {'plan':<9}  {'split':<16}  {'predicted s':>11}  {'measured s':>10}  {'meas/pred':>9}")
     rows = []
@@ -157,7 +154,7 @@ def run_gpu(args: argparse.Namespace) -> list[dict]:
         adaptive = plan_from_profile(what_if(profile, count).profile, gbs=args.gbs, seed=0)
         for name, plan in (("all-cpu", baseline(adaptive, "all-cpu", args.gbs)),
                            ("all-gpu", baseline(adaptive, "all-gpu", args.gbs)), ("adaptive", adaptive)):
-            measured = statistics.median(measure_plan(graph, plan, args, gpu_batcher))
+            measured = statistics.median(measure_plan(graph, plan, args, GpuBatcher))
             rows.append({"part": "gpu", "threads": count, "plan": name, "config": plan_label(plan),
                          "predicted_s": plan.predicted_epoch_s, "measured_s": measured})
             print(f"{count:>3}  {name:<9}  {plan_label(plan):<16}  {plan.predicted_epoch_s:>11.3f}  {measured:>10.3f}"
@@ -183,9 +180,8 @@ def run_virtual(args: argparse.Namespace) -> list[dict]:
         scheduler = Scheduler(times, seed=0)
         for name, plan in (("all-cpu", baseline(adaptive, "all-cpu", args.gbs)),
                            ("all-gpu", baseline(adaptive, "all-gpu", args.gbs)), ("adaptive", adaptive)):
-            split = Split(plan.n_cpu, plan.n_gpu, plan.cbs, plan.gbs)
-            predicted = scheduler.simulate(split).epoch_s
-            executor, _ = virtual_executor(times, split, scheduler.durations)
+            predicted = scheduler.simulate(plan.split).epoch_s
+            executor, _ = virtual_executor(times, plan.split, scheduler.durations)
             measured = executor.run_epoch(0).epoch_s
             rows.append({"part": "virtual", "threads": count, "plan": name, "config": plan_label(plan),
                          "predicted_s": predicted, "measured_s": measured})

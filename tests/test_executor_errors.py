@@ -59,7 +59,7 @@ def test_a_cpu_batcher_thread_that_raises(no_leaked_threads) -> None:
             return super().build(index, lane)
 
     executor, _ = virtual()
-    executor.cpu_batcher.make_epoch = lambda order: BrokenEpoch(executor.cpu_batcher.machine, order, 2, 2, 0)
+    executor.cpu_batcher.make_epoch = lambda order: BrokenEpoch(executor.cpu_batcher.machine, order, 2, 2)
     with pytest.raises(BatcherBroke, match="batch 7") as caught:
         executor.run_epoch(0)
     assert time.perf_counter() - raised_at[0] < 1.0

@@ -11,10 +11,10 @@ from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
 from morphpipe.executor.routes import RouteSeeds, route_seeds
 from morphpipe.executor.stats import EpochStats
 from morphpipe.executor.train_step import TrainStep
-from morphpipe.executor.trainer import Trainer, plan_split, training_device
+from morphpipe.executor.trainer import Trainer, training_device
 
 __all__ = [
     "CpuDevices", "CudaDevices", "Devices", "EpochBatcher", "EpochResult", "EpochStats", "Executor", "InFlight",
     "Launched", "RouteSeeds", "TrainStep", "Trainer", "TrainingState", "accuracy", "load_checkpoint",
-    "plan_split", "route_seeds", "save_checkpoint", "training_device",
+    "route_seeds", "save_checkpoint", "training_device",
 ]

@@ -28,7 +28,6 @@ class CpuBuffer:
                  trace: Trace) -> None:
         if capacity < 1:
             raise ValueError(f"cbs (CPU buffer size) must be >= 1 when the plan has CPU batches, got {capacity!r}")
-        self.capacity = capacity
         self.count = count
         self._batches = batches
         self._group = group

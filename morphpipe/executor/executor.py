@@ -34,7 +34,8 @@ from morphpipe.executor.threads import Stopped, ThreadGroup
 from morphpipe.executor.trace import Trace
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.sampling.minibatch import MiniBatch
-from morphpipe.scheduler.result import CPU_ONLY_DEVICES, BlockRecord, TraceRecord
+from morphpipe.scheduler.model import cpu_side_full
+from morphpipe.scheduler.result import CPU_ONLY_DEVICES, BlockRecord, TraceRecord, idle_seconds
 
 
 class EpochBatcher(Protocol):
@@ -74,7 +75,7 @@ class EpochResult:
 
     def idle_s(self, device: str) -> float:
         """Idle seconds of `device` ('cpu' or 'gpu') spent waiting on the other side (the feedback)."""
-        return sum(block.idle_s for block in self.blocks if block.idle == device)
+        return idle_seconds(self.blocks, device)
 
 
 class Executor:
@@ -183,9 +184,8 @@ class _EpochLoop:
 
     def cpu_full(self) -> bool:
         """The CPU side has nothing more to wait for: its buffer is full or holds all that is left."""
-        untaken = self.cpu_untaken
         ready = self.cpu.ready() if self.cpu is not None else 0
-        return untaken == 0 or ready >= self.split.cbs or ready == untaken
+        return cpu_side_full(self.cpu_untaken, ready, self.split.cbs)
 
     def run(self) -> None:
         """The executor's loop: filling, blocking and flushing until both routes are trained."""

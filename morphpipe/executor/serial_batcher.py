@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe.sampling.cpu_batcher import sample_neighbors
-from morphpipe.sampling.epochs import batches_per_epoch, epoch_order, epoch_seed
+from morphpipe.sampling.epochs import batch_seeds, batches_per_epoch, epoch_order, epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
@@ -44,7 +44,7 @@ class SerialBatcher:
         order = self.epoch_order(epoch)
         sampling_seed = epoch_seed(self.seed, epoch)
         for index in range(len(self)):
-            seeds = order[index * self.batch_size:(index + 1) * self.batch_size]
+            seeds = batch_seeds(order, index, self.batch_size)
             batch = sample_neighbors(self.graph, seeds, self.fanouts, seed=epoch_seed(sampling_seed, index))
             batch.batch_index = index
             yield batch

@@ -17,8 +17,8 @@ from morphpipe.scheduler.result import BlockRecord, TraceRecord
 class Trace:
     """Thread-safe recorder of one epoch; `origin` is the epoch's start on the `time.perf_counter` clock."""
 
-    def __init__(self, origin: float | None = None) -> None:
-        self.origin = time.perf_counter() if origin is None else origin
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
         self._lock = threading.Lock()
         self.records: list[TraceRecord] = []
         self.blocks: list[BlockRecord] = []
@@ -51,10 +51,6 @@ class Trace:
             seconds[record.device] += record.end - record.start
         return {device: seconds[device] / (count * epoch_s) for device, count in lanes.items()
                 if device in seconds and epoch_s > 0}
-
-    def idle_s(self, device: str) -> float:
-        """Idle seconds of `device` caused by the other side (weighted block durations)."""
-        return sum(block.idle_s for block in self.blocks if block.idle == device)
 
 
 @dataclass(frozen=True)

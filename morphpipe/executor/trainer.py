@@ -25,7 +25,7 @@ from torch.nn import functional
 from tqdm.auto import tqdm
 
 from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
-from morphpipe.executor.devices import CpuDevices, CudaDevices, Devices, InFlight
+from morphpipe.executor.devices import InFlight, default_devices
 from morphpipe.executor.evaluate import accuracy
 from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
 from morphpipe.executor.routes import route_seeds
@@ -33,7 +33,6 @@ from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.executor.stats import EpochStats
 from morphpipe.executor.train_step import TrainStep
 from morphpipe.ops.choice import choice_counts
-from morphpipe.partitioner.partitioner import Split
 from morphpipe.profiler.hardware import usable_cores
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
@@ -42,11 +41,6 @@ from morphpipe.scheduler.plan import Plan
 # Makes a Route 1 batcher over `seeds`: factory(graph, fanouts, batch_size, seeds=..., seed=...).
 GpuBatcherFactory = Callable[..., EpochBatcher]
 SPLITS = ("train", "val", "test")
-
-
-def plan_split(plan: Plan) -> Split:
-    """The executor's view of a plan: batches per route and buffer sizes."""
-    return Split(plan.n_cpu, plan.n_gpu, plan.cbs, plan.gbs)
 
 
 def training_device(plan: Plan, device: str | torch.device | None = None) -> torch.device:
@@ -117,7 +111,7 @@ class Trainer:
         self.progress = progress
         self.log = log or tqdm.write
         self.history: list[EpochStats] = []
-        self.last_result: EpochResult | None = None
+        self.cores = usable_cores()
         routes = route_seeds(graph.train_idx, self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
         cpu_batcher: EpochBatcher | None = None
         if plan.n_cpu and plan.shares_cores:
@@ -133,8 +127,7 @@ class Trainer:
                     "given; pass gpu_batcher=<factory>, or train with an all-CPU plan"
                 )
             gpu_route = gpu_batcher(graph, self.fanouts, self.batch_size, seeds=routes.gpu, seed=self.seed)
-        devices: Devices = CpuDevices() if self.device.type == "cpu" else CudaDevices(self.device)
-        self.executor = Executor(plan_split(plan), devices, self.step, cpu_batcher=cpu_batcher,
+        self.executor = Executor(plan.split, default_devices(self.device), self.step, cpu_batcher=cpu_batcher,
                                  gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
 
     def fit(self, epochs: int, *, validate: bool = True) -> list[EpochStats]:
@@ -166,8 +159,7 @@ class Trainer:
 
             result = self.executor.run_epoch(epoch, on_step=advance)
         wall = time.perf_counter() - wall_before
-        cpu_share = (sum(process.cpu_times()[:2]) - cpu_before) / (wall * usable_cores()) if wall > 0 else 0.0
-        self.last_result = result
+        cpu_share = (sum(process.cpu_times()[:2]) - cpu_before) / (wall * self.cores) if wall > 0 else 0.0
         return result, cpu_share, choice_counts_since(choices_before)
 
     def _stats(self, result: EpochResult, val_acc: float | None, cpu_share: float,

@@ -32,7 +32,7 @@ from morphpipe.executor.threads import POLL_S, Stopped, ThreadGroup
 from morphpipe.executor.trace import Trace
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.partitioner.times import PhaseTimes
-from morphpipe.sampling.epochs import batches_per_epoch, epoch_order
+from morphpipe.sampling.epochs import batch_seeds, batches_per_epoch, epoch_order
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.scheduler.durations import Durations
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES
@@ -50,8 +50,7 @@ def work(group: ThreadGroup, start: float, seconds: float) -> float:
 class VirtualResource:
     """A device doing one phase at a time, granted in request order (like work queued on a CUDA stream)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         self._condition = threading.Condition()
         self._next_ticket = 0
         self._serving = 0
@@ -115,17 +114,14 @@ class VirtualMachine:
         self.durations = durations
         self.cpu_threads = cpu_threads
         self.cpu_device = cpu_device
-        self.group = ThreadGroup("virtual-idle")
-        self.trace = Trace()
-        self.gpu = VirtualResource("gpu")
-        self.pcie = VirtualResource("pcie")
+        self.start_epoch(ThreadGroup("virtual-idle"), Trace())
 
     def start_epoch(self, group: ThreadGroup, trace: Trace) -> None:
         """Fresh resources; phases of this epoch go to `trace`, failures to `group`."""
         self.group = group
         self.trace = trace
-        self.gpu = VirtualResource("gpu")
-        self.pcie = VirtualResource("pcie")
+        self.gpu = VirtualResource()
+        self.pcie = VirtualResource()
 
     def record(self, batch: int, route: int, phase: str, devices: tuple[str, ...], lane: int, start: float,
                end: float) -> None:
@@ -144,13 +140,11 @@ def virtual_batch(seeds: torch.Tensor, batch_index: int, route: int) -> MiniBatc
 class _VirtualCpuEpoch:
     """One epoch of the virtual CPU batcher: P threads build batches (sleep) and deliver them in order."""
 
-    def __init__(self, machine: VirtualMachine, order: torch.Tensor, batch_size: int, window: int,
-                 first_position: int) -> None:
+    def __init__(self, machine: VirtualMachine, order: torch.Tensor, batch_size: int, window: int) -> None:
         self.machine = machine
         self.order = order
         self.batch_size = batch_size
         self.window = window
-        self.first_position = first_position
         self.count = batches_per_epoch(order.numel(), batch_size)
         self.condition = threading.Condition()
         self.claimed = 0
@@ -193,9 +187,8 @@ class _VirtualCpuEpoch:
         machine = self.machine
         start = time.perf_counter()
         end = work(machine.group, start, machine.durations.cpu_batch[index])
-        machine.record(self.first_position + index, 0, "batch", (machine.cpu_device,), lane, start, end)
-        seeds = self.order[index * self.batch_size:(index + 1) * self.batch_size]
-        return virtual_batch(seeds, index, 0)
+        machine.record(index, 0, "batch", (machine.cpu_device,), lane, start, end)
+        return virtual_batch(batch_seeds(self.order, index, self.batch_size), index, 0)
 
     def __iter__(self) -> Iterator[MiniBatch]:
         return self
@@ -223,45 +216,8 @@ class _VirtualCpuEpoch:
             thread.join()
 
 
-class VirtualCpuBatcher:
-    """Route 0 stand-in with the CpuBatcher contract: P threads, in-order delivery, a window of `queue_size`."""
-
-    route = 0
-
-    def __init__(self, machine: VirtualMachine, seeds: torch.Tensor, batch_size: int, *, seed: int = 0,
-                 queue_size: int | None = None) -> None:
-        self.machine = machine
-        self.seeds = seeds
-        self.batch_size = batch_size
-        self.seed = seed
-        self.queue_size = machine.cpu_threads if queue_size is None else queue_size
-        self._current: _VirtualCpuEpoch | None = None
-
-    def __len__(self) -> int:
-        return batches_per_epoch(self.seeds.numel(), self.batch_size)
-
-    def epoch(self, epoch: int) -> _VirtualCpuEpoch:
-        """Starts epoch `epoch` (stopping one in progress): its seeds shuffled as CpuBatcher shuffles them."""
-        self.close()
-        order = epoch_order(self.seeds, self.seed, epoch)
-        self._current = self.make_epoch(order)
-        return self._current
-
-    def make_epoch(self, order: torch.Tensor) -> _VirtualCpuEpoch:
-        """The epoch object (tests override it to inject failures)."""
-        return _VirtualCpuEpoch(self.machine, order, self.batch_size, self.queue_size, 0)
-
-    def close(self) -> None:
-        """Stops and joins the worker threads of the epoch in progress."""
-        if self._current is not None:
-            self._current.close()
-            self._current = None
-
-
-class VirtualSerialBatcher:
-    """Route 0 stand-in for plans whose phases take turns on the same cores: each batch sleeps when asked for."""
-
-    route = 0
+class _VirtualRoute:
+    """What every virtual batcher shares: its machine, seeds, batch size and run seed, and the batch count."""
 
     def __init__(self, machine: VirtualMachine, seeds: torch.Tensor, batch_size: int, *, seed: int = 0) -> None:
         self.machine = machine
@@ -272,31 +228,60 @@ class VirtualSerialBatcher:
     def __len__(self) -> int:
         return batches_per_epoch(self.seeds.numel(), self.batch_size)
 
+    def close(self) -> None:
+        """Nothing runs in the background between calls."""
+
+
+class VirtualCpuBatcher(_VirtualRoute):
+    """Route 0 stand-in with the CpuBatcher contract: P threads, in-order delivery, a window of `queue_size`."""
+
+    route = 0
+
+    def __init__(self, machine: VirtualMachine, seeds: torch.Tensor, batch_size: int, *, seed: int = 0,
+                 queue_size: int | None = None) -> None:
+        super().__init__(machine, seeds, batch_size, seed=seed)
+        self.queue_size = machine.cpu_threads if queue_size is None else queue_size
+        self._current: _VirtualCpuEpoch | None = None
+
+    def epoch(self, epoch: int) -> _VirtualCpuEpoch:
+        """Starts epoch `epoch` (stopping one in progress): its seeds shuffled as CpuBatcher shuffles them."""
+        self.close()
+        order = epoch_order(self.seeds, self.seed, epoch)
+        self._current = self.make_epoch(order)
+        return self._current
+
+    def make_epoch(self, order: torch.Tensor) -> _VirtualCpuEpoch:
+        """The epoch object (tests override it to inject failures)."""
+        return _VirtualCpuEpoch(self.machine, order, self.batch_size, self.queue_size)
+
+    def close(self) -> None:
+        """Stops and joins the worker threads of the epoch in progress."""
+        if self._current is not None:
+            self._current.close()
+            self._current = None
+
+
+class VirtualSerialBatcher(_VirtualRoute):
+    """Route 0 stand-in for plans whose phases take turns on the same cores: each batch sleeps when asked for."""
+
+    route = 0
+
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         order = epoch_order(self.seeds, self.seed, epoch)
         for index in range(len(self)):
             work(self.machine.group, time.perf_counter(), self.machine.durations.cpu_batch[index])
-            yield virtual_batch(order[index * self.batch_size:(index + 1) * self.batch_size], index, 0)
-
-    def close(self) -> None:
-        """Nothing runs in the background."""
+            yield virtual_batch(batch_seeds(order, index, self.batch_size), index, 0)
 
 
-class VirtualGpuBatcher:
+class VirtualGpuBatcher(_VirtualRoute):
     """Route 1 stand-in: UVA batching that holds the virtual GPU and PCIe link for its duration."""
 
     route = 1
 
     def __init__(self, machine: VirtualMachine, seeds: torch.Tensor, batch_size: int, first_position: int, *,
                  seed: int = 0) -> None:
-        self.machine = machine
-        self.seeds = seeds
-        self.batch_size = batch_size
+        super().__init__(machine, seeds, batch_size, seed=seed)
         self.first_position = first_position
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return batches_per_epoch(self.seeds.numel(), self.batch_size)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         order = epoch_order(self.seeds, self.seed, epoch)
@@ -311,10 +296,7 @@ class VirtualGpuBatcher:
                 start = time.perf_counter()
                 end = work(machine.group, start, machine.durations.gpu_batch[number])
         machine.record(self.first_position + number, 1, "uva", ("gpu", "pcie"), 0, start, end)
-        return virtual_batch(order[number * self.batch_size:(number + 1) * self.batch_size], number, 1)
-
-    def close(self) -> None:
-        """Nothing runs in the background between calls."""
+        return virtual_batch(batch_seeds(order, number, self.batch_size), number, 1)
 
 
 class VirtualTrainer:

@@ -41,3 +41,9 @@ def split_cores(profile: Profile, cores: int | None = None) -> list[CoreSplit]:
                         profile.cpu_training.per_batch_time(train_threads, cores))
         splits.append(CoreSplit(batch_threads, train_threads, False, bound))
     return sorted(splits, key=lambda s: (s.lower_bound_s, s.batch_threads))
+
+
+def even_core_split(cores: int) -> CoreSplit:
+    """The even-split baseline: half the cores batch, the rest train (taking turns on a single core); no bound."""
+    batch_threads = max(1, cores // 2)
+    return CoreSplit(batch_threads, max(1, cores - batch_threads), cores == 1, 0.0)

@@ -28,3 +28,8 @@ def batches_per_epoch(num_seeds: int, batch_size: int, drop_last: bool = False) 
     if drop_last:
         return num_seeds // batch_size
     return math.ceil(num_seeds / batch_size)
+
+
+def batch_seeds(order: torch.Tensor, index: int, batch_size: int) -> torch.Tensor:
+    """The seeds of batch `index` of an epoch that visits `order`."""
+    return order[index * batch_size:(index + 1) * batch_size]

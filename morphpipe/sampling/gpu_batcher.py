@@ -17,7 +17,7 @@ import torch
 
 from morphpipe import native
 from morphpipe.sampling.cpu_batcher import blocks_from_native
-from morphpipe.sampling.epochs import batches_per_epoch, epoch_order, epoch_seed
+from morphpipe.sampling.epochs import batch_seeds, batches_per_epoch, epoch_order, epoch_seed
 from morphpipe.sampling.cuda_support import require_cuda
 from morphpipe.sampling.gpu_cache import CacheConfig, CachePlan, GpuCache, batch_hotness, degree_hotness, plan_cache
 from morphpipe.sampling.minibatch import MiniBatch
@@ -117,7 +117,7 @@ class GpuBatcher:
         """The first `count` batches of a throw-away epoch (-1), made without a cache (DUCATI's pre-sampling)."""
         order = self.epoch_order(-1).to(self.device)
         for batch_index in range(min(count, self._num_batches(order))):
-            seeds = order[batch_index * self.batch_size:(batch_index + 1) * self.batch_size]
+            seeds = batch_seeds(order, batch_index, self.batch_size)
             yield self._make_batch(seeds, batch_index, batch_seed(epoch_seed(self.seed, -1), batch_index))
 
     @property
@@ -161,7 +161,7 @@ class GpuBatcher:
             if self._active_epoch is not token:
                 raise RuntimeError("GpuBatcher: this epoch was superseded by a newer one (or the batcher was "
                                    "closed); iterate the new epoch")
-            seeds = on_device[batch_index * self.batch_size:(batch_index + 1) * self.batch_size]
+            seeds = batch_seeds(on_device, batch_index, self.batch_size)
             yield self._make_batch(seeds, batch_index, batch_seed(seed_of_epoch, batch_index))
 
     def _make_batch(self, seeds: torch.Tensor, batch_index: int, sampling_seed: int) -> MiniBatch:

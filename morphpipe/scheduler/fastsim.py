@@ -17,6 +17,7 @@ from collections import deque
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.partitioner.times import PhaseTimes
 from morphpipe.scheduler.durations import Durations
+from morphpipe.scheduler.model import cpu_side_full
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES, Recorder, SimulationResult
 
 
@@ -127,9 +128,7 @@ class FastDualBuffer:
 
     def cpu_full(self) -> bool:
         """As DualBufferModel.cpu_full: the CPU buffer is full or holds all the CPU batches left."""
-        untaken = self.split.n_cpu - self.cpu_taken
-        ready = len(self.cpu.buffer)
-        return untaken == 0 or ready >= self.split.cbs or ready == untaken
+        return cpu_side_full(self.split.n_cpu - self.cpu_taken, len(self.cpu.buffer), self.split.cbs)
 
     def gpu_batch(self) -> None:
         """UVA batching: starts when both the GPU and the PCIe link are free; the executor waits for it."""

@@ -40,6 +40,11 @@ from morphpipe.scheduler.result import CPU_ONLY_DEVICES, Recorder, SimulationRes
 Process = Generator[simpy.Event, Any, Any]
 
 
+def cpu_side_full(untaken: int, ready: int, cbs: int) -> bool:
+    """Filling stops waiting on the CPU side: no CPU batch is left, or its buffer is full or holds all that is left."""
+    return untaken == 0 or ready >= cbs or ready == untaken
+
+
 @dataclass
 class _Batch:
     """A batch in (or on its way to) GPU memory; `ready` fires once it is there."""
@@ -87,8 +92,7 @@ class DualBufferModel:
 
     def cpu_full(self) -> bool:
         """The CPU side has nothing more to wait for: its buffer is full or holds all that is left."""
-        ready = len(self.cpu_buffer.items)
-        return self.cpu_untaken == 0 or ready >= self.split.cbs or ready == self.cpu_untaken
+        return cpu_side_full(self.cpu_untaken, len(self.cpu_buffer.items), self.split.cbs)
 
     def run(self) -> SimulationResult:
         """Simulates the epoch and returns its result."""

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from morphpipe.partitioner.partitioner import Split
 from morphpipe.profiler.profile import FieldReader, check_document_header, read_json_document, write_json_document
 
 PLAN_KIND = "morphpipe.plan"
@@ -80,6 +81,11 @@ class Plan:
     def cpu_share(self) -> float:
         """Fraction of the epoch's batches made by the CPU batcher (Route 0)."""
         return self.n_cpu / self.num_batches
+
+    @property
+    def split(self) -> Split:
+        """Batches per route and buffer sizes: what the simulator and the executor run."""
+        return Split(self.n_cpu, self.n_gpu, self.cbs, self.gbs)
 
     @property
     def best_baseline_s(self) -> float:

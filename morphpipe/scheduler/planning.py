@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from morphpipe.partitioner.cores import CoreSplit, split_cores
+from morphpipe.partitioner.cores import CoreSplit, even_core_split, split_cores
 from morphpipe.partitioner.partitioner import Partitioner, Split, buffer_sizes, pinned_buffer_limit
 from morphpipe.partitioner.times import PhaseTimes
 from morphpipe.profiler.profile import Profile
@@ -160,9 +160,7 @@ def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str) -> Plan:
             break
         times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads)
         results[core_split] = Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core, engine="fast")
-    cores = profile.cores
-    even = max(1, cores // 2)
-    even_split = CoreSplit(even, max(1, cores - even), cores == 1, 0.0)
+    even_split = even_core_split(profile.cores)
     chosen_split = min(results, key=lambda s: (results[s].epoch_s, s.lower_bound_s))
     plans = {}
     for name, core_split in (("chosen", chosen_split), ("even-split", even_split)):

@@ -42,6 +42,11 @@ class BlockRecord:
         return (self.end - self.start) * self.weight
 
 
+def idle_seconds(blocks: list[BlockRecord], device: str) -> float:
+    """Idle seconds of `device` caused by the other side: the weighted durations of its blocks."""
+    return sum(block.idle_s for block in blocks if block.idle == device)
+
+
 @dataclass
 class SimulationResult:
     """One simulated epoch of a plan."""
@@ -62,7 +67,7 @@ class SimulationResult:
 
     def idle_s(self, device: str) -> float:
         """Idle seconds of `device` caused by the other side (weighted block durations)."""
-        return sum(block.idle_s for block in self.blocks if block.idle == device)
+        return idle_seconds(self.blocks, device)
 
     def feedback(self) -> Feedback:
         """The partitioner's feedback: CPU idle versus GPU idle (DESIGN.md, feedback)."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from morphpipe.partitioner.partitioner import Split
 from morphpipe.profiler.profile import Profile
 from morphpipe.scheduler.plan import Plan
 from morphpipe.scheduler.plots import plot_gantt
@@ -21,7 +20,7 @@ def simulate_plan(profile: Profile, plan: Plan, *, engine: str = "simpy", trace:
     scheduler = Scheduler.from_profile(profile, plan.seed, plan.cpu_threads, plan.train_threads)
     if plan.kind == "cpu-only":
         return scheduler.simulate_cpu_only(plan.cbs, plan.shares_cores, engine=engine, trace=trace)
-    return scheduler.simulate(Split(plan.n_cpu, plan.n_gpu, plan.cbs, plan.gbs), engine=engine, trace=trace)
+    return scheduler.simulate(plan.split, engine=engine, trace=trace)
 
 
 def draw_plan(profile: Profile, plan: Plan, path: str | Path, *, batches: int = 60) -> Path:
