@@ -57,8 +57,8 @@ class GATConv(nn.Module):
         """`[num_src, in] -> [num_dst, heads * out]` when concatenating, `[num_dst, out]` when averaging."""
         density = self.input_density.measure(h_src)
         weight = self.lin.weight.view(self.heads, self.out_features, self.in_features)
-        attention = torch.cat([self.att_src[0], self.att_dst[0]])  # [2 * heads, out]
-        scores = h_src @ torch.einsum("hoi,ho->ih", weight.repeat(2, 1, 1), attention)
+        attention = torch.stack([self.att_src[0], self.att_dst[0]])  # [2 (source, destination), heads, out]
+        scores = h_src @ torch.einsum("hoi,sho->ish", weight, attention).flatten(1)  # [num_src, 2 * heads]
         score_src, score_dst = scores[:, : self.heads], scores[: block.num_dst, self.heads :]
         if gat_layer_order(block, h_src, self.out_features, self.heads, density) == PROJECT_FIRST:
             z = sparse_aware_linear(h_src, self.lin.weight, None, density).view(-1, self.heads, self.out_features)
