@@ -21,6 +21,7 @@ import torch
 CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
 _lock = threading.Lock()
 _module: ModuleType | None = None
+_failure: NativeBuildError | None = None  # a failed build is not retried, except verbosely, to show the log
 
 
 class NativeBuildError(RuntimeError):
@@ -91,10 +92,12 @@ def _ensure_ninja_on_path() -> None:
 
 def load(verbose: bool = False) -> ModuleType:
     """The loaded extension, compiling it first if this source/torch combination is not cached."""
-    global _module
+    global _module, _failure
     with _lock:
         if _module is not None:
             return _module
+        if _failure is not None and not verbose:
+            raise _failure
         from torch.utils import cpp_extension
 
         config = build_config()
@@ -122,10 +125,11 @@ def load(verbose: bool = False) -> ModuleType:
                 verbose=verbose,
             )
         except Exception as error:
-            raise NativeBuildError(
+            _failure = NativeBuildError(
                 f"building the native ops failed ({type(error).__name__}: {error}); rerun "
                 f"`morphpipe info --verbose` for the compiler log (build dir: {config.build_dir})"
-            ) from error
+            )
+            raise _failure from error
         stamp.write_text(config.source_hash)
         return _module
 

@@ -224,6 +224,29 @@ def test_native_checks_topology_before_use():
         extension.CpuBatcher(graph.indptr, graph.indices, graph.features[:5], graph.labels, [2], 1, 1, False)
 
 
+def test_a_failed_native_build_is_not_retried_on_every_call(monkeypatch, tmp_path):
+    """Ops ask for the extension on every call; a failed build is raised again, not recompiled each time."""
+    from torch.utils import cpp_extension
+
+    attempts = []
+
+    def failing_load(**kwargs):
+        attempts.append(kwargs["verbose"])
+        raise OSError("no compiler")
+
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setenv("MORPHPIPE_BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", failing_load)
+    for _ in range(3):
+        with pytest.raises(native.NativeBuildError, match="no compiler"):
+            native.load()
+    assert attempts == [False]
+    with pytest.raises(native.NativeBuildError):
+        native.load(verbose=True)
+    assert attempts == [False, True], "a verbose load tries again, to show the compiler log"
+
+
 def test_gather_rows_op_matches_indexing():
     source = torch.randn(1000, 33).to(torch.bfloat16)
     index = torch.randint(0, 1000, (5000,))
