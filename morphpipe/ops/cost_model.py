@@ -217,15 +217,6 @@ def _measure_or_default(device: torch.device) -> Calibration:
     return calibration
 
 
-def set_calibration(device_type: str, calibration: Calibration | None) -> None:
-    """Install `calibration` for `device_type` process-wide (None: measure again on next use)."""
-    with _lock:
-        if calibration is None:
-            _calibrations.pop(device_type, None)
-        else:
-            _calibrations[device_type] = calibration
-
-
 @contextmanager
 def use_calibration(calibration: Calibration) -> Iterator[Calibration]:
     """Use `calibration` for every device inside the block, for this thread / task (tests, what-ifs)."""

@@ -9,6 +9,7 @@ scatter. Every variant gives the same result up to floating-point summation orde
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -56,16 +57,29 @@ def _order_costs(calibration: Calibration, block: Block, work_per_edge: float) -
             "degree_sorted": rows * math.log2(rows + 1) * calibration.transpose_edge}
 
 
-def _row_order(block: Block, kind: str, width: int, dtype: torch.dtype, work_per_edge: float) -> Tensor | None:
+def _row_order(block: Block, kind: str, width: int, dtype: torch.dtype,
+               work_per_edge: Callable[[Calibration], float]) -> Tensor | None:
     """Destinations heaviest first when the order choice says so, else None (stored order)."""
-    calibration = current_calibration(block.device)
-    chosen = choice.choose(
-        "aggregate.order", _signature(kind, block, width, dtype),
-        lambda: _order_costs(calibration, block, work_per_edge),
-    )
+    def costs() -> dict[str, float]:
+        calibration = current_calibration(block.device)
+        return _order_costs(calibration, block, work_per_edge(calibration))
+
+    chosen = choice.choose("aggregate.order", _signature(kind, block, width, dtype), costs)
     if chosen == "natural" or block.num_dst == 0:
         return None
     return torch.argsort(in_degrees(block), descending=True, stable=True)
+
+
+def _backward_costs(block: Block, edges: int, width: int) -> dict[str, float]:
+    """Backward through the transposed structure (one pass per source) or by atomic scatter from destinations."""
+    calibration = current_calibration(block.device)
+    return {"transpose": calibration.transposed(edges, block.num_src, width),
+            "scatter": calibration.scatter(edges, block.num_dst, width)}
+
+
+def _gather_work(width: int) -> Callable[[Calibration], float]:
+    """Seconds per edge of a row-wise aggregation `width` wide."""
+    return lambda calibration: calibration.gather_edge + width * calibration.gather_element
 
 
 def _edge_weight(edge_weight: Tensor | None, acc: torch.dtype) -> Tensor | None:
@@ -77,13 +91,9 @@ def _sum_backward(block: Block, grad: Tensor, weight: Tensor | None, src_scale: 
                   dst_scale: Tensor | None, self_loop: bool) -> Tensor:
     """Gradient to the sources of `dst_scale * (A_w (src_scale * x) + self loop)`: transpose or scatter."""
     ops = native.ops()
-    calibration = current_calibration(block.device)
     width = grad.shape[1]
-    variant = choice.choose(
-        "aggregate.backward", _signature("sum-backward", block, width, grad.dtype),
-        lambda: {"transpose": calibration.transposed(block.nnz, block.num_src, width),
-                 "scatter": calibration.scatter(block.nnz, block.num_dst, width)},
-    )
+    variant = choice.choose("aggregate.backward", _signature("sum-backward", block, width, grad.dtype),
+                            lambda: _backward_costs(block, block.nnz, width))
     if variant == "scatter":
         return ops.spmm_sum_scatter(block.indptr, block.indices, grad, weight, src_scale, dst_scale, self_loop,
                                     block.num_src)
@@ -178,18 +188,19 @@ def weighted_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None, src
                  dst_scale: Tensor | None = None, self_loop: bool = False, kind: str = "sum") -> Tensor:
     """`dst_scale * (A_w (src_scale * x) + self loop)` by the kernel the choice picks (row-wise or dense)."""
     width = x.shape[1]
-    calibration = current_calibration(block.device)
     edges = block.nnz + (block.num_dst if self_loop else 0)
     dense_fits = block.num_dst * block.num_src <= DENSE_MAX_ENTRIES
-    kernel = choice.choose(
-        "aggregate.kernel", _signature(kind, block, width, x.dtype),
-        lambda: {"rowwise": calibration.gather(edges, block.num_dst, width),
-                 "dense": calibration.dense(block.num_dst, block.num_src, edges, width)},
-        options=("rowwise", "dense") if dense_fits else ("rowwise",),
-    )
+
+    def kernel_costs() -> dict[str, float]:
+        calibration = current_calibration(block.device)
+        return {"rowwise": calibration.gather(edges, block.num_dst, width),
+                "dense": calibration.dense(block.num_dst, block.num_src, edges, width)}
+
+    kernel = choice.choose("aggregate.kernel", _signature(kind, block, width, x.dtype), kernel_costs,
+                           options=("rowwise", "dense") if dense_fits else ("rowwise",))
     if kernel == "dense":
         return _dense_sum(block, x, edge_weight, src_scale, dst_scale, self_loop)
-    order = _row_order(block, kind, width, x.dtype, calibration.gather_edge + width * calibration.gather_element)
+    order = _row_order(block, kind, width, x.dtype, _gather_work(width))
     return WeightedSum.apply(x, edge_weight, block, src_scale, dst_scale, self_loop, order)
 
 
@@ -197,10 +208,8 @@ def aggregate(block: Block, h_src: Tensor, reduce: str, edge_weight: Tensor | No
     """Fused sum / mean / max over each destination's in-edges (the `Backend.aggregate` contract)."""
     acc = accumulate_dtype(h_src.dtype)
     if reduce == "max":
-        calibration = current_calibration(block.device)
         width = h_src.shape[1]
-        order = _row_order(block, "max", width, h_src.dtype,
-                           calibration.gather_edge + width * calibration.gather_element)
+        order = _row_order(block, "max", width, h_src.dtype, _gather_work(width))
         return SegmentMax.apply(h_src, edge_weight, block, order)
     dst_scale = None
     if reduce == "mean":
@@ -217,14 +226,10 @@ def gcn_aggregate(block: Block, h_src: Tensor, add_self_loops: bool) -> Tensor:
 def _gat_grad_h(block: Block, alpha: Tensor, alpha_self: Tensor, grad: Tensor, h_heads: int) -> Tensor:
     """Gradient to the source features from the attention weights: transposed structure or atomic scatter."""
     ops = native.ops()
-    calibration = current_calibration(block.device)
     heads, width = grad.shape[1], grad.shape[2]
     edges = block.nnz + alpha_self.shape[0]
-    variant = choice.choose(
-        "gat.backward", _signature("gat-backward", block, width, grad.dtype, heads, h_heads),
-        lambda: {"transpose": calibration.transposed(edges, block.num_src, heads * width),
-                 "scatter": calibration.scatter(edges, block.num_dst, heads * width)},
-    )
+    variant = choice.choose("gat.backward", _signature("gat-backward", block, width, grad.dtype, heads, h_heads),
+                            lambda: _backward_costs(block, edges, heads * width))
     if variant == "scatter":
         return ops.gat_grad_h_scatter(block.indptr, block.indices, alpha, alpha_self, grad, block.num_src, h_heads)
     t_indptr, t_dst, t_eid = ops.csr_transpose(block.indptr, block.indices, block.num_src)
@@ -276,7 +281,6 @@ def gat_attention(block: Block, h_src: Tensor, score_src: Tensor, score_dst: Ten
                   add_self_loops: bool) -> Tensor:
     """Fused multi-head GAT (the `Backend.gat_attention` contract); a one-head h_src is read once for all heads."""
     heads, width = score_src.shape[1], h_src.shape[2]
-    calibration = current_calibration(block.device)
     order = _row_order(block, "gat", width, h_src.dtype,
-                       heads * (calibration.attention_edge + width * calibration.attention_element))
+                       lambda calibration: heads * (calibration.attention_edge + width * calibration.attention_element))
     return GatAttention.apply(h_src, score_src, score_dst, block, negative_slope, add_self_loops, order)

@@ -85,10 +85,9 @@ def linear_layer_order(kind: str, block: Block, x: Tensor, out_features: int, de
                        self_loops: bool) -> str:
     """`"aggregate_first"` or `"project_first"` for a GCN (`kind="gcn"`) or SAGE (`"sage"`) layer on this input."""
     in_features = x.shape[1]
-    calibration = current_calibration(x.device)
     return choice.choose(
         f"{kind}.order", _signature(kind, block, x, (in_features, out_features), density),
-        lambda: linear_layer_costs(calibration, block, in_features, out_features, density, self_loops,
+        lambda: linear_layer_costs(current_calibration(x.device), block, in_features, out_features, density, self_loops,
                                    torch.is_grad_enabled(), x.requires_grad),
     )
 
@@ -96,9 +95,8 @@ def linear_layer_order(kind: str, block: Block, x: Tensor, out_features: int, de
 def gat_layer_order(block: Block, x: Tensor, out_features: int, heads: int, density: float) -> str:
     """`"aggregate_first"` or `"project_first"` for a GAT layer on this input."""
     in_features = x.shape[1]
-    calibration = current_calibration(x.device)
     return choice.choose(
         "gat.order", _signature("gat", block, x, (in_features, out_features, heads), density),
-        lambda: gat_layer_costs(calibration, block, in_features, out_features, heads, density,
+        lambda: gat_layer_costs(current_calibration(x.device), block, in_features, out_features, heads, density,
                                 torch.is_grad_enabled(), x.requires_grad),
     )

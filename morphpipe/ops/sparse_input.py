@@ -72,14 +72,13 @@ def sparse_aware_linear(x: Tensor, weight: Tensor, bias: Tensor | None, density:
     step = round(density * DENSITY_STEPS) / DENSITY_STEPS
     signature = ("linear", x.device.type, str(x.dtype).removeprefix("torch."), choice.bucket(rows), in_features,
                  out_features, step)
-    calibration = current_calibration(x.device)
-    options = ("dense", "sparse") if unavailable(x.device.type) is None and not x.requires_grad else ("dense",)
-    transform = choice.choose(
-        "input.transform", signature,
-        lambda: {"dense": calibration.gemm(rows, in_features, out_features),
-                 "sparse": calibration.sparse_linear(rows, in_features, out_features, density)},
-        options=options,
-    )
+    def costs() -> dict[str, float]:
+        calibration = current_calibration(x.device)
+        return {"dense": calibration.gemm(rows, in_features, out_features),
+                "sparse": calibration.sparse_linear(rows, in_features, out_features, density)}
+
+    options = ("dense", "sparse") if not x.requires_grad and unavailable(x.device.type) is None else ("dense",)
+    transform = choice.choose("input.transform", signature, costs, options=options)
     if transform == "sparse":
         return _sparse_linear(x, weight, bias)
     return F.linear(x, weight, bias)
