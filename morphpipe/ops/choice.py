@@ -19,6 +19,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import torch
+
+from morphpipe.sampling.minibatch import Block
+
 log = logging.getLogger("morphpipe.ops")
 
 FORCE_ENV = "MORPHPIPE_FORCE_CHOICE"
@@ -74,6 +78,12 @@ _scoped_forced: ContextVar[Mapping[str, str]] = ContextVar("morphpipe_forced_cho
 def bucket(n: int) -> int:
     """Power-of-two size bucket (0 for 0): mini-batches of similar size share one signature."""
     return 0 if n <= 0 else 1 << (int(n) - 1).bit_length()
+
+
+def block_signature(kind: str, block: Block, dtype: torch.dtype, *extra: object) -> Signature:
+    """Shape signature of a call on `block`: kind, device type, dtype, sizes in power-of-two buckets, then `extra`."""
+    return (kind, block.device.type, str(dtype).removeprefix("torch."), bucket(block.num_dst), bucket(block.num_src),
+            bucket(block.nnz), *extra)
 
 
 def _check_forced(choices: Mapping[str, str]) -> dict[str, str]:

@@ -41,8 +41,7 @@ def unavailable(device_type: str) -> str | None:
 
 def _signature(kind: str, block: Block, width: int, dtype: torch.dtype, *extra: object) -> choice.Signature:
     """Shape signature of one call: sizes in power-of-two buckets, exact width, dtype and device type."""
-    return (kind, block.device.type, str(dtype).removeprefix("torch."), choice.bucket(block.num_dst),
-            choice.bucket(block.num_src), choice.bucket(block.nnz), width, *extra)
+    return choice.block_signature(kind, block, dtype, width, *extra)
 
 
 def _max_degree(block: Block) -> int:

@@ -28,9 +28,8 @@ def _project(calibration: Calibration, rows: int, in_features: int, out_features
 
 def _signature(kind: str, block: Block, x: Tensor, widths: tuple[int, ...], density: float) -> choice.Signature:
     """Sizes in power-of-two buckets, widths, density step, and whether gradients are computed."""
-    return (kind, x.device.type, str(x.dtype).removeprefix("torch."), choice.bucket(block.num_dst),
-            choice.bucket(block.num_src), choice.bucket(block.nnz), *widths, round(density * DENSITY_STEPS),
-            torch.is_grad_enabled(), x.requires_grad)
+    return choice.block_signature(kind, block, x.dtype, *widths, round(density * DENSITY_STEPS),
+                                  torch.is_grad_enabled(), x.requires_grad)
 
 
 def linear_layer_costs(calibration: Calibration, block: Block, in_features: int, out_features: int,
