@@ -13,31 +13,18 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe.sampling.cpu_batcher import sample_neighbors
-from morphpipe.sampling.epochs import batch_seeds, batches_per_epoch, epoch_order, epoch_seed
+from morphpipe.sampling.epochs import SeedBatcher, batch_seeds, epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
-from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
 
-class SerialBatcher:
+class SerialBatcher(SeedBatcher):
     """Epoch iterator that samples and gathers each batch on the calling thread, when it is asked for."""
 
     route = 0
 
     def __init__(self, graph, fanouts: Sequence[int], batch_size: int, *, seeds: torch.Tensor | None = None,
                  shuffle: bool = True, seed: int = 0) -> None:
-        self.graph = graph
-        self.fanouts = check_fanouts(fanouts)
-        self.batch_size = check_positive("batch_size", batch_size)
-        self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
-        self.shuffle = shuffle
-        self.seed = int(seed)
-
-    def __len__(self) -> int:
-        return batches_per_epoch(self.seeds.numel(), self.batch_size)
-
-    def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The seeds in the order epoch `epoch` visits them (CpuBatcher's order)."""
-        return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
+        super().__init__(graph, fanouts, batch_size, seeds, shuffle, False, seed)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """The batches of epoch `epoch`, each built when `next()` asks for it."""

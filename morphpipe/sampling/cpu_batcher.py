@@ -12,7 +12,7 @@ import torch
 
 from morphpipe import native
 from morphpipe.profiler.hardware import usable_cores
-from morphpipe.sampling.epochs import batches_per_epoch, epoch_order, epoch_seed
+from morphpipe.sampling.epochs import SeedBatcher, epoch_seed
 from morphpipe.sampling.minibatch import Block, MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
@@ -42,7 +42,7 @@ def blocks_from_native(num_input_nodes: int, block_indptrs: list, block_indices:
     return blocks
 
 
-class CpuBatcher:
+class CpuBatcher(SeedBatcher):
     """Epoch iterator over mini-batches of `seeds` (default: the graph's train split).
 
     `iter(batcher)` starts the next epoch; `batcher.epoch(k)` replays epoch k exactly.
@@ -67,16 +67,10 @@ class CpuBatcher:
         queue_size: int | None = None,
         pin_memory: bool | None = None,
     ) -> None:
-        self.fanouts = check_fanouts(fanouts)
-        self.batch_size = check_positive("batch_size", batch_size)
+        super().__init__(graph, fanouts, batch_size, seeds, shuffle, drop_last, seed)
         self.num_threads = check_positive("num_threads", num_threads if num_threads is not None else usable_cores())
         self.queue_size = check_positive("queue_size", queue_size if queue_size is not None else 2 * self.num_threads)
-        self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = int(seed)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
-        self.graph = graph
         self._native = native.load().CpuBatcher(
             graph.indptr.contiguous(),
             graph.indices.contiguous(),
@@ -87,21 +81,7 @@ class CpuBatcher:
             self.queue_size,
             self.pin_memory,
         )
-        self._next_epoch = 0
         self._active_epoch: object | None = None
-
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        return batches_per_epoch(self.seeds.numel(), self.batch_size, self.drop_last)
-
-    def __iter__(self) -> Iterator[MiniBatch]:
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        return self.epoch(epoch)
-
-    def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The seeds in the order epoch `epoch` visits them."""
-        return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order."""
@@ -123,12 +103,6 @@ class CpuBatcher:
         """Stops the worker threads; the batcher can start a new epoch afterwards."""
         self._active_epoch = None
         self._native.stop()
-
-    def __enter__(self) -> "CpuBatcher":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 def sample_neighbors(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> MiniBatch:

@@ -6,8 +6,12 @@ batches whichever batcher builds them.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
+
+from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -33,3 +37,47 @@ def batches_per_epoch(num_seeds: int, batch_size: int, drop_last: bool = False) 
 def batch_seeds(order: torch.Tensor, index: int, batch_size: int) -> torch.Tensor:
     """The seeds of batch `index` of an epoch that visits `order`."""
     return order[index * batch_size:(index + 1) * batch_size]
+
+
+class SeedBatcher:
+    """The contract CpuBatcher, GpuBatcher and SerialBatcher share: validated seeds and sizes, `len` (batches per
+    epoch), `iter` (starts the next epoch), `epoch_order`, and closing as a context manager.
+
+    Subclasses implement `epoch(k)` (yield epoch k's batches) and `close()`.
+    """
+
+    def __init__(self, graph: Any, fanouts: Sequence[int], batch_size: int, seeds: torch.Tensor | None,
+                 shuffle: bool, drop_last: bool, seed: int) -> None:
+        self.graph = graph
+        self.fanouts = check_fanouts(fanouts)
+        self.batch_size = check_positive("batch_size", batch_size)
+        self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = int(seed)
+        self._next_epoch = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return batches_per_epoch(self.seeds.numel(), self.batch_size, self.drop_last)
+
+    def __iter__(self) -> Iterator:
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        return self.epoch(epoch)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The seeds in the order epoch `epoch` visits them (every batcher's order for the same seed)."""
+        return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
+
+    def epoch(self, epoch: int) -> Iterator:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

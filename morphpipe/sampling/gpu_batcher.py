@@ -11,18 +11,18 @@ Batches come out on the device, made on the current CUDA stream.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 import torch
 
 from morphpipe import native
 from morphpipe.sampling.cpu_batcher import blocks_from_native
-from morphpipe.sampling.epochs import batch_seeds, batches_per_epoch, epoch_order, epoch_seed
+from morphpipe.sampling.epochs import SeedBatcher, batch_seeds, epoch_seed
 from morphpipe.sampling.cuda_support import require_cuda
 from morphpipe.sampling.gpu_cache import CacheConfig, CachePlan, GpuCache, batch_hotness, degree_hotness, plan_cache
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.sampling.pinning import HostPinning
-from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
 MASK63 = (1 << 63) - 1
 
@@ -33,7 +33,7 @@ def batch_seed(epoch_seed_value: int, batch_index: int) -> int:
     return (mixed ^ (mixed >> 31)) & MASK63
 
 
-class GpuBatcher:
+class GpuBatcher(SeedBatcher):
     """Epoch iterator over mini-batches of `seeds` (default: the train split), built on the GPU over UVA.
 
     `cache_bytes` is the device memory for the dual cache (0: none); `cache_split` the share of it
@@ -60,15 +60,9 @@ class GpuBatcher:
         pinning: str = "register",
         device: torch.device | str | None = None,
     ) -> None:
-        self.fanouts = check_fanouts(fanouts)
-        self.batch_size = check_positive("batch_size", batch_size)
-        self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = int(seed)
+        super().__init__(graph, fanouts, batch_size, seeds, shuffle, drop_last, seed)
         self.cache_config = CacheConfig(budget_bytes=cache_bytes, adjacency_fraction=cache_split, hotness=hotness)
         self.pinning_mode = pinning
-        self.graph = graph
         require_cuda("GpuBatcher (Route 1)")
         self.device = torch.device("cuda" if device is None else device)
         if self.device.type != "cuda":
@@ -79,7 +73,6 @@ class GpuBatcher:
         self._pinned: HostPinning | None = None
         self._cache: GpuCache | None = None
         self.cache_plan: CachePlan | None = None
-        self._next_epoch = 0
         self._active_epoch: object | None = None
         self._open()
 
@@ -115,10 +108,7 @@ class GpuBatcher:
 
     def _presample(self, count: int) -> Iterator[MiniBatch]:
         """The first `count` batches of a throw-away epoch (-1), made without a cache (DUCATI's pre-sampling)."""
-        order = self.epoch_order(-1).to(self.device)
-        for batch_index in range(min(count, self._num_batches(order))):
-            seeds = batch_seeds(order, batch_index, self.batch_size)
-            yield self._make_batch(seeds, batch_index, batch_seed(epoch_seed(self.seed, -1), batch_index))
+        return itertools.islice(self._batches(-1), count)
 
     @property
     def cache_bytes_used(self) -> int:
@@ -129,39 +119,23 @@ class GpuBatcher:
     def closed(self) -> bool:
         return self._pinned is None
 
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        return self._num_batches(self.seeds)
-
-    def _num_batches(self, order: torch.Tensor) -> int:
-        return batches_per_epoch(order.numel(), self.batch_size, self.drop_last)
-
-    def __iter__(self) -> Iterator[MiniBatch]:
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        return self.epoch(epoch)
-
-    def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The seeds in the order epoch `epoch` visits them (every batcher's order for the same seed)."""
-        return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
-
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """Starts epoch `epoch` (superseding any epoch in progress) and yields its batches in order, on the device."""
         if self.closed:
             self._open()
         token = object()
         self._active_epoch = token
-        return self._iterate(token, epoch)
+        return self._batches(epoch, token)
 
-    def _iterate(self, token: object, epoch: int) -> Iterator[MiniBatch]:
-        order = self.epoch_order(epoch)
-        on_device = order.to(self.device)
+    def _batches(self, epoch: int, token: object | None = None) -> Iterator[MiniBatch]:
+        """Epoch `epoch`'s batches; with a `token`, each only while that epoch is still the active one."""
+        order = self.epoch_order(epoch).to(self.device)
         seed_of_epoch = epoch_seed(self.seed, epoch)
-        for batch_index in range(self._num_batches(order)):
-            if self._active_epoch is not token:
+        for batch_index in range(len(self)):
+            if token is not None and self._active_epoch is not token:
                 raise RuntimeError("GpuBatcher: this epoch was superseded by a newer one (or the batcher was "
                                    "closed); iterate the new epoch")
-            seeds = batch_seeds(on_device, batch_index, self.batch_size)
+            seeds = batch_seeds(order, batch_index, self.batch_size)
             yield self._make_batch(seeds, batch_index, batch_seed(seed_of_epoch, batch_index))
 
     def _make_batch(self, seeds: torch.Tensor, batch_index: int, sampling_seed: int) -> MiniBatch:
@@ -184,9 +158,3 @@ class GpuBatcher:
         if self._pinned is not None:
             pinned, self._pinned = self._pinned, None
             pinned.close()
-
-    def __enter__(self) -> "GpuBatcher":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

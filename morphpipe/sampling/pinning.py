@@ -34,7 +34,6 @@ class PinnedTensor:
     name: str
     tensor: torch.Tensor
     registered: bool  # True when HostPinning registered it and must unregister it
-    copied: bool
 
 
 def mapped_file(tensor: torch.Tensor) -> str | None:
@@ -91,7 +90,7 @@ REGISTRATIONS = _Registrations()
 
 
 def _unregister_all(native_module, tensors: list[PinnedTensor]) -> list[str]:
-    """Releases what was registered; returns the failures as 'name: error'."""
+    """Releases what was registered; returns failures as 'name: error' (also an unclosed HostPinning's finaliser)."""
     failures = []
     for pinned in tensors:
         if pinned.registered:
@@ -100,11 +99,6 @@ def _unregister_all(native_module, tensors: list[PinnedTensor]) -> list[str]:
                 failures.append(f"{pinned.name}: {error}")
             pinned.registered = False
     return failures
-
-
-def _unregister_at_collection(native_module, tensors: list[PinnedTensor]) -> None:
-    """Finaliser for a HostPinning nobody closed: unregister, nothing to report to."""
-    _unregister_all(native_module, tensors)
 
 
 class HostPinning:
@@ -118,7 +112,7 @@ class HostPinning:
         self._native = require_cuda("pinning host memory for the GPU")
         self._read_only = bool(self._native.cuda_host_register_read_only_supported())
         self._tensors: list[PinnedTensor] = []
-        self._finalizer = weakref.finalize(self, _unregister_at_collection, self._native, self._tensors)
+        self._finalizer = weakref.finalize(self, _unregister_all, self._native, self._tensors)
         try:
             for name, tensor in tensors.items():
                 self._tensors.append(self._pin(name, tensor))
@@ -133,13 +127,13 @@ class HostPinning:
             raise PinningError(f"{name}: a non-contiguous tensor ({tuple(tensor.shape)}, strides {tensor.stride()}) "
                                "cannot be pinned in place; store it contiguous (tensor.contiguous()) first")
         if tensor.numel() == 0 or (tensor.is_pinned() and not REGISTRATIONS.holds(tensor)):
-            return PinnedTensor(name, tensor, registered=False, copied=False)
+            return PinnedTensor(name, tensor, registered=False)
         if self.mode == "copy":
-            return PinnedTensor(name, tensor.pin_memory(), registered=False, copied=True)
+            return PinnedTensor(name, tensor.pin_memory(), registered=False)
         error = REGISTRATIONS.acquire(self._native, tensor, self._read_only)
         if error:
             raise PinningError(self._refusal(name, tensor, error))
-        return PinnedTensor(name, tensor, registered=True, copied=False)
+        return PinnedTensor(name, tensor, registered=True)
 
     def _refusal(self, name: str, tensor: torch.Tensor, error: str) -> str:
         """Why CUDA refused to register `tensor`, and the fixes."""
@@ -156,16 +150,6 @@ class HostPinning:
             if pinned.name == name:
                 return pinned.tensor
         raise KeyError(f"{name!r} is not pinned here; pinned: {', '.join(p.name for p in self._tensors)}")
-
-    @property
-    def registered_names(self) -> list[str]:
-        """Names of the tensors registered in place (and not yet unregistered)."""
-        return [pinned.name for pinned in self._tensors if pinned.registered]
-
-    @property
-    def copied_bytes(self) -> int:
-        """Host bytes spent on pinned copies (mode 'copy')."""
-        return sum(p.tensor.numel() * p.tensor.element_size() for p in self._tensors if p.copied)
 
     @property
     def closed(self) -> bool:
