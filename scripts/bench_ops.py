@@ -45,6 +45,7 @@ from morphpipe.data.generators import COMMUNITY, GeneratorSpec, generate
 from morphpipe.nn import GATConv, GCNConv, SAGEConv
 from morphpipe.ops.choice import DECISIONS
 from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
+from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.sampling import sample_neighbors
 from morphpipe.sampling.minibatch import Block
 
@@ -280,14 +281,14 @@ def time_case(case: Case, repeats: int) -> Result:
 
 def machine() -> dict[str, object]:
     """What the numbers were measured on."""
-    cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
     import torch_geometric
 
+    facts = HardwareFacts.detect()
     return {
-        "cpu": cpu.group(1) if cpu else platform.processor(),
-        "cores": os.cpu_count(),
+        "cpu": facts.cpu_model,
+        "cores": facts.logical_cores,
         "threads": torch.get_num_threads(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "memory_gib": round(facts.memory_bytes / 2**30, 1),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_geometric": torch_geometric.__version__,

@@ -131,11 +131,17 @@ class _Candidates:
     cost: torch.Tensor
     saved: torch.Tensor
 
+    def order(self) -> torch.Tensor:
+        """The permutation putting the best PCIe bytes saved per device byte first (ties: stored order)."""
+        density = self.saved.double() / self.cost.double()
+        return torch.sort(density, descending=True, stable=True).indices
+
+    def reordered(self, order: torch.Tensor) -> "_Candidates":
+        return _Candidates(self.nodes[order], self.cost[order], self.saved[order])
+
     def ranked(self) -> "_Candidates":
         """Best PCIe bytes saved per device byte first (ties: lower node id first, for determinism)."""
-        density = self.saved.double() / self.cost.double()
-        order = torch.sort(density, descending=True, stable=True).indices
-        return _Candidates(self.nodes[order], self.cost[order], self.saved[order])
+        return self.reordered(self.order())
 
     def prefix(self, budget: int) -> int:
         """How many of the ranked candidates fit in `budget` bytes."""
@@ -198,10 +204,8 @@ def plan_cache(
                        torch.cat([features.saved, adjacency.saved]))
     is_list = torch.cat([torch.zeros(features.nodes.numel(), dtype=torch.bool),
                          torch.ones(adjacency.nodes.numel(), dtype=torch.bool)])
-    density = both.saved / both.cost.double()
-    order = torch.sort(density, descending=True, stable=True).indices
-    taken = _Candidates(both.nodes[order], both.cost[order], both.saved[order]).prefix(
-        budget_bytes - table - adjacency_fixed)
+    order = both.order()
+    taken = both.reordered(order).prefix(budget_bytes - table - adjacency_fixed)
     chosen_lists = is_list[order][:taken]
     options.append(build(int((~chosen_lists).sum()), features, int(chosen_lists.sum()), adjacency))
     return max(options, key=lambda plan: (plan.expected_saved_bytes, -plan.total_bytes))
