@@ -20,6 +20,18 @@ inline acc_t leaky(acc_t raw, acc_t slope) {
   return raw > acc_t(0) ? raw : raw * slope;
 }
 
+// d leaky(raw) / d raw.
+template <typename acc_t>
+inline acc_t leaky_grad(acc_t raw, acc_t slope) {
+  return raw > acc_t(0) ? acc_t(1) : slope;
+}
+
+// Attention weight of an edge with score `raw`: softmax over the destination's edges, from its max and 1/sum.
+template <typename acc_t>
+inline acc_t attention(acc_t raw, acc_t slope, acc_t peak, acc_t inv) {
+  return std::exp(leaky(raw, slope) - peak) * inv;
+}
+
 // Sizes of one GAT call: h_heads is heads, or 1 when every head shares the features.
 struct GatShape {
   int64_t num_src, num_dst, heads, h_heads, F;
@@ -79,13 +91,13 @@ void gat_forward_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* 
         const int64_t n = std::min(kFeatureTile, F - f0);
         std::fill(buf, buf + n, acc_t(0));
         if (self_loop) {
-          const acc_t a = std::exp(leaky(ss[i * H + k] + sdk, slope) - peak) * inv;
+          const acc_t a = attention(ss[i * H + k] + sdk, slope, peak, inv);
           axpy(buf, h + i * h_row + hk * F + f0, a, n);
         }
         for (int64_t e = beg; e < end; ++e) {
           if (e + kPrefetchEdges < nnz) prefetch_row(h + idx[e + kPrefetchEdges] * h_row + hk * F + f0, n);
           const int64_t j = idx[e];
-          const acc_t a = std::exp(leaky(ss[j * H + k] + sdk, slope) - peak) * inv;
+          const acc_t a = attention(ss[j * H + k] + sdk, slope, peak, inv);
           axpy(buf, h + j * h_row + hk * F + f0, a, n);
         }
         for (int64_t f = 0; f < n; ++f) o[f0 + f] = static_cast<scalar_t>(buf[f]);
@@ -127,14 +139,14 @@ void gat_backward_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t*
       acc_t expected = 0;  // sum_e alpha_e dalpha_e = dot(g_i, out_i)
       acc_t a_self = 0, da_self = 0;
       if (self_loop) {
-        a_self = std::exp(leaky(ss[i * H + k] + sdk, slope) - peak) * inv;
+        a_self = attention(ss[i * H + k] + sdk, slope, peak, inv);
         da_self = dot(gi, h + i * h_row + hk * F);
         expected += a_self * da_self;
       }
       for (int64_t e = beg; e < end; ++e) {
         if (e + kPrefetchEdges < nnz) prefetch_row(h + idx[e + kPrefetchEdges] * h_row + hk * F, F);
         const int64_t j = idx[e];
-        const acc_t a = std::exp(leaky(ss[j * H + k] + sdk, slope) - peak) * inv;
+        const acc_t a = attention(ss[j * H + k] + sdk, slope, peak, inv);
         const acc_t da = dot(gi, h + j * h_row + hk * F);
         alpha[e * H + k] = a;
         grad_edge[e * H + k] = da;
@@ -143,14 +155,14 @@ void gat_backward_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t*
       acc_t dst_total = 0;
       if (self_loop) {
         const acc_t raw = ss[i * H + k] + sdk;
-        const acc_t d = a_self * (da_self - expected) * (raw > acc_t(0) ? acc_t(1) : slope);
+        const acc_t d = a_self * (da_self - expected) * leaky_grad(raw, slope);
         alpha_self[i * H + k] = a_self;
         grad_self[i * H + k] = d;
         dst_total += d;
       }
       for (int64_t e = beg; e < end; ++e) {
         const acc_t raw = ss[idx[e] * H + k] + sdk;
-        const acc_t d = alpha[e * H + k] * (grad_edge[e * H + k] - expected) * (raw > acc_t(0) ? acc_t(1) : slope);
+        const acc_t d = alpha[e * H + k] * (grad_edge[e * H + k] - expected) * leaky_grad(raw, slope);
         grad_edge[e * H + k] = d;
         dst_total += d;
       }

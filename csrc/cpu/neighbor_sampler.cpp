@@ -8,12 +8,6 @@
 
 namespace morphpipe {
 
-namespace {
-// Above this fanout, membership checks in Floyd's algorithm would cost more than a
-// partial Fisher-Yates over the neighbour offsets.
-constexpr int64_t kFloydMaxFanout = 64;
-}  // namespace
-
 void check_topology(const at::Tensor& indptr, const at::Tensor& indices) {
   TORCH_CHECK(indptr.device().is_cpu() && indices.device().is_cpu(),
               "graph topology: indptr and indices must be CPU tensors");
@@ -31,7 +25,7 @@ void check_topology(const at::Tensor& indptr, const at::Tensor& indices) {
               " but indices has ", indices.numel(), " entries; rebuild the CSC");
 }
 
-void check_fanouts(const std::vector<int64_t>& fanouts) {
+void check_fanouts(at::IntArrayRef fanouts) {
   TORCH_CHECK(!fanouts.empty(), "fanouts: need at least one hop, e.g. [15, 10, 5]");
   for (size_t hop = 0; hop < fanouts.size(); ++hop) {
     TORCH_CHECK(fanouts[hop] == -1 || fanouts[hop] > 0, "fanouts[", hop, "] = ", fanouts[hop],

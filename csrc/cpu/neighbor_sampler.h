@@ -59,8 +59,12 @@ class NeighborSampler {
 // Validates the graph topology tensors handed to native code (dtypes, shapes, contiguity).
 void check_topology(const at::Tensor& indptr, const at::Tensor& indices);
 
+// Up to this fanout a neighbour list is sampled by Floyd's algorithm; above it, Floyd's membership checks
+// would cost more than a partial Fisher-Yates over the offsets (CPU) or reservoir sampling (GPU).
+constexpr int64_t kFloydMaxFanout = 64;
+
 // Validates fanouts: each is -1 (all neighbours) or positive.
-void check_fanouts(const std::vector<int64_t>& fanouts);
+void check_fanouts(at::IntArrayRef fanouts);
 
 // Copies rows `rows[0..count)` of the 2-D contiguous `source` into the rows of `out`.
 void gather_rows_into(const at::Tensor& source, const int64_t* rows, int64_t count, at::Tensor& out);

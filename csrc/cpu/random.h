@@ -6,7 +6,14 @@
 
 namespace morphpipe {
 
-inline uint64_t splitmix64(uint64_t x) {
+#ifdef __CUDACC__
+#define MORPHPIPE_HOST_DEVICE __host__ __device__
+#else
+#define MORPHPIPE_HOST_DEVICE
+#endif
+
+// splitmix64's finaliser: a bijective 64-bit mix (seeds xoshiro here; the GPU sampler's counter-based draws).
+MORPHPIPE_HOST_DEVICE inline uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;

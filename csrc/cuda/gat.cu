@@ -19,6 +19,18 @@ __device__ __forceinline__ acc_t leaky(acc_t raw, acc_t slope) {
   return raw > acc_t(0) ? raw : raw * slope;
 }
 
+// d leaky(raw) / d raw.
+template <typename acc_t>
+__device__ __forceinline__ acc_t leaky_grad(acc_t raw, acc_t slope) {
+  return raw > acc_t(0) ? acc_t(1) : slope;
+}
+
+// Attention weight of an edge with score `raw`: softmax over the destination's edges, from its max and 1/sum.
+template <typename acc_t>
+__device__ __forceinline__ acc_t attention(acc_t raw, acc_t slope, acc_t peak, acc_t inv) {
+  return exp(leaky(raw, slope) - peak) * inv;
+}
+
 struct GatShape {
   int64_t num_src, num_dst, heads, h_heads, F, nnz;
 };
@@ -68,7 +80,7 @@ __global__ void gat_forward_kernel(const int64_t* __restrict__ indptr, const int
       for (int64_t e = begin; e < end; ++e) {
         const int64_t j = indices[e];
         if (!valid_index(j, s.num_src)) continue;
-        const acc_t a = exp(leaky(ss[j * H + k] + sdk, slope) - peak) * inv;
+        const acc_t a = attention(ss[j * H + k] + sdk, slope, peak, inv);
         acc += a * static_cast<acc_t>(h[j * h_row + hk * F + f]);
       }
       o[f] = static_cast<scalar_t>(acc);
@@ -108,7 +120,7 @@ __global__ void gat_backward_kernel(const int64_t* __restrict__ indptr, const in
     acc_t expected = 0;  // sum_e alpha_e dalpha_e = dot(g_i, out_i)
     acc_t a_self = 0, da_self = 0;
     if (self_loop) {
-      a_self = exp(leaky(ss[i * H + k] + sdk, slope) - peak) * inv;
+      a_self = attention(ss[i * H + k] + sdk, slope, peak, inv);
       acc_t part = 0;
       for (int64_t f = lane; f < F; f += G)
         part += static_cast<acc_t>(gi[f]) * static_cast<acc_t>(h[i * h_row + hk * F + f]);
@@ -118,7 +130,7 @@ __global__ void gat_backward_kernel(const int64_t* __restrict__ indptr, const in
     for (int64_t e = begin; e < end; ++e) {
       const int64_t j = indices[e];
       const bool ok = valid_index(j, s.num_src);
-      const acc_t a = ok ? exp(leaky(ss[j * H + k] + sdk, slope) - peak) * inv : acc_t(0);
+      const acc_t a = ok ? attention(ss[j * H + k] + sdk, slope, peak, inv) : acc_t(0);
       acc_t part = 0;
       if (ok) {
         for (int64_t f = lane; f < F; f += G)
@@ -135,7 +147,7 @@ __global__ void gat_backward_kernel(const int64_t* __restrict__ indptr, const in
     acc_t dst_total = 0;
     if (self_loop && lane == 0) {
       const acc_t raw = ss[i * H + k] + sdk;
-      const acc_t d = a_self * (da_self - expected) * (raw > acc_t(0) ? acc_t(1) : slope);
+      const acc_t d = a_self * (da_self - expected) * leaky_grad(raw, slope);
       alpha_self[i * H + k] = a_self;
       grad_self[i * H + k] = d;
       dst_total += d;
@@ -143,7 +155,7 @@ __global__ void gat_backward_kernel(const int64_t* __restrict__ indptr, const in
     for (int64_t e = begin + lane; e < end; e += G) {
       const int64_t j = indices[e];
       const acc_t raw = valid_index(j, s.num_src) ? ss[j * H + k] + sdk : acc_t(0);
-      const acc_t d = alpha[e * H + k] * (grad_edge[e * H + k] - expected) * (raw > acc_t(0) ? acc_t(1) : slope);
+      const acc_t d = alpha[e * H + k] * (grad_edge[e * H + k] - expected) * leaky_grad(raw, slope);
       grad_edge[e * H + k] = d;
       dst_total += d;
     }

@@ -48,7 +48,7 @@ int vector_bytes(int64_t row_bytes, std::initializer_list<const void*> bases) {
 // Threads per row: vectors per row rounded up to a power of two, at most a warp.
 int threads_per_row(int64_t row_vectors) {
   int group = 1;
-  while (group < row_vectors && group < kUvaWarp) group *= 2;
+  while (group < row_vectors && group < kWarp) group *= 2;
   return group;
 }
 
@@ -58,8 +58,8 @@ void launch(const char* source, const char* cache, const int32_t* slot, const in
   const int group = threads_per_row(row_bytes / static_cast<int64_t>(sizeof(vector_t)));
   const int64_t threads = count * group;
   const auto blocks = static_cast<unsigned>(
-      std::min<int64_t>((threads + kUvaThreadsPerBlock - 1) / kUvaThreadsPerBlock, int64_t{1} << 20));
-  gather_rows_kernel<vector_t><<<blocks, kUvaThreadsPerBlock, 0, uva_stream()>>>(
+      std::min<int64_t>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock, int64_t{1} << 20));
+  gather_rows_kernel<vector_t><<<blocks, kThreadsPerBlock, 0, current_stream()>>>(
       source, cache, slot, index, count, num_rows, row_bytes, group, out, status);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

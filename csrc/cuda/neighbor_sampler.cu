@@ -22,13 +22,13 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/neighbor_sampler.h"
 #include "uva.cuh"
 
 namespace morphpipe::cuda {
 namespace {
 
-constexpr int64_t kFloydMaxFanout = 64;
-constexpr int kWarpsPerBlock = kUvaThreadsPerBlock / kUvaWarp;
+constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarp;
 constexpr int64_t kEmptyKey = -1;
 
 // Neighbour lists: a device cache for hot nodes (slot >= 0), pinned host memory over UVA for the rest.
@@ -134,8 +134,8 @@ template <typename index_t>
 __global__ void sample_kernel(const int64_t* lists, const int64_t* degrees, const int64_t* indptr, int64_t num_dst,
                               int64_t num_nodes, uint64_t hop_key, int64_t* out, int64_t* status) {
   __shared__ int64_t chosen_shared[kWarpsPerBlock][kFloydMaxFanout];
-  const int lane = threadIdx.x % kUvaWarp;
-  const int warp_in_block = threadIdx.x / kUvaWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int warp_in_block = threadIdx.x / kWarp;
   int64_t* chosen = chosen_shared[warp_in_block];
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t dst = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + warp_in_block; dst < num_dst; dst += warps) {
@@ -145,10 +145,10 @@ __global__ void sample_kernel(const int64_t* lists, const int64_t* degrees, cons
     const int64_t taken = indptr[dst + 1] - begin;
     int64_t* target = out + begin;
     if (taken == degree) {
-      for (int64_t k = lane; k < degree; k += kUvaWarp) target[k] = neighbour_at(list, k, num_nodes, status);
+      for (int64_t k = lane; k < degree; k += kWarp) target[k] = neighbour_at(list, k, num_nodes, status);
       continue;
     }
-    const uint64_t key = mix64(hop_key ^ static_cast<uint64_t>(dst));
+    const uint64_t key = splitmix64(hop_key ^ static_cast<uint64_t>(dst));
     if (taken <= kFloydMaxFanout) {
       // Floyd: for upper in [degree - taken, degree) draw t in [0, upper]; take t unless already taken, else upper.
       int64_t count = 0;
@@ -156,23 +156,23 @@ __global__ void sample_kernel(const int64_t* lists, const int64_t* degrees, cons
         const auto draw = static_cast<int64_t>(uniform_below(key, static_cast<uint64_t>(upper),
                                                              static_cast<uint64_t>(upper) + 1));
         bool seen = false;
-        for (int64_t k = lane; k < count; k += kUvaWarp) seen |= chosen[k] == draw;
+        for (int64_t k = lane; k < count; k += kWarp) seen |= chosen[k] == draw;
         seen = __any_sync(0xFFFFFFFFu, seen);
         if (lane == 0) chosen[count] = seen ? upper : draw;
         __syncwarp();
       }
-      for (int64_t k = lane; k < taken; k += kUvaWarp) target[k] = neighbour_at(list, chosen[k], num_nodes, status);
+      for (int64_t k = lane; k < taken; k += kWarp) target[k] = neighbour_at(list, chosen[k], num_nodes, status);
       __syncwarp();
     } else {
       // Algorithm R: slot j keeps the last offset i that drew j, i.e. the largest, hence atomicMax.
-      for (int64_t k = lane; k < taken; k += kUvaWarp) target[k] = k;
+      for (int64_t k = lane; k < taken; k += kWarp) target[k] = k;
       __syncwarp();
-      for (int64_t i = taken + lane; i < degree; i += kUvaWarp) {
+      for (int64_t i = taken + lane; i < degree; i += kWarp) {
         const auto j = static_cast<int64_t>(uniform_below(key, static_cast<uint64_t>(i), static_cast<uint64_t>(i) + 1));
         if (j < taken) atomicMax(reinterpret_cast<unsigned long long*>(target + j), static_cast<unsigned long long>(i));
       }
       __syncwarp();
-      for (int64_t k = lane; k < taken; k += kUvaWarp) target[k] = neighbour_at(list, target[k], num_nodes, status);
+      for (int64_t k = lane; k < taken; k += kWarp) target[k] = neighbour_at(list, target[k], num_nodes, status);
     }
   }
 }
@@ -217,9 +217,6 @@ __global__ void relabel_kernel(const int64_t* slots, const int64_t* values, int6
   out[e] = slots[e] >= 0 ? values[slots[e]] : 0;
 }
 
-unsigned blocks_for_threads(int64_t threads) {
-  return static_cast<unsigned>((std::max<int64_t>(threads, 1) + kUvaThreadsPerBlock - 1) / kUvaThreadsPerBlock);
-}
 
 // The device hash table from global to local id: keys (-1 empty) and values, a power-of-two size.
 struct NodeTable {
@@ -271,14 +268,6 @@ void check_host_topology(const at::Tensor& indptr, const at::Tensor& indices, co
               ": indices must be int32 or int64, got ", indices.scalar_type());
 }
 
-void check_fanout_values(at::IntArrayRef fanouts, const char* op) {
-  TORCH_CHECK(!fanouts.empty(), op, ": fanouts needs at least one hop, e.g. [15, 10, 5]");
-  for (size_t hop = 0; hop < fanouts.size(); ++hop) {
-    TORCH_CHECK(fanouts[hop] == -1 || fanouts[hop] > 0, op, ": fanouts[", hop, "] = ", fanouts[hop],
-                ": a fanout is a positive neighbour count or -1 for all neighbours");
-  }
-}
-
 template <typename index_t>
 std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
     const Topology<index_t>& topology, const at::Tensor& seeds, at::IntArrayRef fanouts, int64_t seed) {
@@ -287,11 +276,11 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
   const int64_t num_seeds = seeds.numel();
   const at::Tensor status = new_status(device);
   int64_t* status_data = status.data_ptr<int64_t>();
-  const cudaStream_t stream = uva_stream();
+  const cudaStream_t stream = current_stream();
 
   NodeTable table(num_seeds, options);
   at::Tensor nodes = at::empty({std::max<int64_t>(num_seeds, 1)}, options);
-  insert_seeds_kernel<<<blocks_for_threads(num_seeds), kUvaThreadsPerBlock, 0, stream>>>(
+  insert_seeds_kernel<<<blocks_for(num_seeds, 1), kThreadsPerBlock, 0, stream>>>(
       seeds.data_ptr<int64_t>(), num_seeds, topology.num_nodes, table.keys.data_ptr<int64_t>(),
       table.values.data_ptr<int64_t>(), table.mask, table.shift, nodes.data_ptr<int64_t>(), status_data);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -304,7 +293,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
     const at::Tensor lists = at::empty({num_dst}, options);
     const at::Tensor degrees = at::empty({num_dst}, options);
     const at::Tensor taken = at::empty({num_dst}, options);
-    count_kernel<index_t><<<blocks_for_threads(num_dst), kUvaThreadsPerBlock, 0, stream>>>(
+    count_kernel<index_t><<<blocks_for(num_dst, 1), kThreadsPerBlock, 0, stream>>>(
         topology, nodes.data_ptr<int64_t>(), num_dst, fanouts[hop], lists.data_ptr<int64_t>(),
         degrees.data_ptr<int64_t>(), taken.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -316,12 +305,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
                 "one batch would hold more than 2^31 nodes; use a smaller batch_size or smaller fanouts");
 
     at::Tensor sampled = at::empty({nnz}, options);
-    const uint64_t hop_key = mix64(mix64(static_cast<uint64_t>(seed)) ^ (static_cast<uint64_t>(hop) + 1));
+    const uint64_t hop_key = splitmix64(splitmix64(static_cast<uint64_t>(seed)) ^ (static_cast<uint64_t>(hop) + 1));
     if (nnz > 0) {
       const int64_t warps_needed = num_dst;
       const auto blocks = static_cast<unsigned>(
           std::min<int64_t>((warps_needed + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 20));
-      sample_kernel<index_t><<<blocks, kUvaThreadsPerBlock, 0, stream>>>(
+      sample_kernel<index_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
           lists.data_ptr<int64_t>(), degrees.data_ptr<int64_t>(), indptr.data_ptr<int64_t>(), num_dst,
           topology.num_nodes, hop_key, sampled.data_ptr<int64_t>(), status_data);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -331,7 +320,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
     const int64_t bound = std::min(num_known + nnz, topology.num_nodes);
     if (table.capacity() < 2 * bound) {
       NodeTable larger(bound, options);
-      reinsert_kernel<<<blocks_for_threads(num_known), kUvaThreadsPerBlock, 0, stream>>>(
+      reinsert_kernel<<<blocks_for(num_known, 1), kThreadsPerBlock, 0, stream>>>(
           nodes.data_ptr<int64_t>(), num_known, larger.keys.data_ptr<int64_t>(), larger.values.data_ptr<int64_t>(),
           larger.mask, larger.shift);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -348,20 +337,20 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
     at::Tensor local = at::empty({nnz}, options);
     int64_t num_new = 0;
     if (nnz > 0) {
-      insert_edges_kernel<<<blocks_for_threads(nnz), kUvaThreadsPerBlock, 0, stream>>>(
+      insert_edges_kernel<<<blocks_for(nnz, 1), kThreadsPerBlock, 0, stream>>>(
           sampled.data_ptr<int64_t>(), nnz, num_known, table.keys.data_ptr<int64_t>(), table.values.data_ptr<int64_t>(),
           table.mask, table.shift, slots.data_ptr<int64_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      first_occurrence_kernel<<<blocks_for_threads(nnz), kUvaThreadsPerBlock, 0, stream>>>(
+      first_occurrence_kernel<<<blocks_for(nnz, 1), kThreadsPerBlock, 0, stream>>>(
           slots.data_ptr<int64_t>(), table.values.data_ptr<int64_t>(), nnz, num_known, first.data_ptr<int64_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       const at::Tensor rank = at::cumsum(first, 0);
       num_new = read_back(status, {rank.narrow(0, nnz - 1, 1)}, topology.num_nodes)[0];
-      assign_kernel<<<blocks_for_threads(nnz), kUvaThreadsPerBlock, 0, stream>>>(
+      assign_kernel<<<blocks_for(nnz, 1), kThreadsPerBlock, 0, stream>>>(
           sampled.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), first.data_ptr<int64_t>(), rank.data_ptr<int64_t>(),
           nnz, num_known, table.values.data_ptr<int64_t>(), nodes.data_ptr<int64_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      relabel_kernel<<<blocks_for_threads(nnz), kUvaThreadsPerBlock, 0, stream>>>(
+      relabel_kernel<<<blocks_for(nnz, 1), kThreadsPerBlock, 0, stream>>>(
           slots.data_ptr<int64_t>(), table.values.data_ptr<int64_t>(), nnz, local.data_ptr<int64_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
@@ -381,7 +370,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample_
   TORCH_CHECK(seeds.dim() == 1 && seeds.scalar_type() == at::kLong, op,
               ": seeds must be a 1-D int64 tensor of node ids, got ", seeds.scalar_type(), " ", seeds.sizes());
   check_host_topology(indptr, indices, op);
-  check_fanout_values(fanouts, op);
+  check_fanouts(fanouts);
   const auto device = seeds.device();
   const c10::cuda::CUDAGuard guard(device);
   const int64_t num_nodes = indptr.numel() - 1;

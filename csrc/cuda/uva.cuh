@@ -1,7 +1,7 @@
 // Shared by the Route 1 (GPU batching) kernels: addresses of tensors the GPU reads over unified
 // virtual addressing (pinned host memory) or from its own memory, a counter-based random source,
 // and a small device status record through which kernels report bad ids instead of reading them.
-// Only c10's CUDA headers are used, as in aggregate_common.cuh.
+// Only c10's CUDA headers are used; launch constants and the stream come from aggregate_common.cuh.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,14 +11,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
+
+#include "cpu/random.h"
+#include "cuda/aggregate_common.cuh"
 
 namespace morphpipe::cuda {
-
-constexpr int kUvaThreadsPerBlock = 256;
-constexpr int kUvaWarp = 32;
-
-inline cudaStream_t uva_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
 // The address a kernel on `device` dereferences to read `t`: its own for a CUDA tensor there, the
 // mapped address for a page-locked host tensor (cudaHostRegister'ed or allocated pinned). Pageable
@@ -43,21 +40,13 @@ inline const void* device_address(const at::Tensor& t, const at::Device& device,
   return attributes.devicePointer;
 }
 
-// splitmix64's finaliser: a bijective 64-bit mix.
-__host__ __device__ __forceinline__ uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
 // Counter-based draws: the value depends only on (key, counter), never on which thread or in which
 // order it is drawn, so sampling is deterministic for a seed whatever the launch configuration.
 // Uniform in [0, bound): Lemire's multiply-high with rejection of the biased low products.
 __device__ __forceinline__ uint64_t uniform_below(uint64_t key, uint64_t counter, uint64_t bound) {
-  const uint64_t stream = mix64(key ^ mix64(counter));
+  const uint64_t stream = splitmix64(key ^ splitmix64(counter));
   for (uint64_t attempt = 0;; ++attempt) {
-    const uint64_t draw = mix64(stream + attempt * 0xD1B54A32D192ED03ULL);
+    const uint64_t draw = splitmix64(stream + attempt * 0xD1B54A32D192ED03ULL);
     const uint64_t low = draw * bound;
     if (low >= bound || low >= (0 - bound) % bound) return __umul64hi(draw, bound);
   }
