@@ -307,9 +307,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
     at::Tensor sampled = at::empty({nnz}, options);
     const uint64_t hop_key = splitmix64(splitmix64(static_cast<uint64_t>(seed)) ^ (static_cast<uint64_t>(hop) + 1));
     if (nnz > 0) {
-      const int64_t warps_needed = num_dst;
       const auto blocks = static_cast<unsigned>(
-          std::min<int64_t>((warps_needed + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 20));
+          std::min<int64_t>((num_dst + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 20));  // a warp per destination
       sample_kernel<index_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
           lists.data_ptr<int64_t>(), degrees.data_ptr<int64_t>(), indptr.data_ptr<int64_t>(), num_dst,
           topology.num_nodes, hop_key, sampled.data_ptr<int64_t>(), status_data);
