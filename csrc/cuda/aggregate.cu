@@ -20,10 +20,9 @@ __global__ void spmm_sum_kernel(const int64_t* __restrict__ indptr, const int64_
                                 const acc_type<scalar_t>* __restrict__ ds, bool self_loop, int64_t rows, int64_t nnz,
                                 const int64_t* __restrict__ order, scalar_t* __restrict__ out) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!group_row(group, rows, order, indptr, nnz, i, begin, end)) return;
+  if (!this_group_row<G>(rows, order, indptr, nnz, i, begin, end)) return;
   const acc_t scale = ds ? ds[i] : acc_t(1);
   const bool self = self_loop && i < num_x;
   const acc_t self_coef = self ? (ss ? ss[i] : acc_t(1)) : acc_t(0);
@@ -47,10 +46,9 @@ __global__ void spmm_sum_scatter_kernel(const int64_t* __restrict__ indptr, cons
                                         const acc_type<scalar_t>* __restrict__ ds, bool self_loop, int64_t rows,
                                         int64_t num_src, int64_t nnz, acc_type<scalar_t>* __restrict__ out) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!group_row(group, rows, nullptr, indptr, nnz, i, begin, end)) return;
+  if (!this_group_row<G>(rows, nullptr, indptr, nnz, i, begin, end)) return;
   const acc_t scale = ds ? ds[i] : acc_t(1);
   for (int64_t f = lane; f < F; f += G) {
     const acc_t gv = scale * static_cast<acc_t>(g[i * F + f]);
@@ -70,10 +68,9 @@ __global__ void spmm_max_kernel(const int64_t* __restrict__ indptr, const int64_
                                 const int64_t* __restrict__ order, scalar_t* __restrict__ out,
                                 int64_t* __restrict__ arg) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!group_row(group, rows, order, indptr, nnz, i, begin, end)) return;
+  if (!this_group_row<G>(rows, order, indptr, nnz, i, begin, end)) return;
   for (int64_t f = lane; f < F; f += G) {
     acc_t best = -std::numeric_limits<acc_t>::infinity();
     int64_t where = -1;
@@ -115,10 +112,9 @@ __global__ void sddmm_kernel(const int64_t* __restrict__ indptr, const int64_t* 
                              const scalar_t* __restrict__ a, const scalar_t* __restrict__ b, int64_t num_src,
                              int64_t F, int64_t rows, int64_t nnz, acc_type<scalar_t>* __restrict__ out) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!group_row(group, rows, nullptr, indptr, nnz, i, begin, end)) return;
+  if (!this_group_row<G>(rows, nullptr, indptr, nnz, i, begin, end)) return;
   const unsigned mask = group_mask<G>();
   for (int64_t e = begin; e < end; ++e) {
     const int64_t j = indices[e];
@@ -136,8 +132,7 @@ __global__ void sddmm_kernel(const int64_t* __restrict__ indptr, const int64_t* 
 __global__ void edge_rows_kernel(const int64_t* __restrict__ indptr, int64_t rows, int64_t nnz,
                                  int64_t* __restrict__ dst) {
   int64_t i, begin, end;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (!group_row(row, rows, nullptr, indptr, nnz, i, begin, end)) return;
+  if (!this_group_row<1>(rows, nullptr, indptr, nnz, i, begin, end)) return;
   for (int64_t e = begin; e < end; ++e) dst[e] = i;
 }
 

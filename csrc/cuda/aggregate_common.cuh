@@ -108,6 +108,14 @@ __device__ __forceinline__ bool group_row(int64_t group, int64_t rows, const int
   return true;
 }
 
+// group_row for the calling thread's group, groups being G consecutive threads of the launch.
+template <int G>
+__device__ __forceinline__ bool this_group_row(int64_t rows, const int64_t* order, const int64_t* indptr, int64_t nnz,
+                                               int64_t& row, int64_t& begin, int64_t& end) {
+  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
+  return group_row(group, rows, order, indptr, nnz, row, begin, end);
+}
+
 // `index` is a valid row of a table with `size` rows (asserted; callers skip it otherwise).
 __device__ __forceinline__ bool valid_index(int64_t index, int64_t size) {
   CUDA_KERNEL_ASSERT(index >= 0 && index < size && "index outside [0, num_src)");

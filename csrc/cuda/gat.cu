@@ -42,10 +42,9 @@ __global__ void gat_forward_kernel(const int64_t* __restrict__ indptr, const int
                                    GatShape s, const int64_t* __restrict__ order, scalar_t* __restrict__ out,
                                    acc_type<scalar_t>* __restrict__ row_max, acc_type<scalar_t>* __restrict__ row_sum) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!group_row(group, s.num_dst, order, indptr, s.nnz, i, begin, end)) return;
+  if (!this_group_row<G>(s.num_dst, order, indptr, s.nnz, i, begin, end)) return;
   const unsigned mask = group_mask<G>();
   const int64_t H = s.heads, F = s.F, h_row = s.h_heads * s.F;
   for (int64_t k = 0; k < H; ++k) {
@@ -101,10 +100,9 @@ __global__ void gat_backward_kernel(const int64_t* __restrict__ indptr, const in
                                     acc_type<scalar_t>* __restrict__ grad_self,
                                     acc_type<scalar_t>* __restrict__ grad_dst) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!group_row(group, s.num_dst, order, indptr, s.nnz, i, begin, end)) return;
+  if (!this_group_row<G>(s.num_dst, order, indptr, s.nnz, i, begin, end)) return;
   const unsigned mask = group_mask<G>();
   const int64_t H = s.heads, F = s.F, h_row = s.h_heads * s.F;
   for (int64_t k = 0; k < H; ++k) {
@@ -172,10 +170,9 @@ __global__ void gat_grad_h_kernel(const int64_t* __restrict__ tptr, const int64_
                                   int64_t num_src, int64_t num_dst, int64_t H, int64_t hh, int64_t F, int64_t nnz,
                                   scalar_t* __restrict__ out) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
   int64_t j, begin, end;
-  if (!group_row(group, num_src, nullptr, tptr, nnz, j, begin, end)) return;
+  if (!this_group_row<G>(num_src, nullptr, tptr, nnz, j, begin, end)) return;
   for (int64_t hk = 0; hk < hh; ++hk) {
     const int64_t k_begin = hh == 1 ? 0 : hk, k_end = hh == 1 ? H : hk + 1;
     for (int64_t f = lane; f < F; f += G) {
@@ -201,10 +198,9 @@ __global__ void gat_grad_h_scatter_kernel(const int64_t* __restrict__ indptr, co
                                           const scalar_t* __restrict__ g, int64_t num_src, int64_t num_dst, int64_t H,
                                           int64_t hh, int64_t F, int64_t nnz, acc_type<scalar_t>* __restrict__ out) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!group_row(group, num_dst, nullptr, indptr, nnz, i, begin, end)) return;
+  if (!this_group_row<G>(num_dst, nullptr, indptr, nnz, i, begin, end)) return;
   for (int64_t k = 0; k < H; ++k) {
     const int64_t hk = hh == 1 ? 0 : k;
     for (int64_t f = lane; f < F; f += G) {
