@@ -223,3 +223,120 @@ def test_sampler_refuses_indptr_that_does_not_end_at_the_edge_count():
     short = graph.indices[:-3].clone()
     with pytest.raises(RuntimeError, match=r"indptr\[-1\] = \d+ but indices has \d+ entries"):
         native.ops().sample_neighbors(graph.indptr, short, torch.arange(4), [3, 2], 0)
+
+
+# --- on a CUDA device: the kernels themselves ---------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cuda_kernels():
+    """The ops, or a skip when this machine's CUDA kernels were not built."""
+    from morphpipe.ops import fused
+
+    problem = fused.unavailable("cuda")
+    if problem is not None:
+        pytest.skip(f"the CUDA kernels were not built: {problem}")
+    return native.ops()
+
+
+@cuda
+@pytest.mark.parametrize("bad", ["index", "indptr", "row_order"])
+def test_a_bad_structure_raises_and_leaves_the_cuda_context_usable(bad):
+    kernels = cuda_kernels()
+    indptr = torch.tensor([0, 2, 4], device="cuda")
+    indices = torch.tensor([1, 2, 0, 9 if bad == "index" else 3], device="cuda")
+    if bad == "indptr":
+        indptr = torch.tensor([0, 3, 2], device="cuda")
+    order = torch.tensor([1, 5], device="cuda") if bad == "row_order" else None
+    x = torch.randn(5, 8, device="cuda")
+    message = {"index": r"indices\[3\] = 9 is outside", "indptr": "nondecreasing", "row_order": "permutation"}[bad]
+    for call in (lambda: kernels.spmm_sum(indptr, indices, x, None, None, None, False, order),
+                 lambda: kernels.spmm_max(indptr, indices, x, None, order)):
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    torch.cuda.synchronize()
+    assert torch.ones(3, device="cuda").sum().item() == 3  # no sticky device-side assert
+
+
+@cuda
+def test_cuda_max_treats_nans_as_the_cpu_kernel_does():
+    kernels = cuda_kernels()
+    nan = float("nan")
+    x = torch.tensor([[nan, 1.0], [2.0, nan], [nan, nan], [-float("inf"), 3.0]])
+    indptr, indices = torch.tensor([0, 2, 3, 5, 5]), torch.tensor([0, 1, 2, 2, 3])
+    expected = kernels.spmm_max(indptr, indices, x, None)
+    got = kernels.spmm_max(indptr.cuda(), indices.cuda(), x.cuda(), None)
+    torch.testing.assert_close(got[0].cpu(), expected[0], equal_nan=True)
+    assert torch.equal(got[1].cpu(), expected[1])
+
+
+def hub_graph(degree: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Node 0 points to nodes 1..degree, which have no neighbours (pinned host CSC)."""
+    indptr = torch.full((degree + 2,), degree, dtype=torch.int64)
+    indptr[0] = 0
+    return indptr.pin_memory(), torch.arange(1, degree + 1, dtype=torch.int32).pin_memory()
+
+
+@cuda
+@pytest.mark.parametrize("fanout", [100, -1])
+def test_a_hub_is_sampled_by_blocks_with_a_correct_sample(fanout):
+    from scipy import stats
+
+    kernels = cuda_kernels()
+    degree = 10_000  # above the one-warp limit (kWarpMaxDegree)
+    indptr, indices = hub_graph(degree)
+    seeds = torch.tensor([0], device="cuda")
+    counts = torch.zeros(degree + 1, dtype=torch.int64)
+    for seed in range(200 if fanout > 0 else 1):
+        input_nodes, block_indptrs, block_indices = kernels.sample_neighbors_cached(
+            indptr, indices, seeds, [fanout], seed, torch.empty(0, dtype=torch.int32, device="cuda"),
+            torch.empty(0, dtype=torch.int64, device="cuda"), torch.empty(0, dtype=torch.int32, device="cuda"))
+        sampled = input_nodes.cpu()[block_indices[0].cpu()]
+        expected_count = degree if fanout < 0 else fanout
+        assert sampled.numel() == expected_count and torch.unique(sampled).numel() == expected_count
+        assert int(sampled.min()) >= 1 and int(sampled.max()) <= degree
+        assert input_nodes.untyped_storage().nbytes() == input_nodes.numel() * 8  # not a view of a larger buffer
+        counts[sampled] += 1
+    if fanout > 0:
+        repeat = kernels.sample_neighbors_cached(
+            indptr, indices, seeds, [fanout], 199, torch.empty(0, dtype=torch.int32, device="cuda"),
+            torch.empty(0, dtype=torch.int64, device="cuda"), torch.empty(0, dtype=torch.int32, device="cuda"))
+        assert torch.equal(repeat[0].cpu()[repeat[2][0].cpu()], sampled)
+        # every neighbour equally likely: 200 * 100 draws over 10^4 neighbours
+        assert stats.chisquare(counts[1:].numpy()).pvalue > 1e-4
+
+
+@cuda
+def test_gather_rows_reads_odd_half_rows_and_row_strided_sources():
+    kernels = cuda_kernels()
+    index = torch.randint(0, 100, (64,), device="cuda")
+    half = torch.randn(100, 7).half()  # 14-byte rows: 2-byte vectors
+    assert torch.equal(kernels.gather_rows(half.pin_memory(), index).cpu(), half[index.cpu()])
+    host_slice = torch.randn(100, 16).pin_memory()[:, 3:10]  # unit stride along rows, pitch 16
+    assert torch.equal(kernels.gather_rows(host_slice, index).cpu(), host_slice[index.cpu()])
+    transposed = torch.randn(16, 100, device="cuda").t()  # the CPU op copes, so does the CUDA one
+    assert torch.equal(kernels.gather_rows(transposed, index), transposed[index])
+    with pytest.raises(RuntimeError, match="unit stride"):
+        kernels.gather_rows(torch.randn(16, 100).pin_memory().t(), index)
+    with pytest.raises(RuntimeError, match=r"index\[0\] = 100 is outside"):
+        kernels.gather_rows(half.pin_memory(), torch.tensor([100], device="cuda"))
+
+
+@cuda
+def test_cuda_gradients_repeat_bit_for_bit_under_deterministic_mode(deterministic):
+    cuda_kernels()
+    from morphpipe.sampling.minibatch import Block
+
+    generator = torch.Generator().manual_seed(0)
+    num_src, num_dst = 2000, 500
+    indices = torch.randint(0, num_src, (num_dst * 30,), generator=generator)
+    block = Block(torch.arange(0, num_dst * 30 + 1, 30).cuda(), indices.cuda(), num_src, num_dst)
+    x = torch.randn(num_src, 64, generator=generator).cuda()
+    grads = []
+    for _ in range(2):
+        leaf = x.clone().requires_grad_(True)
+        with ops.use_backend("fused"):
+            (ops.aggregate(block, leaf, "sum").square().sum() + ops.aggregate(block, leaf, "max").sum()).backward()
+        grads.append(leaf.grad)
+    assert torch.equal(grads[0], grads[1])
