@@ -17,7 +17,9 @@ TORCH_LIBRARY(morphpipe, m) {
         "Tensor cache_slot, Tensor cache_indptr, Tensor cache_indices) "
         "-> (Tensor input_nodes, Tensor[] block_indptrs, Tensor[] block_indices)");
   // Route 1 (CUDA only): gather_rows reading row v from cache_rows[cache_slot[v]] when cache_slot[v] >= 0.
-  m.def("gather_rows_cached(Tensor source, Tensor index, Tensor cache_slot, Tensor cache_rows) -> Tensor");
+  // check_index=False skips the bounds report's blocking read-back, for indices the sampler produced.
+  m.def("gather_rows_cached(Tensor source, Tensor index, Tensor cache_slot, Tensor cache_rows, "
+        "bool check_index=True) -> Tensor");
 
   // Fused aggregation over a block's CSC (rows = destinations, indices = local source ids in
   // [0, x.size(0))); no nnz x F tensor is allocated. `row_order`, a permutation of the rows

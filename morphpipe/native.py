@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class BuildConfig:
     build_dir: Path
     module_name: str
     source_hash: str
+    cuda_arch_list: str | None = None  # TORCH_CUDA_ARCH_LIST of the build; None without CUDA
 
 
 def _cuda_toolchain_problem() -> str | None:
@@ -58,6 +60,27 @@ def _cuda_toolchain_problem() -> str | None:
     return None
 
 
+def cuda_arch_list() -> str:
+    """The GPU architectures torch's builder compiles the CUDA kernels for; part of the build cache key.
+
+    TORCH_CUDA_ARCH_LIST when set (other than "native"), else the compute capabilities of the
+    visible devices, from which the builder derives its flags; "none" without either. A binary is
+    therefore never reused for a GPU of another architecture, nor after the variable changes.
+    """
+    requested = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if requested and requested != "native":
+        return requested
+    if torch.cuda.is_available():
+        capabilities = {torch.cuda.get_device_capability(index) for index in range(torch.cuda.device_count())}
+        return ";".join(f"{major}.{minor}" for major, minor in sorted(capabilities))
+    return "none"
+
+
+def _arch_tag(arch_list: str) -> str:
+    """`arch_list` as a directory-name part: "8.0;9.0+PTX" -> "sm-8-0-9-0-ptx"."""
+    return "sm-" + re.sub(r"[^0-9a-z]+", "-", arch_list.lower()).strip("-")
+
+
 def build_config() -> BuildConfig:
     """Sources and build directory for this torch; ninja rebuilds only what changed in it."""
     if not (CSRC_DIR / "ops.cpp").exists():
@@ -76,9 +99,12 @@ def build_config() -> BuildConfig:
             digest.update(str(path.relative_to(CSRC_DIR)).encode())
             digest.update(path.read_bytes())
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
-    flavour = f"torch{torch.__version__.replace('+', '-')}-{python}-{platform.machine()}-{'cuda' if with_cuda else 'cpu'}"
+    arch_list = cuda_arch_list() if with_cuda else None
+    kind = f"cuda-{_arch_tag(arch_list)}" if arch_list else "cpu"
+    flavour = f"torch{torch.__version__.replace('+', '-')}-{python}-{platform.machine()}-{kind}"
     root = Path(os.environ.get("MORPHPIPE_BUILD_DIR", Path.home() / ".cache" / "morphpipe" / "build"))
-    return BuildConfig(tuple(sources), with_cuda, cuda_problem, root / flavour, "morphpipe_native", digest.hexdigest())
+    return BuildConfig(tuple(sources), with_cuda, cuda_problem, root / flavour, "morphpipe_native", digest.hexdigest(),
+                       arch_list)
 
 
 def _ensure_ninja_on_path() -> None:

@@ -2,7 +2,9 @@
 // per destination (vertex-parallel, edge-sequential, partial sums in registers), the group being
 // 2^k threads for the largest 2^k <= feature width (at most a warp), several groups per block.
 // Index safety: host code checks shapes, dtypes and devices; kernels bounds-check every index
-// they read before using it (CUDA_KERNEL_ASSERT, as ATen's index kernels do, and skip it).
+// they read before using it, skip a bad one and report it through a status record (status.cuh),
+// which the host op reads back after the launch (one sync per op) and raises as the CPU ops do.
+// No CUDA_KERNEL_ASSERT: it stays in release builds and leaves the CUDA context unusable.
 // Only c10's CUDA headers are used (not ATen/cuda/CUDAContext.h), so a toolkit with just nvcc
 // and the runtime headers builds them.
 #pragma once
@@ -18,6 +20,8 @@
 #include <cstdint>
 #include <optional>
 #include <type_traits>
+
+#include "cuda/status.cuh"
 
 namespace morphpipe::cuda {
 
@@ -56,7 +60,7 @@ inline void check_cuda(const at::Tensor& t, const at::Device& device, const char
 }
 
 // indptr [rows + 1] and indices [nnz], int64 CUDA tensors on one device. Their values are
-// bounds-checked inside the kernels (a host-side scan would need a device sync per call).
+// bounds-checked inside the kernels, which report a bad one in the op's status record.
 inline void check_structure(const at::Tensor& indptr, const at::Tensor& indices, const char* op) {
   TORCH_CHECK(indptr.scalar_type() == at::kLong && indices.scalar_type() == at::kLong, op,
               ": indptr and indices must be int64, got ", indptr.scalar_type(), " and ", indices.scalar_type());
@@ -85,7 +89,7 @@ const acc_t* optional_factor(const std::optional<at::Tensor>& t, int64_t rows, a
   return t->data_ptr<acc_t>();
 }
 
-// Optional row order (int64 [rows]); its entries are bounds-checked in the kernels.
+// Optional row order (int64 [rows]); its entries are bounds-checked in the kernels (reported, skipped).
 inline const int64_t* optional_order(const std::optional<at::Tensor>& order, int64_t rows, const at::Device& device,
                                      const char* op) {
   if (!order.has_value() || !order->defined()) return nullptr;
@@ -94,32 +98,42 @@ inline const int64_t* optional_order(const std::optional<at::Tensor>& order, int
   return order->data_ptr<int64_t>();
 }
 
-// The destination a group works on and its edge range [begin, end); false for idle or invalid groups.
+// The destination a group works on and its edge range [begin, end); false for idle groups and bad
+// row_order entries. A bad indptr entry (as the CPU check: indptr[0] == 0, nondecreasing, indptr[rows]
+// == nnz) is reported and its row treated as empty.
 __device__ __forceinline__ bool group_row(int64_t group, int64_t rows, const int64_t* order, const int64_t* indptr,
-                                          int64_t nnz, int64_t& row, int64_t& begin, int64_t& end) {
+                                          int64_t nnz, int64_t* status, int64_t& row, int64_t& begin, int64_t& end) {
   if (group >= rows) return false;
   row = order ? order[group] : group;
-  CUDA_KERNEL_ASSERT(row >= 0 && row < rows && "row_order entry out of range");
-  if (row < 0 || row >= rows) return false;
+  if (row < 0 || row >= rows) {
+    report(status, kStatusRowOrderOutOfRange, group, row);
+    return false;
+  }
   begin = indptr[row];
   end = indptr[row + 1];
-  CUDA_KERNEL_ASSERT(begin >= 0 && begin <= end && end <= nnz && "indptr must be nondecreasing from 0 to nnz");
-  if (begin < 0 || end > nnz || begin > end) begin = end = 0;
+  const bool bad_begin = begin < 0 || begin > nnz || (row == 0 && begin != 0);
+  const bool bad_end = end < begin || end > nnz || (row == rows - 1 && end != nnz);
+  if (bad_begin || bad_end) {
+    report(status, kStatusIndptrInvalid, row, bad_begin ? 0 : 1);
+    begin = end = 0;
+  }
   return true;
 }
 
 // group_row for the calling thread's group, groups being G consecutive threads of the launch.
 template <int G>
 __device__ __forceinline__ bool this_group_row(int64_t rows, const int64_t* order, const int64_t* indptr, int64_t nnz,
-                                               int64_t& row, int64_t& begin, int64_t& end) {
+                                               int64_t* status, int64_t& row, int64_t& begin, int64_t& end) {
   const int64_t group = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
-  return group_row(group, rows, order, indptr, nnz, row, begin, end);
+  return group_row(group, rows, order, indptr, nnz, status, row, begin, end);
 }
 
-// `index` is a valid row of a table with `size` rows (asserted; callers skip it otherwise).
-__device__ __forceinline__ bool valid_index(int64_t index, int64_t size) {
-  CUDA_KERNEL_ASSERT(index >= 0 && index < size && "index outside [0, num_src)");
-  return index >= 0 && index < size;
+// Whether `index` (found at `position`) is a row of a table with `size` rows; reports it when not (callers skip it).
+__device__ __forceinline__ bool valid_index(int64_t index, int64_t size, int64_t* status, int64_t kind,
+                                            int64_t position) {
+  if (index >= 0 && index < size) return true;
+  report(status, kind, position, index);
+  return false;
 }
 
 // Lanes of the calling thread's group within its warp (for shuffles restricted to the group).

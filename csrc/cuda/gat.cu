@@ -40,11 +40,12 @@ __global__ void gat_forward_kernel(const int64_t* __restrict__ indptr, const int
                                    const scalar_t* __restrict__ h, const acc_type<scalar_t>* __restrict__ ss,
                                    const acc_type<scalar_t>* __restrict__ sd, acc_type<scalar_t> slope, bool self_loop,
                                    GatShape s, const int64_t* __restrict__ order, scalar_t* __restrict__ out,
-                                   acc_type<scalar_t>* __restrict__ row_max, acc_type<scalar_t>* __restrict__ row_sum) {
+                                   acc_type<scalar_t>* __restrict__ row_max, acc_type<scalar_t>* __restrict__ row_sum,
+                                   int64_t* status) {
   using acc_t = acc_type<scalar_t>;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!this_group_row<G>(s.num_dst, order, indptr, s.nnz, i, begin, end)) return;
+  if (!this_group_row<G>(s.num_dst, order, indptr, s.nnz, status, i, begin, end)) return;
   const unsigned mask = group_mask<G>();
   const int64_t H = s.heads, F = s.F, h_row = s.h_heads * s.F;
   for (int64_t k = 0; k < H; ++k) {
@@ -54,13 +55,13 @@ __global__ void gat_forward_kernel(const int64_t* __restrict__ indptr, const int
     acc_t peak = (self_loop && lane == 0) ? self_score : -std::numeric_limits<acc_t>::infinity();
     for (int64_t e = begin + lane; e < end; e += G) {
       const int64_t j = indices[e];
-      if (valid_index(j, s.num_src)) peak = max(peak, leaky(ss[j * H + k] + sdk, slope));
+      if (valid_index(j, s.num_src, status, kStatusIndexOutOfRange, e)) peak = max(peak, leaky(ss[j * H + k] + sdk, slope));
     }
     peak = group_max<G>(peak, mask);
     acc_t total = (self_loop && lane == 0) ? exp(self_score - peak) : acc_t(0);
     for (int64_t e = begin + lane; e < end; e += G) {
       const int64_t j = indices[e];
-      if (valid_index(j, s.num_src)) total += exp(leaky(ss[j * H + k] + sdk, slope) - peak);
+      if (valid_index(j, s.num_src, status, kStatusIndexOutOfRange, e)) total += exp(leaky(ss[j * H + k] + sdk, slope) - peak);
     }
     total = group_sum<G>(total, mask);
     if (lane == 0) {
@@ -78,7 +79,7 @@ __global__ void gat_forward_kernel(const int64_t* __restrict__ indptr, const int
       acc_t acc = self_loop ? self_alpha * static_cast<acc_t>(h[i * h_row + hk * F + f]) : acc_t(0);
       for (int64_t e = begin; e < end; ++e) {
         const int64_t j = indices[e];
-        if (!valid_index(j, s.num_src)) continue;
+        if (!valid_index(j, s.num_src, status, kStatusIndexOutOfRange, e)) continue;
         const acc_t a = attention(ss[j * H + k] + sdk, slope, peak, inv);
         acc += a * static_cast<acc_t>(h[j * h_row + hk * F + f]);
       }
@@ -98,11 +99,11 @@ __global__ void gat_backward_kernel(const int64_t* __restrict__ indptr, const in
                                     acc_type<scalar_t>* __restrict__ alpha_self,
                                     acc_type<scalar_t>* __restrict__ grad_edge,
                                     acc_type<scalar_t>* __restrict__ grad_self,
-                                    acc_type<scalar_t>* __restrict__ grad_dst) {
+                                    acc_type<scalar_t>* __restrict__ grad_dst, int64_t* status) {
   using acc_t = acc_type<scalar_t>;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!this_group_row<G>(s.num_dst, order, indptr, s.nnz, i, begin, end)) return;
+  if (!this_group_row<G>(s.num_dst, order, indptr, s.nnz, status, i, begin, end)) return;
   const unsigned mask = group_mask<G>();
   const int64_t H = s.heads, F = s.F, h_row = s.h_heads * s.F;
   for (int64_t k = 0; k < H; ++k) {
@@ -127,7 +128,7 @@ __global__ void gat_backward_kernel(const int64_t* __restrict__ indptr, const in
     }
     for (int64_t e = begin; e < end; ++e) {
       const int64_t j = indices[e];
-      const bool ok = valid_index(j, s.num_src);
+      const bool ok = valid_index(j, s.num_src, status, kStatusIndexOutOfRange, e);
       const acc_t a = ok ? attention(ss[j * H + k] + sdk, slope, peak, inv) : acc_t(0);
       acc_t part = 0;
       if (ok) {
@@ -152,7 +153,7 @@ __global__ void gat_backward_kernel(const int64_t* __restrict__ indptr, const in
     }
     for (int64_t e = begin + lane; e < end; e += G) {
       const int64_t j = indices[e];
-      const acc_t raw = valid_index(j, s.num_src) ? ss[j * H + k] + sdk : acc_t(0);
+      const acc_t raw = valid_index(j, s.num_src, status, kStatusIndexOutOfRange, e) ? ss[j * H + k] + sdk : acc_t(0);
       const acc_t d = alpha[e * H + k] * (grad_edge[e * H + k] - expected) * leaky_grad(raw, slope);
       grad_edge[e * H + k] = d;
       dst_total += d;
@@ -168,11 +169,11 @@ __global__ void gat_grad_h_kernel(const int64_t* __restrict__ tptr, const int64_
                                   const int64_t* __restrict__ teid, const acc_type<scalar_t>* __restrict__ alpha,
                                   const acc_type<scalar_t>* __restrict__ alpha_self, const scalar_t* __restrict__ g,
                                   int64_t num_src, int64_t num_dst, int64_t H, int64_t hh, int64_t F, int64_t nnz,
-                                  scalar_t* __restrict__ out) {
+                                  scalar_t* __restrict__ out, int64_t* status) {
   using acc_t = acc_type<scalar_t>;
   const int lane = threadIdx.x % G;
   int64_t j, begin, end;
-  if (!this_group_row<G>(num_src, nullptr, tptr, nnz, j, begin, end)) return;
+  if (!this_group_row<G>(num_src, nullptr, tptr, nnz, status, j, begin, end)) return;
   for (int64_t hk = 0; hk < hh; ++hk) {
     const int64_t k_begin = hh == 1 ? 0 : hk, k_end = hh == 1 ? H : hk + 1;
     for (int64_t f = lane; f < F; f += G) {
@@ -181,7 +182,9 @@ __global__ void gat_grad_h_kernel(const int64_t* __restrict__ tptr, const int64_
         if (alpha_self && j < num_dst) acc += alpha_self[j * H + k] * static_cast<acc_t>(g[(j * H + k) * F + f]);
         for (int64_t t = begin; t < end; ++t) {
           const int64_t i = tdst[t], e = teid[t];
-          if (!valid_index(i, num_dst) || !valid_index(e, nnz)) continue;
+          if (!valid_index(i, num_dst, status, kStatusIndexOutOfRange, t) ||
+              !valid_index(e, nnz, status, kStatusEdgeOutOfRange, t))
+            continue;
           acc += alpha[e * H + k] * static_cast<acc_t>(g[(i * H + k) * F + f]);
         }
       }
@@ -196,11 +199,12 @@ __global__ void gat_grad_h_scatter_kernel(const int64_t* __restrict__ indptr, co
                                           const acc_type<scalar_t>* __restrict__ alpha,
                                           const acc_type<scalar_t>* __restrict__ alpha_self,
                                           const scalar_t* __restrict__ g, int64_t num_src, int64_t num_dst, int64_t H,
-                                          int64_t hh, int64_t F, int64_t nnz, acc_type<scalar_t>* __restrict__ out) {
+                                          int64_t hh, int64_t F, int64_t nnz, acc_type<scalar_t>* __restrict__ out,
+                                          int64_t* status) {
   using acc_t = acc_type<scalar_t>;
   const int lane = threadIdx.x % G;
   int64_t i, begin, end;
-  if (!this_group_row<G>(num_dst, nullptr, indptr, nnz, i, begin, end)) return;
+  if (!this_group_row<G>(num_dst, nullptr, indptr, nnz, status, i, begin, end)) return;
   for (int64_t k = 0; k < H; ++k) {
     const int64_t hk = hh == 1 ? 0 : k;
     for (int64_t f = lane; f < F; f += G) {
@@ -208,7 +212,7 @@ __global__ void gat_grad_h_scatter_kernel(const int64_t* __restrict__ indptr, co
       if (alpha_self) atomicAdd(out + (i * hh + hk) * F + f, alpha_self[i * H + k] * gv);
       for (int64_t e = begin; e < end; ++e) {
         const int64_t j = indices[e];
-        if (!valid_index(j, num_src)) continue;
+        if (!valid_index(j, num_src, status, kStatusIndexOutOfRange, e)) continue;
         atomicAdd(out + (j * hh + hk) * F + f, alpha[e * H + k] * gv);
       }
     }
@@ -252,6 +256,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(const at::Tensor
   auto row_sum = at::empty({s.num_dst, s.heads}, stat_options);
   if (s.num_dst == 0 || s.heads == 0) return {out, row_max, row_sum};
   const int64_t* order = optional_order(row_order, s.num_dst, indptr.device(), op);
+  const at::Tensor status = new_status(indptr.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, h.scalar_type(), "gat_forward_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
     with_group_size(group_size(s.F), [&](auto g) {
@@ -260,10 +265,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(const at::Tensor
                                         current_stream()>>>(
           indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), h.data_ptr<scalar_t>(), score_src.data_ptr<acc_t>(),
           score_dst.data_ptr<acc_t>(), static_cast<acc_t>(negative_slope), self_loop, s, order,
-          out.data_ptr<scalar_t>(), row_max.data_ptr<acc_t>(), row_sum.data_ptr<acc_t>());
+          out.data_ptr<scalar_t>(), row_max.data_ptr<acc_t>(), row_sum.data_ptr<acc_t>(), status.data_ptr<int64_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
+  check_structure_status(status, op, {s.num_dst, s.nnz, s.num_src});
   return {out, row_max, row_sum};
 }
 
@@ -295,6 +301,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   auto grad_dst = at::zeros({s.num_dst, s.heads}, options);
   if (s.num_dst == 0 || s.heads == 0) return {alpha, alpha_self, grad_edge, grad_self, grad_dst};
   const int64_t* order = optional_order(row_order, s.num_dst, device, op);
+  const at::Tensor status = new_status(device);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, h.scalar_type(), "gat_backward_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
     with_group_size(group_size(s.F), [&](auto g) {
@@ -305,10 +312,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
           score_dst.data_ptr<acc_t>(), row_max.data_ptr<acc_t>(), row_sum.data_ptr<acc_t>(),
           grad_out.data_ptr<scalar_t>(), static_cast<acc_t>(negative_slope), self_loop, s, order,
           alpha.data_ptr<acc_t>(), alpha_self.data_ptr<acc_t>(), grad_edge.data_ptr<acc_t>(),
-          grad_self.data_ptr<acc_t>(), grad_dst.data_ptr<acc_t>());
+          grad_self.data_ptr<acc_t>(), grad_dst.data_ptr<acc_t>(), status.data_ptr<int64_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
+  check_structure_status(status, op, {s.num_dst, s.nnz, s.num_src});
   return {alpha, alpha_self, grad_edge, grad_self, grad_dst};
 }
 
@@ -348,6 +356,7 @@ at::Tensor gat_grad_h_cuda(const at::Tensor& t_indptr, const at::Tensor& t_dst, 
   const c10::cuda::CUDAGuard guard(device);
   auto out = at::zeros({num_src, h_heads, F}, grad_out.options());
   if (num_src == 0 || F == 0) return out;
+  const at::Tensor status = new_status(device);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_out.scalar_type(), "gat_grad_h_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
     with_group_size(group_size(F), [&](auto g) {
@@ -356,10 +365,12 @@ at::Tensor gat_grad_h_cuda(const at::Tensor& t_indptr, const at::Tensor& t_dst, 
                                        current_stream()>>>(
           t_indptr.data_ptr<int64_t>(), t_dst.data_ptr<int64_t>(), t_eid.data_ptr<int64_t>(), alpha.data_ptr<acc_t>(),
           alpha_self.numel() ? alpha_self.data_ptr<acc_t>() : nullptr, grad_out.data_ptr<scalar_t>(), num_src,
-          num_dst, H, h_heads, F, nnz, out.data_ptr<scalar_t>());
+          num_dst, H, h_heads, F, nnz, out.data_ptr<scalar_t>(), status.data_ptr<int64_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
+  // The transposed structure's "sources" are the destinations: t_dst entries lie in [0, num_dst).
+  check_structure_status(status, op, {num_src, nnz, num_dst});
   return out;
 }
 
@@ -380,6 +391,7 @@ at::Tensor gat_grad_h_scatter_cuda(const at::Tensor& indptr, const at::Tensor& i
   const auto acc = accumulate_dtype(grad_out);
   auto out = at::zeros({num_src, h_heads, F}, grad_out.options().dtype(acc));
   if (num_dst == 0 || F == 0) return out.to(grad_out.scalar_type());
+  const at::Tensor status = new_status(device);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_out.scalar_type(), "gat_grad_h_scatter_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
     with_group_size(group_size(F), [&](auto g) {
@@ -388,10 +400,11 @@ at::Tensor gat_grad_h_scatter_cuda(const at::Tensor& indptr, const at::Tensor& i
                                                current_stream()>>>(
           indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), alpha.data_ptr<acc_t>(),
           alpha_self.numel() ? alpha_self.data_ptr<acc_t>() : nullptr, grad_out.data_ptr<scalar_t>(), num_src,
-          num_dst, H, h_heads, F, nnz, out.data_ptr<acc_t>());
+          num_dst, H, h_heads, F, nnz, out.data_ptr<acc_t>(), status.data_ptr<int64_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
+  check_structure_status(status, op, {num_dst, nnz, num_src});
   return out.to(grad_out.scalar_type());
 }
 

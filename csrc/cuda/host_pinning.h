@@ -9,6 +9,8 @@
 namespace morphpipe::cuda {
 
 // Registers t's bytes as pinned, mapped and portable (read-only for the device when `read_only`).
+// Without `read_only`, a copy-on-write file mapping would have every page copied by the driver: the
+// caller refuses those first (morphpipe.sampling.pinning.check_registrable).
 // Returns "" on success, else CUDA's error text; the runtime's last-error state is cleared either way.
 std::string host_register(const at::Tensor& t, bool read_only);
 

@@ -12,6 +12,9 @@
 //   2. sample: a warp per destination writes the global ids of its chosen neighbours; Floyd's
 //      algorithm (exactly `taken` draws, a warp-wide membership test) for fanouts up to
 //      kFloydMaxFanout, else reservoir sampling with atomicMax per slot (Algorithm R, in parallel).
+//      A destination with more than kWarpMaxDegree neighbours that takes more than kFloydMaxFanout
+//      (a hub) is left to blocks instead: as many blocks per hub as its degree needs split its
+//      reservoir draws (or its copy, for -1), with the same draws, so the same sample, as a warp.
 //   3. relabel: each sampled id is inserted in a device hash table with value min(base + edge
 //      position); an edge holding its id's minimum is the first occurrence of a new node, so a scan
 //      over those flags numbers new nodes in the CPU's discovery order (deterministic, no races
@@ -30,6 +33,15 @@ namespace {
 
 constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarp;
 constexpr int64_t kEmptyKey = -1;
+// Above this degree, a destination sampled by reservoir (or taken whole) is spread over blocks, not one warp.
+constexpr int64_t kWarpMaxDegree = 4096;
+// Neighbour offsets per block for such a hub: a hub of 10^6 neighbours gets 245 blocks.
+constexpr int64_t kOffsetsPerBlock = 16 * kThreadsPerBlock;
+
+// Whether a destination is a hub that the block kernels (heavy_*) sample instead of a warp.
+__host__ __device__ __forceinline__ bool is_heavy(int64_t degree, int64_t taken) {
+  return degree > kWarpMaxDegree && taken > kFloydMaxFanout;
+}
 
 // Neighbour lists: a device cache for hot nodes (slot >= 0), pinned host memory over UVA for the rest.
 template <typename index_t>
@@ -143,6 +155,7 @@ __global__ void sample_kernel(const int64_t* lists, const int64_t* degrees, cons
     const int64_t degree = degrees[dst];
     const int64_t begin = indptr[dst];
     const int64_t taken = indptr[dst + 1] - begin;
+    if (is_heavy(degree, taken)) continue;  // the heavy_* kernels sample hubs
     int64_t* target = out + begin;
     if (taken == degree) {
       for (int64_t k = lane; k < degree; k += kWarp) target[k] = neighbour_at(list, k, num_nodes, status);
@@ -174,6 +187,44 @@ __global__ void sample_kernel(const int64_t* lists, const int64_t* degrees, cons
       __syncwarp();
       for (int64_t k = lane; k < taken; k += kWarp) target[k] = neighbour_at(list, target[k], num_nodes, status);
     }
+  }
+}
+
+// Step 2 for hubs (grid: x = hub, y = its share of the offsets), a: slot k of the sample starts as offset k.
+__global__ void heavy_init_kernel(const int64_t* hubs, const int64_t* indptr, int64_t* out) {
+  const int64_t dst = hubs[blockIdx.x];
+  const int64_t begin = indptr[dst], taken = indptr[dst + 1] - begin;
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; k < taken; k += stride) {
+    out[begin + k] = k;
+  }
+}
+
+// b: Algorithm R's draws for offsets taken..degree-1 (the warp path's draws: same key, same counters).
+__global__ void heavy_draw_kernel(const int64_t* hubs, const int64_t* degrees, const int64_t* indptr,
+                                  uint64_t hop_key, int64_t* out) {
+  const int64_t dst = hubs[blockIdx.x];
+  const int64_t degree = degrees[dst], begin = indptr[dst], taken = indptr[dst + 1] - begin;
+  const uint64_t key = splitmix64(hop_key ^ static_cast<uint64_t>(dst));
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  for (int64_t i = taken + static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < degree; i += stride) {
+    const auto j = static_cast<int64_t>(uniform_below(key, static_cast<uint64_t>(i), static_cast<uint64_t>(i) + 1));
+    if (j < taken) {
+      atomicMax(reinterpret_cast<unsigned long long*>(out + begin + j), static_cast<unsigned long long>(i));
+    }
+  }
+}
+
+// c: the chosen offsets become neighbour ids.
+template <typename index_t>
+__global__ void heavy_finish_kernel(const int64_t* hubs, const int64_t* lists, const int64_t* indptr,
+                                    int64_t num_nodes, int64_t* out, int64_t* status) {
+  const int64_t dst = hubs[blockIdx.x];
+  const auto* list = reinterpret_cast<const index_t*>(lists[dst]);
+  const int64_t begin = indptr[dst], taken = indptr[dst + 1] - begin;
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; k < taken; k += stride) {
+    out[begin + k] = neighbour_at(list, out[begin + k], num_nodes, status);
   }
 }
 
@@ -258,7 +309,13 @@ std::vector<int64_t> read_back(const at::Tensor& status, const std::vector<at::T
   return std::vector<int64_t>(data + 3, data + host.numel());
 }
 
+// The CPU sampler's topology check (shapes, dtypes, contiguity, indptr[-1] == indices.numel()) for
+// host topology; the same for topology already in device memory. Neighbour ids are checked as read.
 void check_host_topology(const at::Tensor& indptr, const at::Tensor& indices, const char* op) {
+  if (indptr.device().is_cpu() && indices.device().is_cpu()) {
+    check_topology(indptr, indices);
+    return;
+  }
   TORCH_CHECK(indptr.dim() == 1 && indptr.numel() >= 1, op, ": indptr must be 1-D with num_nodes + 1 entries, got ",
               indptr.sizes());
   TORCH_CHECK(indptr.scalar_type() == at::kLong, op, ": indptr must be int64, got ", indptr.scalar_type(),
@@ -266,6 +323,9 @@ void check_host_topology(const at::Tensor& indptr, const at::Tensor& indices, co
   TORCH_CHECK(indices.dim() == 1, op, ": indices must be 1-D, got shape ", indices.sizes());
   TORCH_CHECK(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
               ": indices must be int32 or int64, got ", indices.scalar_type());
+  const int64_t last = indptr[indptr.numel() - 1].item<int64_t>();
+  TORCH_CHECK(last == indices.numel(), op, ": indptr[-1] = ", last, " but indices has ", indices.numel(),
+              " entries; rebuild the CSC");
 }
 
 template <typename index_t>
@@ -300,7 +360,15 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
     at::Tensor indptr = at::zeros({num_dst + 1}, options);
     at::Tensor indptr_tail = indptr.narrow(0, 1, num_dst);
     at::cumsum_out(indptr_tail, taken, 0);
-    const int64_t nnz = read_back(status, {indptr.narrow(0, num_dst, 1)}, topology.num_nodes)[0];
+    // Hubs, their number and the largest hub degree come back with nnz, in the same sync.
+    const at::Tensor hub_mask = at::logical_and(degrees > kWarpMaxDegree, taken > kFloydMaxFanout);
+    std::vector<at::Tensor> wanted{indptr.narrow(0, num_dst, 1)};
+    if (num_dst > 0) {
+      wanted.push_back(hub_mask.sum().to(at::kLong).reshape({1}));
+      wanted.push_back((degrees * hub_mask).amax().reshape({1}));
+    }
+    const std::vector<int64_t> sizes = read_back(status, wanted, topology.num_nodes);
+    const int64_t nnz = sizes[0], num_hubs = num_dst > 0 ? sizes[1] : 0, hub_degree = num_dst > 0 ? sizes[2] : 0;
     TORCH_CHECK(num_known + nnz < std::numeric_limits<int32_t>::max(),
                 "one batch would hold more than 2^31 nodes; use a smaller batch_size or smaller fanouts");
 
@@ -312,6 +380,22 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
       sample_kernel<index_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
           lists.data_ptr<int64_t>(), degrees.data_ptr<int64_t>(), indptr.data_ptr<int64_t>(), num_dst,
           topology.num_nodes, hop_key, sampled.data_ptr<int64_t>(), status_data);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (num_hubs > 0) {
+      const at::Tensor hubs = at::nonzero_static(hub_mask, num_hubs).view({-1});
+      const int64_t shares = std::min<int64_t>((hub_degree + kOffsetsPerBlock - 1) / kOffsetsPerBlock, 65535);
+      const dim3 grid(static_cast<unsigned>(num_hubs), static_cast<unsigned>(std::max<int64_t>(shares, 1)));
+      heavy_init_kernel<<<grid, kThreadsPerBlock, 0, stream>>>(hubs.data_ptr<int64_t>(), indptr.data_ptr<int64_t>(),
+                                                               sampled.data_ptr<int64_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      heavy_draw_kernel<<<grid, kThreadsPerBlock, 0, stream>>>(hubs.data_ptr<int64_t>(), degrees.data_ptr<int64_t>(),
+                                                               indptr.data_ptr<int64_t>(), hop_key,
+                                                               sampled.data_ptr<int64_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      heavy_finish_kernel<index_t><<<grid, kThreadsPerBlock, 0, stream>>>(
+          hubs.data_ptr<int64_t>(), lists.data_ptr<int64_t>(), indptr.data_ptr<int64_t>(), topology.num_nodes,
+          sampled.data_ptr<int64_t>(), status_data);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
 
@@ -358,7 +442,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample(
     block_indices[layer] = std::move(local);
     num_known += num_new;
   }
-  return {nodes.narrow(0, 0, num_known), block_indptrs, block_indices};
+  // The buffer grows by doubling: hand out a copy of its used part rather than a view that keeps it all alive.
+  at::Tensor input_nodes = nodes.numel() == num_known ? nodes : nodes.narrow(0, 0, num_known).clone();
+  return {input_nodes, block_indptrs, block_indices};
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample_neighbors_cached_cuda(

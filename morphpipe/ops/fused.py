@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from morphpipe import native
-from morphpipe.ops import choice
+from morphpipe.ops import choice, determinism
 from morphpipe.ops.cost_model import Calibration, current_calibration
 from morphpipe.ops.reference import accumulate_dtype, dst_index, gcn_scales, in_degrees
 from morphpipe.sampling.minibatch import Block
@@ -91,8 +91,10 @@ def _sum_backward(block: Block, grad: Tensor, weight: Tensor | None, src_scale: 
     """Gradient to the sources of `dst_scale * (A_w (src_scale * x) + self loop)`: transpose or scatter."""
     ops = native.ops()
     width = grad.shape[1]
-    variant = choice.choose("aggregate.backward", _signature("sum-backward", block, width, grad.dtype),
-                            lambda: _backward_costs(block, block.nnz, width))
+    variant = choice.choose("aggregate.backward",
+                            _signature("sum-backward", block, width, grad.dtype, determinism.required()),
+                            lambda: _backward_costs(block, block.nnz, width),
+                            options=determinism.backward_options("aggregate.backward"))
     if variant == "scatter":
         return ops.spmm_sum_scatter(block.indptr, block.indices, grad, weight, src_scale, dst_scale, self_loop,
                                     block.num_src)
@@ -140,7 +142,8 @@ class WeightedSum(torch.autograd.Function):
 
 
 class SegmentMax(torch.autograd.Function):
-    """Per-destination max of `w[e] x[j]` with its argmax edge; the gradient goes to the argmax only."""
+    """Per-destination max of `w[e] x[j]` with its argmax edge; the gradient goes to the argmax only
+    (through torch's deterministic index_add_ when deterministic algorithms are required)."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, edge_weight: Tensor | None, block: Block,
@@ -158,9 +161,8 @@ class SegmentMax(torch.autograd.Function):
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, weight, argmax = ctx.saved_tensors
         need_x, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_x, grad_weight = native.ops().spmm_max_backward(
-            ctx.block.indices, argmax, grad.contiguous(), x, weight, need_x, need_weight
-        )
+        backward = determinism.max_backward if determinism.required() else native.ops().spmm_max_backward
+        grad_x, grad_weight = backward(ctx.block.indices, argmax, grad.contiguous(), x, weight, need_x, need_weight)
         return (grad_x if need_x else None, grad_weight.to(ctx.weight_dtype) if need_weight else None, None, None)
 
 
@@ -227,8 +229,11 @@ def _gat_grad_h(block: Block, alpha: Tensor, alpha_self: Tensor, grad: Tensor, h
     ops = native.ops()
     heads, width = grad.shape[1], grad.shape[2]
     edges = block.nnz + alpha_self.shape[0]
-    variant = choice.choose("gat.backward", _signature("gat-backward", block, width, grad.dtype, heads, h_heads),
-                            lambda: _backward_costs(block, edges, heads * width))
+    variant = choice.choose("gat.backward",
+                            _signature("gat-backward", block, width, grad.dtype, heads, h_heads,
+                                       determinism.required()),
+                            lambda: _backward_costs(block, edges, heads * width),
+                            options=determinism.backward_options("gat.backward"))
     if variant == "scatter":
         return ops.gat_grad_h_scatter(block.indptr, block.indices, alpha, alpha_self, grad, block.num_src, h_heads)
     t_indptr, t_dst, t_eid = ops.csr_transpose(block.indptr, block.indices, block.num_src)

@@ -145,8 +145,11 @@ class GpuBatcher(SeedBatcher):
             input_nodes, indptrs, indices = self._ops.sample_neighbors_cached(
                 pinned["indptr"], pinned["indices"], seeds, self.fanouts, sampling_seed,
                 cache.adjacency_slot, cache.adjacency_indptr, cache.adjacency_indices)
-            x = self._ops.gather_rows_cached(pinned["features"], input_nodes, cache.feature_slot, cache.feature_rows)
-            y = self._ops.gather_rows(pinned["labels"].view(-1, 1), seeds).view(-1)
+            # The sampler checked the seeds and produced input_nodes: skip the gathers' blocking bounds read-back.
+            x = self._ops.gather_rows_cached(pinned["features"], input_nodes, cache.feature_slot, cache.feature_rows,
+                                             False)
+            no_cache = seeds.new_empty(0, dtype=torch.int32)
+            y = self._ops.gather_rows_cached(pinned["labels"].view(-1, 1), seeds, no_cache, no_cache, False).view(-1)
         return MiniBatch(seeds=seeds, input_nodes=input_nodes,
                          blocks=blocks_from_native(input_nodes.numel(), indptrs, indices),
                          x=x, y=y, batch_index=batch_index, route=self.route)

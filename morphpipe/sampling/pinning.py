@@ -3,7 +3,9 @@
 `cudaHostRegister` pins memory that already exists: a 50 GB feature matrix is not copied, and
 memory-mapped arrays stay where they are (registration faults every page in once). The GPU only
 reads, so registrations are read-only for the device where the driver supports it, which is
-also what lets CUDA pin read-only or copy-on-write file mappings. `HostPinning` undoes every
+also what lets CUDA pin read-only or copy-on-write file mappings; where the driver cannot register
+read-only, a copy-on-write mapping (`GraphStore.load(mmap=True)`) is refused, since a writable
+registration would make the driver copy every page of the file. `HostPinning` undoes every
 registration on `close()` or at the end of a `with` block (and, as a last resort, when it is
 garbage-collected). `mode="copy"` copies into pinned memory instead, for memory CUDA refuses to
 register, at the price of a second host copy.
@@ -36,8 +38,16 @@ class PinnedTensor:
     registered: bool  # True when HostPinning registered it and must unregister it
 
 
-def mapped_file(tensor: torch.Tensor) -> str | None:
-    """The file `tensor`'s memory is mapped from (Linux /proc/self/maps), or None for anonymous memory."""
+@dataclass(frozen=True)
+class FileMapping:
+    """The file a tensor's memory is mapped from, and whether the mapping is private (copy-on-write)."""
+
+    path: str
+    private: bool
+
+
+def file_mapping(tensor: torch.Tensor) -> FileMapping | None:
+    """How `tensor`'s memory is mapped from a file (Linux /proc/self/maps), or None for anonymous memory."""
     maps = Path("/proc/self/maps")
     if tensor.numel() == 0 or not maps.exists():
         return None
@@ -47,8 +57,34 @@ def mapped_file(tensor: torch.Tensor) -> str | None:
         low, high = (int(part, 16) for part in fields[0].split("-"))
         if low <= address < high:
             path = fields[5].strip() if len(fields) == 6 else ""
-            return path if path.startswith("/") else None
+            return FileMapping(path, private=fields[1].endswith("p")) if path.startswith("/") else None
     return None
+
+
+def mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file `tensor`'s memory is mapped from, or None for anonymous memory."""
+    mapping = file_mapping(tensor)
+    return None if mapping is None else mapping.path
+
+
+def check_registrable(name: str, tensor: torch.Tensor, read_only_supported: bool) -> None:
+    """Refuses a copy-on-write file mapping where registrations cannot be read-only.
+
+    Registered writable, such a mapping makes the driver break copy-on-write on every page, i.e. copy
+    the whole file into anonymous memory, once per process; a shared mapping pins the page cache itself.
+    """
+    if read_only_supported:
+        return
+    mapping = file_mapping(tensor)
+    if mapping is None or not mapping.private:
+        return
+    size = tensor.numel() * tensor.element_size()
+    raise PinningError(
+        f"cannot page-lock graph tensor {name!r} ({size:,} bytes) in place: it is a copy-on-write memory map of "
+        f"{mapping.path}, and this GPU cannot register memory read-only (cudaDevAttrHostRegisterReadOnlySupported "
+        "is 0), so the driver would copy every page of the file. Fixes: pass pinning='copy' to copy it into "
+        "pinned memory once, or load the graph into RAM (GraphStore.load(path, mmap=False))"
+    )
 
 
 class _Registrations:
@@ -130,6 +166,7 @@ class HostPinning:
             return PinnedTensor(name, tensor, registered=False)
         if self.mode == "copy":
             return PinnedTensor(name, tensor.pin_memory(), registered=False)
+        check_registrable(name, tensor, self._read_only)
         error = REGISTRATIONS.acquire(self._native, tensor, self._read_only)
         if error:
             raise PinningError(self._refusal(name, tensor, error))
