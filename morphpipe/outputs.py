@@ -19,8 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # Test hook: when set to a file path, a replacement writes the target's path there and waits (up to
-# a minute) just before swapping the new result in, so tests can interrupt it at that point.
+# a minute) just before swapping the new result in, so tests can interrupt it at that point;
+# STALL_ONLY_ENV, when also set, limits this to targets with that file name.
 STALL_BEFORE_REPLACE_ENV = "MORPHPIPE_TEST_STALL_BEFORE_REPLACE"
+STALL_ONLY_ENV = "MORPHPIPE_TEST_STALL_ONLY"
 _STALL_SECONDS = 60.0
 _RENAME_EXCHANGE = 2  # renameat2 flag (Linux >= 3.15): swap two paths atomically
 _AT_FDCWD = -100
@@ -187,7 +189,8 @@ def _fsync_directory(path: Path) -> None:
 def _stall_for_tests(target: Path) -> None:
     """The STALL_BEFORE_REPLACE_ENV test hook: announce the target, then wait to be interrupted."""
     marker = os.environ.get(STALL_BEFORE_REPLACE_ENV)
-    if not marker:
+    only = os.environ.get(STALL_ONLY_ENV)
+    if not marker or (only and target.name != only):
         return
     Path(marker).write_text(str(target), encoding="utf-8")
     time.sleep(_STALL_SECONDS)

@@ -193,8 +193,8 @@ def read_input(path: str | Path | None, field: str, expected: str, reader: Calla
         return reader(path)
     except GraphValidationError:
         raise
-    except (OSError, EOFError, ValueError, UnicodeDecodeError, zipfile.BadZipFile, pickle.UnpicklingError,
-            KeyError, IndexError) as error:
+    except (OSError, EOFError, ValueError, RuntimeError, zipfile.BadZipFile, pickle.UnpicklingError, KeyError,
+            IndexError) as error:  # what numpy, gzip, zipfile, pickle and torch.load raise on a file they cannot parse
         raise GraphValidationError(field, f"{path} could not be read as {expected} ({type(error).__name__}: "
                                    f"{error})", f"give {expected}") from error
 
