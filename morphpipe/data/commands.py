@@ -27,7 +27,6 @@ from morphpipe.data.splits import SplitFractions
 from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
 from morphpipe.data.summary import summarize
 from morphpipe.data.validation import GraphValidationError
-from morphpipe.outputs import replacing_directory
 
 CONVERTERS = ("edgelist", "scipy", "ogb", "pyg")
 
@@ -175,8 +174,7 @@ def run_convert(args: argparse.Namespace) -> int:
                              options=options, **extra)
     for warning in caught:
         print(f"morphpipe data convert: note: {warning.message}", file=sys.stderr)
-    with replacing_directory(out, "output") as staging:
-        store.save(staging)
+    store.save(out)  # `out` holds no other files (checked above): the new graph is swapped in whole
     print(f"{store.name}: {store.num_nodes:,} nodes, {store.num_edges:,} edges -> {out}")
     return 0
 

@@ -123,13 +123,18 @@ def check_graph_output(out_dir: str | os.PathLike, overwrite: bool) -> Path:
         kind = "a graph" if is_graph_dir(out) else "files"
         raise FileExistsError(f"output directory {out} already holds {kind}; overwrite it (--force) or choose "
                               "another path")
-    ours = {META_FILE, f".{META_FILE}.tmp"} | {f"{name}.npy" for name in ARRAY_FIELDS} | \
-        {f".{name}.npy.tmp" for name in ARRAY_FIELDS}
-    foreign = sorted(entry.name for entry in entries if entry.name not in ours or not entry.is_file())
+    foreign = foreign_entries(out)
     if foreign:
         raise FileExistsError(f"output directory {out} holds files that are not part of a graph "
                               f"({', '.join(foreign[:5])}); refusing to overwrite it, choose another path")
     return out
+
+
+def foreign_entries(directory: Path) -> list[str]:
+    """Names of the entries of an existing directory that are not files of a graph (sorted)."""
+    ours = {META_FILE, f".{META_FILE}.tmp"} | {f"{name}.npy" for name in ARRAY_FIELDS} | \
+        {f".{name}.npy.tmp" for name in ARRAY_FIELDS}
+    return sorted(entry.name for entry in directory.iterdir() if entry.name not in ours or not entry.is_file())
 
 
 def array_path(directory: str | os.PathLike, name: str) -> Path:

@@ -15,10 +15,11 @@ import torch
 
 from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
 from morphpipe.data.generators import generate, generation_record
-from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, array_path, is_graph_dir, load_array,
-                                   read_meta, save_array, write_meta)
+from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, array_path, foreign_entries, is_graph_dir,
+                                   load_array, read_meta, save_array, write_meta)
 from morphpipe.data.presets import PRESETS, Preset
 from morphpipe.data.validation import GraphValidationError, validate_graph
+from morphpipe.outputs import replacing_directory
 
 DATA_DIR_ENV = "MORPHPIPE_DATA_DIR"
 DEFAULT_DATA_ROOT = Path("~/.cache/morphpipe/datasets")
@@ -109,11 +110,21 @@ class GraphStore:
                     "writing a new file and renaming it, never by truncating them in place")
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes the store to directory `path` (meta.json + one .npy per array), replacing files atomically.
-        Every value is checked first (unless a validation of these very arrays passed already)."""
+        """Writes the store to directory `path` (meta.json + one .npy per array). Every value is checked first
+        (unless a validation of these very arrays passed already). A new directory, or one holding only a graph, is
+        built beside and swapped in whole, so a failed or interrupted save leaves the previous graph intact; in a
+        directory that holds other files too, each file is replaced atomically and meta.json is written last."""
         if not self.is_validated():
             self.validate()
         directory = Path(path)
+        if directory.is_dir() and foreign_entries(directory):
+            self._write(directory)  # beside other files: replaced file by file, meta.json last
+            return
+        with replacing_directory(directory, "path") as staging:
+            self._write(staging)
+
+    def _write(self, directory: Path) -> None:
+        """Writes every array, then meta.json, into `directory`."""
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "meta.json").unlink(missing_ok=True)
         for name, tensor in self._arrays().items():
@@ -238,7 +249,7 @@ def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progres
     """Path of the preset in the cache, generated first when missing, made by another generator version or spec,
     or when `regenerate`.
 
-    A lock file serialises concurrent callers; generation goes to a temporary directory renamed into place
+    A lock file serialises concurrent callers; generation goes to a temporary directory swapped into place
     (one left by a crashed generation is removed under the lock).
     """
     cache = data_root(root)
@@ -255,11 +266,7 @@ def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progres
             print(f"morphpipe: generating dataset {preset.name} into {target} ({reason})", file=sys.stderr)
         for leftover in cache.glob(f".{preset.name}.partial-*"):
             shutil.rmtree(leftover)
-        partial = cache / f".{preset.name}.partial-{os.getpid()}"
-        generate(preset.spec, partial, preset=preset.name, progress=progress, overwrite=True)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(partial, target)
+        generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True)
     return target
 
 
