@@ -191,8 +191,8 @@ def read_input(path: str | Path | None, field: str, expected: str, reader: Calla
         return reader(path)
     except GraphValidationError:
         raise
-    except (OSError, EOFError, ValueError, RuntimeError, zipfile.BadZipFile, pickle.UnpicklingError, KeyError,
-            IndexError) as error:  # what numpy, gzip, zipfile, pickle and torch.load raise on a file they cannot parse
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError, KeyError,
+            IndexError) as error:  # what numpy, gzip, zipfile and pickle raise on a file they cannot parse
         raise GraphValidationError(field, f"{path} could not be read as {expected} ({type(error).__name__}: "
                                    f"{error})", f"give {expected}") from error
 
@@ -201,7 +201,10 @@ def load_pyg_data(path: Path):
     """A torch.save'd torch_geometric Data object (unpickling needs torch_geometric and runs the file's code)."""
     if importlib.util.find_spec("torch_geometric") is None:
         raise RuntimeError("converting a PyG file needs torch_geometric: pip install torch_geometric")
-    return torch.load(path, weights_only=False)
+    try:
+        return torch.load(path, weights_only=False)
+    except RuntimeError as error:  # torch.load's way of saying the file is not one torch.save wrote
+        raise ValueError(f"not a file written by torch.save ({error})") from error
 
 
 def add_info(commands: argparse._SubParsersAction) -> None:
