@@ -68,7 +68,8 @@ CHILD_SETUP = textwrap.dedent("""
 
 SAMPLE = CHILD_SETUP + textwrap.dedent("""
     for kind in ("dips", "below-zero", "past-nnz"):
-        report(f"tensors/{kind}", lambda: sample_neighbors(store_from_tensors(malformed(kind)), list(range(6)), [-1, -1]))
+        report(f"tensors/{kind}",
+               lambda: sample_neighbors(store_from_tensors(malformed(kind)), list(range(6)), [-1, -1]))
         report(f"disk/{kind}", lambda: sample_neighbors(store_from_disk(malformed(kind), kind), list(range(6)), [3, 3]))
 """)
 

@@ -154,7 +154,8 @@ def run_convert(args: argparse.Namespace) -> int:
     extra = {
         "features": read_input(args.features, "--features", "a .npy array [N, F]",
                                lambda path: np.load(path, mmap_mode="c", allow_pickle=False)),
-        "labels": read_input(args.labels, "--labels", "a .npy array [N]", lambda path: np.load(path, allow_pickle=False)),
+        "labels": read_input(args.labels, "--labels", "a .npy array [N]",
+                             lambda path: np.load(path, allow_pickle=False)),
         "splits": read_input(args.splits, "--splits", "an .npz archive of id arrays",
                              lambda path: dict(np.load(path, allow_pickle=False))),
     }
