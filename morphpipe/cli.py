@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Sub-command modules, each exposing `register(subparsers)`; the order is the order of --help.
@@ -34,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors that bad input or the environment cause (their messages name the problem): one line, exit 2.
+# Anything else is a bug in morphpipe and keeps its traceback. MORPHPIPE_TRACEBACK=1 shows every traceback.
+USER_ERRORS = (ValueError, OSError, EOFError, RuntimeError, MemoryError)
+TRACEBACK_ENV = "MORPHPIPE_TRACEBACK"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -42,9 +49,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as error:
-        print(f"morphpipe {args.command}: error: {error}", file=sys.stderr)
+    except USER_ERRORS as error:
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(f"morphpipe {args.command}: error: {one_line(error)}", file=sys.stderr)
         return 2
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (native errors append C++ context lines), with its type when it says little."""
+    text = " ".join(part.strip() for part in str(error).splitlines() if part.strip())
+    if isinstance(error, MemoryError):
+        return f"out of memory{': ' + text if text else ''}; use a smaller dataset, batch or fanouts"
+    if isinstance(error, OSError) and error.filename is not None and str(error.filename) not in text:
+        text = f"{error.filename}: {text}"
+    return text or type(error).__name__
 
 
 if __name__ == "__main__":

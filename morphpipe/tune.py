@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from morphpipe.outputs import check_output_file
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.profiler.profiler import DEVICES, Profiler
 from morphpipe.sampling.commands import parse_int_list
@@ -56,6 +57,9 @@ def format_profile(profile: Profile) -> str:
 def run(args: argparse.Namespace) -> int:
     from morphpipe.data import load_dataset
 
+    for option, path in (("-o", args.output), ("--profile-output", args.profile_output), ("--gantt", args.gantt)):
+        if path is not None:
+            check_output_file(path, option)
     graph = load_dataset(args.dataset)
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.feature_dim} x {str(graph.features.dtype).removeprefix('torch.')} features, "

@@ -142,7 +142,7 @@ def test_checkpoints_are_written_atomically_and_restore_every_rng(tmp_path) -> N
     random.seed(3)
     rng = capture_rng()
     expected = (torch.rand(3), np.random.rand(3), random.random())
-    state = TrainingState(epoch=4, model={"w": torch.ones(2)}, optimizer={"state": {}}, rng=rng,
+    state = TrainingState(epoch=4, model={"w": torch.ones(2)}, optimizer={"state": {}, "param_groups": []}, rng=rng,
                           history=[{"epoch": 0, "loss": 1.5}], meta={"dataset": "x"})
     save_checkpoint(tmp_path, state)
     assert sorted(path.name for path in tmp_path.iterdir()) == [CHECKPOINT_FILE]

@@ -39,6 +39,7 @@ NeighborSampler::NeighborSampler(at::Tensor indptr, at::Tensor indices, std::vec
   check_fanouts(fanouts_);
   indptr_data_ = indptr_.data_ptr<int64_t>();
   num_nodes_ = indptr_.numel() - 1;
+  num_edges_ = indices_.numel();
 }
 
 int64_t NeighborSampler::local_id(int64_t node) {
@@ -81,7 +82,14 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
     if (dst + kIndptrPrefetch < num_dst) __builtin_prefetch(indptr_data_ + nodes_[dst + kIndptrPrefetch]);
     const int64_t node = nodes_[dst];
     const int64_t begin = indptr_data_[node];
-    const int64_t degree = indptr_data_[node + 1] - begin;
+    const int64_t end = indptr_data_[node + 1];
+    // indptr[-1] == nnz alone does not bound each list: a range that starts below 0, runs backwards or
+    // past nnz would make every read below leave the indices buffer, so each range is checked as it is read.
+    TORCH_CHECK(begin >= 0 && begin <= end && end <= num_edges_, "indptr: node ", node,
+                " has the neighbour range indptr[", node, "..", node + 1, "] = [", begin, ", ", end,
+                "), which is not inside [0, ", num_edges_, "] and non-decreasing; fix: rebuild the CSC with "
+                "build_csc(src, dst, num_nodes), and validate the graph with GraphStore.validate()");
+    const int64_t degree = end - begin;
     const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
     begins_[dst] = begin;
     out_indptr[dst + 1] = out_indptr[dst] + taken;
@@ -95,7 +103,7 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
     if (dst + kListPrefetch < num_dst) __builtin_prefetch(indices + begins_[dst + kListPrefetch]);
     const int64_t begin = begins_[dst];
     const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
-    const int64_t degree = indptr_data_[nodes_[dst] + 1] - begin;
+    const int64_t degree = indptr_data_[nodes_[dst] + 1] - begin;  // checked in pass 1
     const index_t* neighbours = indices + begin;
     auto emit = [&](int64_t neighbour) {
       TORCH_CHECK(neighbour >= 0 && neighbour < num_nodes_, "graph topology: indices[", begin,

@@ -47,6 +47,7 @@ class NeighborSampler {
   at::Tensor indices_;
   const int64_t* indptr_data_;
   int64_t num_nodes_;
+  int64_t num_edges_;  // every neighbour range must lie in [0, num_edges_]
   std::vector<int64_t> fanouts_;
 
   NodeMap node_map_;

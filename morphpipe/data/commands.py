@@ -4,11 +4,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import pickle
 import sys
 import time
 import warnings
+import zipfile
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse
@@ -17,11 +21,12 @@ import torch
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
-from morphpipe.data.ondisk import prepare_output_dir
+from morphpipe.data.ondisk import check_graph_output
 from morphpipe.data.presets import PRESETS, get_preset
 from morphpipe.data.splits import SplitFractions
 from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
 from morphpipe.data.summary import summarize
+from morphpipe.data.validation import GraphValidationError
 
 CONVERTERS = ("edgelist", "scipy", "ogb", "pyg")
 
@@ -135,43 +140,72 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    """Reads the source, converts it, validates and saves it, then prints a summary."""
-    out = prepare_output_dir(args.output, overwrite=args.force)
+    """Checks the output, reads the source, converts, validates and saves it; an existing graph at the output is
+    replaced only once the new one is complete."""
+    out = check_graph_output(args.output, overwrite=args.force)
     options = ConvertOptions(
         make_undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedupe=args.dedupe,
         num_nodes=args.num_nodes, name=args.name, seed=args.seed, split=SplitFractions.parse(args.split),
         feature_dim=args.feature_dim, num_classes=args.num_classes, progress=True,
     )
-    extra = {
-        "features": np.load(args.features, mmap_mode="c", allow_pickle=False) if args.features else None,
-        "labels": np.load(args.labels, allow_pickle=False) if args.labels else None,
-        "splits": dict(np.load(args.splits, allow_pickle=False)) if args.splits else None,
-    }
     source = Path(args.source)
     if not source.exists():
         raise FileNotFoundError(f"{args.format} source {source} does not exist")
+    extra = {
+        "features": read_input(args.features, "--features", "a .npy array [N, F]",
+                               lambda path: np.load(path, mmap_mode="c", allow_pickle=False)),
+        "labels": read_input(args.labels, "--labels", "a .npy array [N]",
+                             lambda path: np.load(path, allow_pickle=False)),
+        "splits": read_input(args.splits, "--splits", "an .npz archive of id arrays",
+                             lambda path: dict(np.load(path, allow_pickle=False))),
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         if args.format == "edgelist":
-            store = from_edge_list(source, options=options, **extra)
+            store = read_input(source, "source", "an edge list (.npy, csv or txt)",
+                               lambda path: from_edge_list(path, options=options, **extra))
         elif args.format == "scipy":
-            store = from_scipy(scipy.sparse.load_npz(source), options=options, **extra)
+            matrix = read_input(source, "source", "a scipy.sparse .npz file", scipy.sparse.load_npz)
+            store = from_scipy(matrix, options=options, **extra)
         elif args.format == "ogb":
-            store = from_ogb(source, split_scheme=args.split_scheme, options=options, **extra)
+            store = read_input(source, "source", "an OGB node-property-prediction directory",
+                               lambda path: from_ogb(path, split_scheme=args.split_scheme, options=options, **extra))
         else:
-            store = from_pyg(load_pyg_data(source), options=options, **extra)
+            store = from_pyg(read_input(source, "source", "a torch.save'd PyG Data object", load_pyg_data),
+                             options=options, **extra)
     for warning in caught:
         print(f"morphpipe data convert: note: {warning.message}", file=sys.stderr)
-    store.save(out)
+    store.save(out)  # `out` holds no other files (checked above): the new graph is swapped in whole
     print(f"{store.name}: {store.num_nodes:,} nodes, {store.num_edges:,} edges -> {out}")
     return 0
+
+
+def read_input(path: str | Path | None, field: str, expected: str, reader: Callable[[Path], Any]) -> Any:
+    """reader(path), or None without a path; a file that cannot be parsed (corrupt, binary, empty, pickled, wrong
+    compression or encoding) is a GraphValidationError naming `field` and the file, never a raw traceback."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{field} {path} does not exist")
+    try:
+        return reader(path)
+    except GraphValidationError:
+        raise
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError, KeyError,
+            IndexError) as error:  # what numpy, gzip, zipfile and pickle raise on a file they cannot parse
+        raise GraphValidationError(field, f"{path} could not be read as {expected} ({type(error).__name__}: "
+                                   f"{error})", f"give {expected}") from error
 
 
 def load_pyg_data(path: Path):
     """A torch.save'd torch_geometric Data object (unpickling needs torch_geometric and runs the file's code)."""
     if importlib.util.find_spec("torch_geometric") is None:
         raise RuntimeError("converting a PyG file needs torch_geometric: pip install torch_geometric")
-    return torch.load(path, weights_only=False)
+    try:
+        return torch.load(path, weights_only=False)
+    except RuntimeError as error:  # torch.load's way of saying the file is not one torch.save wrote
+        raise ValueError(f"not a file written by torch.save ({error})") from error
 
 
 def add_info(commands: argparse._SubParsersAction) -> None:

@@ -50,6 +50,16 @@ class ConvertOptions:
     num_classes: int | None = None  # default: max label + 1 (2 for generated labels)
     progress: bool = False  # tqdm bar while building the CSC
 
+    def __post_init__(self) -> None:
+        for name, value, allow_none in (("num_nodes", self.num_nodes, True), ("feature_dim", self.feature_dim, False),
+                                        ("num_classes", self.num_classes, True)):
+            if value is None and allow_none:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                option = "--" + name.replace("_", "-")
+                raise GraphValidationError(name, f"is {value!r}, expected an integer >= 1",
+                                           f"pass a positive {name} ({option}), or leave it out to infer it")
+
 
 @dataclass
 class GraphParts:
@@ -257,7 +267,8 @@ def assemble(parts: GraphParts, options: ConvertOptions, default_name: str, sour
              splits: Splits | None = None) -> GraphStore:
     """Builds the CSC and fills in features, labels and splits: arguments first, then the source, then generated."""
     src, dst = as_node_ids(parts.src, "src"), as_node_ids(parts.dst, "dst")
-    num_nodes = options.num_nodes or parts.num_nodes or _infer_num_nodes(src, dst, features, labels, parts)
+    num_nodes = options.num_nodes if options.num_nodes is not None else \
+        parts.num_nodes or _infer_num_nodes(src, dst, features, labels, parts)
     indptr, indices = build_csc_arrays(src, dst, num_nodes, make_undirected=options.make_undirected,
                                        drop_self_loops=options.drop_self_loops, dedupe=options.dedupe,
                                        progress=options.progress)

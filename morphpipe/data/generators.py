@@ -14,6 +14,7 @@ does not depend on anything but the spec), and features are written to disk chun
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from tqdm.auto import tqdm
 
-from morphpipe.data.csc import csc_from_sorted_keys, fill_keys
+from morphpipe.data.csc import KEY_NODE_LIMIT, csc_from_sorted_keys, fill_keys
 from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE, float32_to_storage, index_dtype_for
-from morphpipe.data.ondisk import GraphMeta, NpyChunkWriter, prepare_output_dir, save_array, write_meta
+from morphpipe.data.ondisk import GraphMeta, NpyChunkWriter, check_graph_output, save_array, write_meta
 from morphpipe.data.splits import SplitFractions, random_split
+from morphpipe.outputs import replacing_directory
 from morphpipe.profiler.hardware import usable_cores
 
 POWER_LAW = "power-law"
@@ -118,8 +121,16 @@ def generate(
 
     `timings`, when given, receives the seconds spent in each stage (for benchmarks).
     """
-    out = prepare_output_dir(out_dir, overwrite)
-    name = name or preset or f"{spec.kind}-{spec.num_nodes}"
+    out = check_graph_output(out_dir, overwrite)
+    check_fits_in_memory(spec, out)
+    with replacing_directory(out, "output") as staging:
+        _generate_into(staging, spec, name or preset or f"{spec.kind}-{spec.num_nodes}", preset, progress, timings)
+    return out
+
+
+def _generate_into(out: Path, spec: GeneratorSpec, name: str, preset: str | None, progress: bool,
+                   timings: dict[str, float] | None) -> None:
+    """Writes every file of the generated graph into the (empty) directory `out`, meta.json last."""
     clock = _StageClock(timings)
     labels = _rng(spec.seed, STREAM_LABELS).integers(0, spec.num_classes, spec.num_nodes, dtype=np.int64)
     if spec.kind == POWER_LAW:
@@ -153,7 +164,42 @@ def generate(
         indices_dtype=indices_dtype,
         source=generation_record(spec, preset),
     ))
-    return out
+
+
+def generation_needs(spec: GeneratorSpec) -> tuple[int, int]:
+    """(peak bytes of memory, bytes on disk) that generating `spec` takes, estimated from its sizes.
+
+    Memory peaks while the sorted edge keys (int64 per edge) and the CSC indices coexist, beside
+    indptr, labels and the node shuffle; features are written in chunks and never held whole.
+    """
+    num_edges = 2 * _num_pairs(spec) if spec.undirected else _num_pairs(spec)
+    index_bytes = index_dtype_for(spec.num_nodes).itemsize
+    memory = num_edges * (8 + index_bytes) + spec.num_nodes * (8 * 3 + index_bytes)
+    feature_bytes = spec.num_nodes * spec.feature_dim * FEATURE_STORAGE[spec.feature_dtype].itemsize
+    disk = feature_bytes + num_edges * index_bytes + spec.num_nodes * 8 * 3
+    return memory, disk
+
+
+def check_fits_in_memory(spec: GeneratorSpec, directory: str | os.PathLike = ".") -> None:
+    """Refuses, before any work, a spec whose generation needs more memory than is available (or more disk than
+    the nearest existing ancestor of `directory` has free), saying how much it needs."""
+    if spec.num_nodes > KEY_NODE_LIMIT:
+        raise ValueError(f"generator spec: num_nodes = {spec.num_nodes:,} is more than the generator supports "
+                         f"({KEY_NODE_LIMIT:,}); fix: ask for fewer nodes")
+    memory, disk = generation_needs(spec)
+    available = psutil.virtual_memory().available
+    if memory > available:
+        raise ValueError(f"generator spec: {spec.num_nodes:,} nodes with average degree {spec.avg_degree:g} need "
+                         f"about {memory / 2**30:.1f} GiB of memory to generate, {available / 2**30:.1f} GiB is "
+                         "available; fix: fewer nodes (--nodes) or a smaller --avg-degree")
+    existing = Path(directory).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if disk > free:
+        raise ValueError(f"generator spec: the graph takes about {disk / 2**30:.1f} GiB on disk, {existing} has "
+                         f"{free / 2**30:.1f} GiB free; fix: fewer nodes, a smaller --feature-dim or "
+                         "--feature-dtype float16, or another output directory")
 
 
 class _StageClock:

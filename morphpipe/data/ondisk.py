@@ -16,6 +16,7 @@ import numpy as np
 
 from morphpipe import __version__
 from morphpipe.data.validation import GraphValidationError
+from morphpipe.outputs import check_output_dir
 
 META_FILE = "meta.json"
 FORMAT_NAME = "morphpipe-graph"
@@ -52,10 +53,11 @@ class GraphMeta:
             raise GraphValidationError("meta.json format", f"{origin} has format {data.get('format')!r}, expected "
                                        f"{FORMAT_NAME!r}", "point at a directory written by morphpipe")
         version = data.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if type(version) is not int or version != FORMAT_VERSION:
+            newer = type(version) is int and version > FORMAT_VERSION
             raise GraphValidationError("meta.json format_version", f"{origin} has version {version!r}, this morphpipe "
-                                       f"reads versions <= {FORMAT_VERSION}",
-                                       "upgrade morphpipe or re-create the graph")
+                                       f"reads version {FORMAT_VERSION} exactly",
+                                       "upgrade morphpipe" if newer else "re-create the graph with morphpipe")
         types = {"name": str, "num_nodes": int, "num_edges": int, "feature_dim": int, "feature_dtype": str,
                  "num_classes": int, "indices_dtype": str, "source": dict, "morphpipe_version": str}
         values = {}
@@ -104,12 +106,16 @@ def write_meta(directory: str | os.PathLike, meta: GraphMeta) -> None:
     os.replace(temporary, path)
 
 
-def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
-    """Creates `out_dir`; a non-empty one is an error, unless `overwrite` and it holds only graph files (removed)."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output {out} exists and is not a directory; choose another path")
-    out.mkdir(parents=True, exist_ok=True)
+def check_graph_output(out_dir: str | os.PathLike, overwrite: bool) -> Path:
+    """`out_dir` as a graph directory a new graph may replace, checked before any work and changing nothing.
+
+    A missing or empty directory is fine; a non-empty one needs `overwrite` and may hold only graph
+    files (so replacing it never removes anything else). Write the new graph with
+    `morphpipe.outputs.replacing_directory`, which keeps the old one until the new one is complete.
+    """
+    out = check_output_dir(out_dir, "output")
+    if not out.is_dir():
+        return out
     entries = list(out.iterdir())
     if not entries:
         return out
@@ -117,16 +123,18 @@ def prepare_output_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
         kind = "a graph" if is_graph_dir(out) else "files"
         raise FileExistsError(f"output directory {out} already holds {kind}; overwrite it (--force) or choose "
                               "another path")
-    ours = {META_FILE, f".{META_FILE}.tmp"} | {f"{name}.npy" for name in ARRAY_FIELDS} | \
-        {f".{name}.npy.tmp" for name in ARRAY_FIELDS}
-    foreign = sorted(entry.name for entry in entries if entry.name not in ours or not entry.is_file())
+    foreign = foreign_entries(out)
     if foreign:
         raise FileExistsError(f"output directory {out} holds files that are not part of a graph "
                               f"({', '.join(foreign[:5])}); refusing to overwrite it, choose another path")
-    (out / META_FILE).unlink(missing_ok=True)
-    for entry in entries:
-        entry.unlink(missing_ok=True)
     return out
+
+
+def foreign_entries(directory: Path) -> list[str]:
+    """Names of the entries of an existing directory that are not files of a graph (sorted)."""
+    ours = {META_FILE, f".{META_FILE}.tmp"} | {f"{name}.npy" for name in ARRAY_FIELDS} | \
+        {f".{name}.npy.tmp" for name in ARRAY_FIELDS}
+    return sorted(entry.name for entry in directory.iterdir() if entry.name not in ours or not entry.is_file())
 
 
 def array_path(directory: str | os.PathLike, name: str) -> Path:
@@ -150,9 +158,9 @@ def load_array(directory: str | os.PathLike, name: str, mmap: bool) -> np.ndarra
         raise GraphValidationError(name, f"file {path} is missing", "re-save or re-convert the graph")
     try:
         array = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
-    except ValueError as error:
-        raise GraphValidationError(name, f"{path} is not a plain numeric .npy file ({error})",
-                                   "re-save the array with numpy.save") from error
+    except (ValueError, EOFError, OSError) as error:
+        raise GraphValidationError(name, f"{path} is not a plain numeric .npy file, or is cut short ({error})",
+                                   "re-save the array with numpy.save, or re-create the graph") from error
     if not array.dtype.isnative:
         raise GraphValidationError(name, f"{path} has non-native byte order ({array.dtype.str})",
                                    "re-save it with array.astype(array.dtype.newbyteorder('='))")

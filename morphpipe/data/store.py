@@ -5,6 +5,7 @@ import fcntl
 import os
 import shutil
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,11 @@ import torch
 
 from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
 from morphpipe.data.generators import generate, generation_record
-from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, is_graph_dir, load_array, read_meta,
-                                   save_array, write_meta)
+from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, array_path, foreign_entries, is_graph_dir,
+                                   load_array, read_meta, save_array, write_meta)
 from morphpipe.data.presets import PRESETS, Preset
 from morphpipe.data.validation import GraphValidationError, validate_graph
+from morphpipe.outputs import replacing_directory
 
 DATA_DIR_ENV = "MORPHPIPE_DATA_DIR"
 DEFAULT_DATA_ROOT = Path("~/.cache/morphpipe/datasets")
@@ -38,6 +40,17 @@ class GraphStore:
     num_classes: int
     name: str = "graph"
     source: dict[str, Any] = field(default_factory=dict)  # how the graph was made (meta.json `source`)
+    # Memory-mapped files behind the arrays: path -> (device, inode, size in bytes) when loaded.
+    mapped_files: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False, compare=False)
+    # What the last full validation saw (see `is_validated`); None until a validation passes.
+    validated_signature: tuple | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """numpy arrays given for any array field become tensors (zero-copy where numpy's dtype allows)."""
+        for name in ARRAY_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, np.ndarray):
+                setattr(self, name, _tensor(np.ascontiguousarray(value), name))
 
     @property
     def num_nodes(self) -> int:
@@ -62,11 +75,56 @@ class GraphStore:
     def validate(self) -> None:
         """Checks dtypes, shapes and every value; raises GraphValidationError naming the field and the fix."""
         validate_graph(**self._arrays(), num_classes=self.num_classes)
+        self.validated_signature = self._signature()
+
+    def is_validated(self) -> bool:
+        """True when every value was checked and no array or num_classes was replaced since (splits excepted:
+        batchers check the seeds they are given)."""
+        return self.validated_signature is not None and self.validated_signature == self._signature()
+
+    def note_first_use(self) -> None:
+        """Warns, once per store, when the store is used without its values having been checked."""
+        if self.is_validated() or getattr(self, "_warned_unvalidated", False):
+            return
+        self._warned_unvalidated = True
+        warnings.warn(UnvalidatedGraphWarning(
+            f"graph {self.name!r} is used without validation: labels in [0, {self.num_classes}) or -1, finite "
+            "features, split ids and the CSC's values were not checked (the native sampler still refuses a "
+            "malformed neighbour range or id); call graph.validate() or load with GraphStore.load(path) to check "
+            "them"), stacklevel=4)
+
+    def check_files(self) -> None:
+        """Refuses to go on when a memory-mapped file shrank since loading: reading a page past its new end
+        would kill the process with SIGBUS. Cheap (one stat per file); the batchers call it before every epoch.
+        A file truncated while an epoch runs cannot be caught this way."""
+        for path, (device, inode, size) in self.mapped_files.items():
+            try:
+                now = os.stat(path)
+            except FileNotFoundError:
+                continue  # unlinked or replaced by rename: the mapping keeps the old file alive
+            if (now.st_dev, now.st_ino) == (device, inode) and now.st_size < size:
+                raise GraphValidationError(
+                    Path(path).stem, f"{path} shrank from {size:,} to {now.st_size:,} bytes since graph "
+                    f"{self.name!r} was loaded; it is memory-mapped, and reading it now would crash the process",
+                    "restore the file (or regenerate the graph) and load it again; replace dataset files by "
+                    "writing a new file and renaming it, never by truncating them in place")
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes the store to directory `path` (meta.json + one .npy per array), replacing files atomically."""
-        validate_graph(**self._arrays(), num_classes=self.num_classes, scan_values=False)
+        """Writes the store to directory `path` (meta.json + one .npy per array). Every value is checked first
+        (unless a validation of these very arrays passed already). A new directory, or one holding only a graph, is
+        built beside and swapped in whole, so a failed or interrupted save leaves the previous graph intact; in a
+        directory that holds other files too, each file is replaced atomically and meta.json is written last."""
+        if not self.is_validated():
+            self.validate()
         directory = Path(path)
+        if directory.is_dir() and foreign_entries(directory):
+            self._write(directory)  # beside other files: replaced file by file, meta.json last
+            return
+        with replacing_directory(directory, "path") as staging:
+            self._write(staging)
+
+    def _write(self, directory: Path) -> None:
+        """Writes every array, then meta.json, into `directory`."""
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "meta.json").unlink(missing_ok=True)
         for name, tensor in self._arrays().items():
@@ -91,10 +149,19 @@ class GraphStore:
         _check_against_meta(arrays, meta, Path(path))
         tensors = {name: _tensor(array, name) for name, array in arrays.items() if name != "features"}
         tensors["features"] = features_from_storage(arrays["features"], meta.feature_dtype)
-        store = cls(**tensors, num_classes=meta.num_classes, name=meta.name, source=meta.source)
+        store = cls(**tensors, num_classes=meta.num_classes, name=meta.name, source=meta.source,
+                    mapped_files=_mapped_files(path, arrays))
         validate_graph(**store._arrays(), num_classes=store.num_classes, num_nodes=meta.num_nodes,
                        scan_values=validate)
+        if validate:
+            store.validated_signature = store._signature()
         return store
+
+    def _signature(self) -> tuple:
+        """Identity of the arrays a validation covers: their memory, shape and dtype, and num_classes."""
+        arrays = (self.indptr, self.indices, self.features, self.labels)
+        return (self.num_classes, *((t.data_ptr(), tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else id(t)
+                                    for t in arrays))
 
     def _arrays(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in ARRAY_FIELDS}
@@ -126,6 +193,21 @@ def _check_against_meta(arrays: dict[str, np.ndarray], meta: GraphMeta, path: Pa
     if features.ndim != 2 or features.shape[1] != meta.feature_dim:
         raise GraphValidationError("features", f"{path / 'features.npy'} has shape {features.shape}, but meta.json "
                                    f"says feature_dim = {meta.feature_dim}", "re-save the graph with GraphStore.save")
+
+
+class UnvalidatedGraphWarning(UserWarning):
+    """A graph store is used before its values were checked."""
+
+
+def _mapped_files(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, int, int]]:
+    """(device, inode, size) of the file behind every memory-mapped array."""
+    files = {}
+    for name, array in arrays.items():
+        if isinstance(array, np.memmap):
+            file = array_path(path, name)
+            info = os.stat(file)
+            files[str(file)] = (info.st_dev, info.st_ino, info.st_size)
+    return files
 
 
 def _tensor(array: np.ndarray, name: str) -> torch.Tensor:
@@ -167,7 +249,7 @@ def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progres
     """Path of the preset in the cache, generated first when missing, made by another generator version or spec,
     or when `regenerate`.
 
-    A lock file serialises concurrent callers; generation goes to a temporary directory renamed into place
+    A lock file serialises concurrent callers; generation goes to a temporary directory swapped into place
     (one left by a crashed generation is removed under the lock).
     """
     cache = data_root(root)
@@ -184,11 +266,7 @@ def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progres
             print(f"morphpipe: generating dataset {preset.name} into {target} ({reason})", file=sys.stderr)
         for leftover in cache.glob(f".{preset.name}.partial-*"):
             shutil.rmtree(leftover)
-        partial = cache / f".{preset.name}.partial-{os.getpid()}"
-        generate(preset.spec, partial, preset=preset.name, progress=progress, overwrite=True)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(partial, target)
+        generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True)
     return target
 
 

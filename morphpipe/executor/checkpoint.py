@@ -2,13 +2,17 @@
 
 A run killed at any moment continues from its last completed epoch: the file is written to a
 temporary name in the same directory, flushed to disk and renamed over the previous one, so a
-kill leaves either the old checkpoint or the new one, never half of one. The RNG states
-(torch CPU and CUDA, numpy, Python) make the resumed run draw the same dropout masks as an
+kill leaves either the old checkpoint or the new one, never half of one. A JSON header line
+(format, version, size and SHA-256 of the rest) comes first: a damaged file is refused, not
+resumed. The RNG states (torch CPU and CUDA, numpy, Python) make the resumed run draw the same dropout masks as an
 uninterrupted one; the batchers need no state beyond the epoch number (they replay epoch k).
 Files load with `weights_only=True`: plain containers and tensors only.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import random
 from dataclasses import dataclass, field
@@ -18,8 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from morphpipe.outputs import check_output_dir, replacing_file
+
 CHECKPOINT_FILE = "checkpoint.pt"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_FORMAT = "morphpipe-checkpoint"
+CHECKPOINT_VERSION = 2
 
 
 @dataclass
@@ -66,32 +73,85 @@ def _to_tuples(value: Any) -> Any:
 
 
 def save_checkpoint(directory: str | os.PathLike, state: TrainingState) -> Path:
-    """Writes `state` to `directory/checkpoint.pt` atomically; returns the path."""
-    folder = Path(directory)
+    """Writes `state` to `directory/checkpoint.pt` atomically, with a checksum of its contents; returns the path."""
+    folder = check_output_dir(directory, "checkpoint_dir")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / CHECKPOINT_FILE
-    temporary = folder / f".{CHECKPOINT_FILE}.{os.getpid()}.tmp"
-    document = {"version": CHECKPOINT_VERSION, "epoch": state.epoch, "model": state.model,
-                "optimizer": state.optimizer, "rng": state.rng, "history": state.history, "meta": state.meta}
-    with open(temporary, "wb") as handle:
-        torch.save(document, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, target)
+    document = {"epoch": state.epoch, "model": state.model, "optimizer": state.optimizer, "rng": state.rng,
+                "history": state.history, "meta": state.meta}
+    buffer = io.BytesIO()
+    torch.save(document, buffer)
+    payload = buffer.getvalue()
+    header = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "payload_bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    with replacing_file(target, "checkpoint") as temporary:
+        with open(temporary, "wb") as handle:
+            handle.write(json.dumps(header).encode() + b"\n")
+            handle.write(payload)
     return target
 
 
 def load_checkpoint(directory: str | os.PathLike) -> TrainingState | None:
-    """The state saved in `directory`, or None when there is no checkpoint there yet."""
+    """The state saved in `directory`, or None when there is no checkpoint there yet.
+
+    A damaged checkpoint (bad header, wrong size or checksum, missing or mistyped fields) raises
+    CheckpointError naming the file and the problem, and is never resumed from.
+    """
     path = Path(directory) / CHECKPOINT_FILE
     if not path.exists():
         return None
+    if not path.is_file():
+        raise CheckpointError(path, "is not a file", "remove it")
+    data = path.read_bytes()
+    header_line, newline, payload = data.partition(b"\n")
     try:
-        document = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(f"{path}: not a readable morphpipe checkpoint ({error}); delete it to start over") from error
-    if not isinstance(document, dict) or document.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"{path}: checkpoint version {document.get('version') if isinstance(document, dict) else '?'}"
-                         f", this morphpipe reads version {CHECKPOINT_VERSION}; delete it to start over")
-    return TrainingState(epoch=document["epoch"], model=document["model"], optimizer=document["optimizer"],
-                         rng=document["rng"], history=document["history"], meta=document["meta"])
+        header = json.loads(header_line.decode("utf-8")) if newline else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(path, "is not a morphpipe checkpoint (its header is missing or damaged)")
+    if header.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(path, f"has checkpoint version {header.get('version')!r}, this morphpipe reads version "
+                              f"{CHECKPOINT_VERSION}")
+    if header.get("payload_bytes") != len(payload):
+        raise CheckpointError(path, f"holds {len(payload):,} bytes of data, its header says "
+                              f"{header.get('payload_bytes')!r} (truncated or appended to)")
+    if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        raise CheckpointError(path, "is damaged: its contents do not match the checksum written with it")
+    try:
+        document = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for unreadable data; all mean the same here
+        raise CheckpointError(path, f"could not be read ({type(error).__name__}: {error})") from error
+    return TrainingState(**_checked_fields(document, path))
+
+
+def _checked_fields(document: Any, path: Path) -> dict[str, Any]:
+    """The checkpoint's fields, each checked for its type and range."""
+    if not isinstance(document, dict):
+        raise CheckpointError(path, f"holds {type(document).__name__}, expected a dict of fields")
+    expected = {"epoch": int, "model": dict, "optimizer": dict, "rng": dict, "history": list, "meta": dict}
+    for name, kind in expected.items():
+        value = document.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(path, f"field {name!r} is {type(value).__name__}, expected {kind.__name__}")
+    if document["epoch"] < 0:
+        raise CheckpointError(path, f"field 'epoch' is {document['epoch']}, expected the number of completed epochs "
+                              "(>= 0)")
+    bad_weight = next((key for key, value in document["model"].items() if not isinstance(value, torch.Tensor)), None)
+    if bad_weight is not None:
+        raise CheckpointError(path, f"model entry {bad_weight!r} is not a tensor")
+    if not {"state", "param_groups"} <= set(document["optimizer"]):
+        raise CheckpointError(path, "field 'optimizer' lacks 'state' or 'param_groups'")
+    if not {"torch", "numpy", "python"} <= set(document["rng"]):
+        raise CheckpointError(path, "field 'rng' lacks the torch, numpy or python state")
+    if not all(isinstance(item, dict) for item in document["history"]):
+        raise CheckpointError(path, "field 'history' holds entries that are not dicts")
+    return {name: document[name] for name in expected}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names the file, the problem and the fix."""
+
+    def __init__(self, path: Path, problem: str, fix: str = "delete it to start over, or resume from a backup"):
+        super().__init__(f"checkpoint {path}: {problem}; fix: {fix}")
+        self.path = path

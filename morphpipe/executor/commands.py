@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from morphpipe.outputs import check_output_dir, check_output_file, write_text_atomic
 from morphpipe.profiler.profiler import DEVICES, Profiler
 from morphpipe.sampling.commands import parse_int_list
 from morphpipe.scheduler import Plan, plan_from_profile
@@ -68,9 +69,14 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.nn import build_model
     from morphpipe.sampling.gpu_batcher import GpuBatcher
 
+    check_outputs(args)
     graph = load_dataset(args.dataset)
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features, "
           f"{graph.num_classes} classes, {len(graph.train_idx):,} training seeds")
+    empty = [split for split in ("val", "test") if getattr(graph, f"{split}_idx").numel() == 0]
+    if empty:
+        print(f"note: the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: no "
+              f"{' or '.join(empty)} accuracy will be reported")
     plan = Plan.load(args.plan) if args.plan is not None else None
     settings = workload_settings(args, plan)
     if plan is None:
@@ -84,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
                  seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
                  progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None) as trainer:
         history = trainer.fit(args.epochs)
-        test_acc = trainer.evaluate("test")
-    print(f"test accuracy {test_acc:.4f}")
+        test_acc = trainer.evaluate("test") if "test" not in empty else None
+    if test_acc is not None:
+        print(f"test accuracy {test_acc:.4f}")
     if history:
         measured = sum(stats.epoch_s for stats in history) / len(history)
         print(f"mean epoch {measured:.2f} s measured vs {plan.predicted_epoch_s:.2f} s predicted "
@@ -94,9 +101,18 @@ def run(args: argparse.Namespace) -> int:
         document = {"plan": plan.to_dict(), "settings": {**settings, "epochs": args.epochs, "lr": args.lr,
                                                         "seed": args.seed, "dataset": graph.name},
                     "epochs": [stats.to_dict() for stats in history], "test_acc": test_acc}
-        args.stats_json.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(args.stats_json, json.dumps(document, indent=2) + "\n", "--stats-json")
         print(f"wrote {args.stats_json}")
     return 0
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuses, before any work, output paths that could not be written after training."""
+    for option, path in (("--stats-json", args.stats_json), ("--save-plan", args.save_plan)):
+        if path is not None:
+            check_output_file(path, option)
+    if args.checkpoint_dir is not None:
+        check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
 
 
 def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> Plan:

@@ -133,6 +133,9 @@ class Trainer:
     def fit(self, epochs: int, *, validate: bool = True) -> list[EpochStats]:
         """Trains until `epochs` epochs are done (continuing from a checkpoint), returns every epoch's stats."""
         check_positive("epochs", epochs)
+        if validate and self.graph.val_idx.numel() == 0:
+            self.log("the validation split is empty: epochs run without validation accuracy")
+            validate = False
         first = self._resume()
         train_threads = self.plan.train_threads if self.plan.kind == "cpu-only" else None
         for epoch in range(first, epochs):

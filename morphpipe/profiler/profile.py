@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from morphpipe.outputs import write_text_atomic
 from morphpipe.profiler.hardware import HardwareFacts
 
 SCHEMA_VERSION = 1
@@ -165,11 +166,8 @@ def check_document_header(reader: FieldReader, kind: str, schema_version: int) -
 
 
 def write_json_document(path: str | Path, document: Mapping[str, Any]) -> None:
-    """Writes JSON atomically enough for our use: to a sibling temp file, then renamed over `path`."""
-    target = Path(path)
-    temporary = target.with_name(target.name + ".tmp")
-    temporary.write_text(json.dumps(document, indent=2, sort_keys=False, allow_nan=False) + "\n", encoding="utf-8")
-    temporary.replace(target)
+    """Writes JSON atomically: a failed or interrupted write leaves the previous file as it was."""
+    write_text_atomic(path, json.dumps(document, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 @dataclass(frozen=True)

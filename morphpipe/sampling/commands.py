@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from morphpipe.outputs import check_output_file, write_text_atomic
 from morphpipe.sampling.cpu_batcher import CpuBatcher, usable_cores
 from morphpipe.sampling.throughput import measure_throughput
 
@@ -30,6 +31,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from morphpipe.data import load_dataset
 
+    if args.batches < 1:
+        raise ValueError(f"--batches {args.batches}: measure at least 1 batch per thread count")
+    if args.json_path:
+        check_output_file(args.json_path, "--json")
     graph = load_dataset(args.dataset)
     fanouts = parse_int_list(args.fanouts, "--fanouts")
     threads = parse_int_list(args.threads, "--threads") if args.threads else list(range(1, usable_cores() + 1))
@@ -44,7 +49,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{count:>7}{result.batches_per_s:>11.2f}{result.edges_per_s / 1e6:>10.2f}"
               f"{result.feature_bytes_per_s / 1e9:>11.3f}{result.bytes_per_batch / 1e6:>10.2f}")
     if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump({"dataset": graph.name, "fanouts": fanouts, "batch_size": args.batch_size, "rows": rows},
-                      handle, indent=2)
+        document = {"dataset": graph.name, "fanouts": fanouts, "batch_size": args.batch_size, "rows": rows}
+        write_text_atomic(args.json_path, json.dumps(document, indent=2) + "\n", "--json")
     return 0

@@ -12,7 +12,7 @@ import torch
 
 from morphpipe import native
 from morphpipe.profiler.hardware import usable_cores
-from morphpipe.sampling.epochs import SeedBatcher, epoch_seed
+from morphpipe.sampling.epochs import SeedBatcher, check_files, epoch_seed, note_first_use
 from morphpipe.sampling.minibatch import Block, MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
@@ -107,6 +107,8 @@ class CpuBatcher(SeedBatcher):
 
 def sample_neighbors(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> MiniBatch:
     """Samples one mini-batch on the calling thread (the `morphpipe::sample_neighbors` op)."""
+    note_first_use(graph)
+    check_files(graph)
     fanouts = check_fanouts(fanouts)
     seed_ids = check_seed_ids(seeds, graph.num_nodes)
     ops = native.ops()

@@ -39,6 +39,20 @@ def batch_seeds(order: torch.Tensor, index: int, batch_size: int) -> torch.Tenso
     return order[index * batch_size:(index + 1) * batch_size]
 
 
+def note_first_use(graph: Any) -> None:
+    """Lets a graph store warn that it is used unvalidated (other graph types have nothing to say)."""
+    note = getattr(graph, "note_first_use", None)
+    if note is not None:
+        note()
+
+
+def check_files(graph: Any) -> None:
+    """Lets a graph store refuse to go on when a memory-mapped file shrank under it."""
+    check = getattr(graph, "check_files", None)
+    if check is not None:
+        check()
+
+
 class SeedBatcher:
     """The contract CpuBatcher, GpuBatcher and SerialBatcher share: validated seeds and sizes, `len` (batches per
     epoch), `iter` (starts the next epoch), `epoch_order`, and closing as a context manager.
@@ -49,6 +63,7 @@ class SeedBatcher:
     def __init__(self, graph: Any, fanouts: Sequence[int], batch_size: int, seeds: torch.Tensor | None,
                  shuffle: bool, drop_last: bool, seed: int) -> None:
         self.graph = graph
+        note_first_use(graph)
         self.fanouts = check_fanouts(fanouts)
         self.batch_size = check_positive("batch_size", batch_size)
         self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
@@ -67,7 +82,9 @@ class SeedBatcher:
         return self.epoch(epoch)
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The seeds in the order epoch `epoch` visits them (every batcher's order for the same seed)."""
+        """The seeds in the order epoch `epoch` visits them (every batcher's order for the same seed); called at the
+        start of every epoch, it first checks that no memory-mapped file of the graph shrank."""
+        check_files(self.graph)
         return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
 
     def epoch(self, epoch: int) -> Iterator:

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+# A batch holds fewer than 2**31 nodes (the samplers' limit), so no larger fanout can mean anything.
+MAX_FANOUT = 2**31 - 1
+
 
 def check_fanouts(fanouts: Sequence[int]) -> list[int]:
     """Fanouts per hop from the seeds: each a positive count, or -1 for all neighbours."""
@@ -17,6 +20,9 @@ def check_fanouts(fanouts: Sequence[int]) -> list[int]:
             raise ValueError(
                 f"fanouts[{hop}] = {fanout!r}: each fanout is a positive neighbour count or -1 for all neighbours"
             )
+        if fanout > MAX_FANOUT:
+            raise ValueError(f"fanouts[{hop}] = {fanout}: more than the largest fanout {MAX_FANOUT} (2**31 - 1); "
+                             "use -1 to take all neighbours")
         checked.append(int(fanout))
     return checked
 
@@ -29,7 +35,7 @@ def check_positive(name: str, value: int) -> int:
 
 def check_seed_ids(seeds: torch.Tensor | np.ndarray | Sequence[int], num_nodes: int, name: str = "seeds") -> torch.Tensor:
     """Seed node ids as a 1-D int64 tensor, each in [0, num_nodes) and none repeated."""
-    tensor = torch.as_tensor(np.asarray(seeds) if not isinstance(seeds, torch.Tensor) else seeds)
+    tensor = seeds if isinstance(seeds, torch.Tensor) else _integer_array(seeds, name)
     if tensor.dim() != 1:
         raise ValueError(f"{name}: expected a 1-D list of node ids, got shape {tuple(tensor.shape)}")
     if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.is_complex():
@@ -44,3 +50,22 @@ def check_seed_ids(seeds: torch.Tensor | np.ndarray | Sequence[int], num_nodes: 
     if torch.unique(tensor).numel() != tensor.numel():
         raise ValueError(f"{name}: contains repeated node ids; each seed must appear once (use torch.unique)")
     return tensor
+
+
+def _integer_array(seeds: object, name: str) -> torch.Tensor:
+    """A tensor from a numpy array or a list of node ids; strings, None, objects and ragged lists are refused."""
+    if isinstance(seeds, (str, bytes)) or seeds is None:
+        raise ValueError(f"{name}: expected a list or tensor of integer node ids, got {type(seeds).__name__} "
+                         f"{seeds!r}")
+    try:
+        array = np.asarray(seeds)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name}: expected a flat list of integer node ids ({error})") from error
+    if array.dtype.kind not in "iufb":
+        bad = next((value for value in array.reshape(-1).tolist()
+                    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer))), None)
+        raise ValueError(f"{name}: expected integer node ids, got {type(bad).__name__} {bad!r} "
+                         f"(numpy dtype {array.dtype}); pass ints, e.g. [0, 5, 7]")
+    if array.dtype.kind == "u":
+        array = array.astype(np.int64)  # a uint64 id past 2**63 wraps negative and is refused as out of range
+    return torch.from_numpy(np.ascontiguousarray(array))

@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from morphpipe.outputs import check_output_file, write_text_atomic
 from morphpipe.profiler.profile import Profile
 from morphpipe.scheduler import whatif
 from morphpipe.scheduler.plan import Plan
@@ -99,6 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Runs the what-if sweep and prints the table."""
+    for option, path in (("--plot", args.plot), ("--gantt", args.gantt), ("--json", args.json)):
+        if path is not None:
+            check_output_file(path, option)
     profile = Profile.load(args.profile)
     cores = args.cores or [profile.cores]
     if args.pcie_gbps is not None:
@@ -110,7 +114,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.gantt is not None:
         print(f"wrote {_gantt(profile, cores[-1], args, plans[-1])}")
     if args.json is not None:
-        args.json.write_text(json.dumps([plan.to_dict() for plan in plans], indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(args.json, json.dumps([plan.to_dict() for plan in plans], indent=2) + "\n", "--json")
         print(f"wrote {args.json}")
     return 0
 

@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from morphpipe.outputs import replacing_file  # noqa: E402
 from morphpipe.scheduler.plan import Plan  # noqa: E402
 from morphpipe.scheduler.result import SimulationResult  # noqa: E402
 
@@ -63,10 +64,7 @@ def plot_gantt(result: SimulationResult, path: str | Path, *, until: float | Non
                    f"epoch {result.epoch_s:.4g} s")
     axes.legend(loc="upper right", fontsize="small", ncol=3)
     figure.tight_layout()
-    out = Path(path)
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
-    return out
+    return _save(figure, path)
 
 
 def plot_cores_sweep(cores: Sequence[int], plans: Sequence[Plan], path: str | Path, *,
@@ -86,10 +84,17 @@ def plot_cores_sweep(cores: Sequence[int], plans: Sequence[Plan], path: str | Pa
     axes.legend()
     axes.set_title(title or "Predicted epoch time versus CPU cores")
     figure.tight_layout()
-    out = Path(path)
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
-    return out
+    return _save(figure, path)
+
+
+def _save(figure: plt.Figure, path: str | Path) -> Path:
+    """Saves the figure as a PNG replacing `path` atomically, then closes it."""
+    try:
+        with replacing_file(path, "plot") as temporary:
+            figure.savefig(temporary, dpi=120, format="png")
+    finally:
+        plt.close(figure)
+    return Path(path)
 
 
 def _row_order(row: tuple[str, int]) -> tuple[int, int]:
