@@ -94,7 +94,10 @@ def _metis_parts(adjacency: scipy.sparse.csr_matrix, num_parts: int) -> np.ndarr
 
     xadj = adjacency.indptr.astype(np.int64)
     adjncy = adjacency.indices.astype(np.int64)
-    _, membership = pymetis.part_graph(num_parts, xadj=xadj, adjncy=adjncy)
+    if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025.2
+        _, membership = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy))
+    else:
+        _, membership = pymetis.part_graph(num_parts, xadj=xadj, adjncy=adjncy)
     return np.asarray(membership, dtype=np.int64)
 
 
