@@ -199,6 +199,7 @@ class Decomposition:
     """One whole-graph layer split by communities of at most `size` nodes: dense diagonal blocks + a CSR remainder.
 
     `slot[v]` is node v's row in the padded community-ordered table (`num_communities * size` rows);
+    `gather[r]` the node in row r of that table (node 0 in the `padding` rows, which are zeroed);
     `block_entries` the flat `[C * size * size]` position of every intra-community edge (duplicates
     repeat); `inter` the whole-graph Block of the edges between communities.
     """
@@ -207,6 +208,8 @@ class Decomposition:
     num_communities: int
     method: str
     slot: Tensor
+    gather: Tensor
+    padding: Tensor
     block_entries: Tensor
     inter: Block
     _dense: dict[tuple[torch.dtype, str], Tensor] = field(default_factory=dict, repr=False)
@@ -243,7 +246,8 @@ class Decomposition:
         if self.slot.device == device:
             return self
         return Decomposition(self.size, self.num_communities, self.method, self.slot.to(device),
-                             self.block_entries.to(device), self.inter.to(device))
+                             self.gather.to(device), self.padding.to(device), self.block_entries.to(device),
+                             self.inter.to(device))
 
 
 def decompose(block: Block, membership: np.ndarray, size: int, method: str) -> Decomposition:
@@ -262,6 +266,11 @@ def decompose(block: Block, membership: np.ndarray, size: int, method: str) -> D
     position = torch.empty_like(order)
     position[order] = torch.arange(num_nodes, device=block.device) - starts[community[order]]
     slot = community * size + position
+    gather = torch.zeros(num_communities * size, dtype=torch.int64, device=block.device)
+    gather[slot] = torch.arange(num_nodes, device=block.device)
+    filled = torch.zeros(num_communities * size, dtype=torch.bool, device=block.device)
+    filled[slot] = True
+    padding = torch.nonzero(~filled).flatten()
     dst = torch.repeat_interleave(torch.arange(num_nodes, device=block.device), block.indptr[1:] - block.indptr[:-1],
                                   output_size=block.nnz)
     src = block.indices
@@ -271,7 +280,7 @@ def decompose(block: Block, membership: np.ndarray, size: int, method: str) -> D
     inter_indptr = torch.zeros(num_nodes + 1, dtype=torch.int64, device=block.device)
     inter_indptr[1:] = torch.cumsum(torch.bincount(dst[outside], minlength=num_nodes), 0)
     inter = Block(inter_indptr, src[outside].contiguous(), num_nodes, num_nodes)
-    return Decomposition(size, num_communities, method, slot, block_entries, inter)
+    return Decomposition(size, num_communities, method, slot, gather, padding, block_entries, inter)
 
 
 def decomposed_sum(decomposition: Decomposition, x: Tensor, src_scale: Tensor | None, dst_scale: Tensor | None,
@@ -286,7 +295,9 @@ def decomposed_sum(decomposition: Decomposition, x: Tensor, src_scale: Tensor | 
     if src_scale is not None:
         scaled = scaled * src_scale.unsqueeze(1)
     size, communities, width = decomposition.size, decomposition.num_communities, x.shape[1]
-    padded = scaled.new_zeros(communities * size, width).index_copy(0, decomposition.slot, scaled)
+    padded = scaled.index_select(0, decomposition.gather)
+    if decomposition.padding.numel():
+        padded = padded.index_fill(0, decomposition.padding, 0)
     intra = torch.bmm(decomposition.blocks(acc, x.device), padded.view(communities, size, width))
     out = intra.view(communities * size, width).index_select(0, decomposition.slot)
     if decomposition.inter_edges:

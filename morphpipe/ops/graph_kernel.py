@@ -42,19 +42,30 @@ OPTIONS: tuple[str, ...] = (CSR, *(option_name(size) for size in COMMUNITY_SIZES
 
 
 def measured_seconds(option: str, run: Callable[[], object]) -> float:
-    """Best of `REPEATS` timed runs after one warm-up, without autograd, synchronising CUDA."""
+    """Best of `REPEATS` timed runs after one warm-up, without autograd, synchronising CUDA.
+
+    On the CPU it times one intra-op thread, as the cost model's calibration does: on a shared
+    machine a multi-threaded op waits whole time slices for a descheduled thread, while one
+    thread's timings are stable, and every candidate parallelises over rows alike.
+    """
     del option
-    with torch.no_grad():
-        run()
-        best = math.inf
-        for _ in range(REPEATS):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            start = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
             run()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - start)
+            best = math.inf
+            for _ in range(REPEATS):
+                if cuda:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                run()
+                if cuda:
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
     return best
 
 
