@@ -111,13 +111,17 @@ def test_graph_without_intra_edges():
                                     (h,))
 
 
-def test_metis_keeps_more_edges_inside_than_the_graph_size_alone_would():
+@pytest.mark.parametrize("size", [16, 32])
+def test_metis_finds_planted_cliques(size, tmp_path):
+    """16: METIS itself; 32: METIS at 16, then pairs joined by heavy-edge matching (from the cache)."""
     if not community.metis_available():
         pytest.skip("pymetis is not installed")
-    indptr, indices = clique_graph(512, 16, extra=200, seed=5)
-    membership, method = partition(indptr, indices, 512, 16, "metis")
-    decomposition = decompose(plain(indptr, indices), membership, 16, method)
+    indptr, indices = clique_graph(512, size, extra=200, seed=5)
+    membership, method = cached_partition(indptr, indices, 512, size, "metis", tmp_path)
+    assert np.bincount(membership).max() <= size
+    decomposition = decompose(plain(indptr, indices), membership, size, method)
     assert method == "metis" and decomposition.intra_fraction() > 0.9
+    assert len(list(tmp_path.iterdir())) == (1 if size == 16 else 2), "the half-size partition is cached too"
 
 
 def test_bfs_fallback_finds_cliques():

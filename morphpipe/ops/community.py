@@ -1,7 +1,8 @@
 """Community decomposition of a whole-graph layer (AdaptGear): dense intra-community blocks + a sparse remainder.
 
 Nodes are partitioned into communities of at most `size` nodes (METIS through the optional
-`pymetis` package, else communities grown breadth-first), and renumbered by community: node `v`
+`pymetis` package, run once at 16 nodes and paired up by heavy-edge matching for 32 and 64; else
+communities grown breadth-first), and renumbered by community: node `v`
 takes slot `community(v) * size + position`, so every community owns one `size`-row stretch of a
 padded table. The adjacency splits into the edges inside a community, held as one dense
 `[size, size]` block per community and multiplied by one batched GEMM (`torch.bmm`), and the
@@ -37,6 +38,7 @@ log = logging.getLogger("morphpipe.ops")
 METIS = "metis"
 BFS = "bfs"
 METHODS = (METIS, BFS)
+METIS_BASE_SIZE = 16  # the community size METIS partitions into; larger sizes pair its communities up
 CACHE_DIR_ENV = "MORPHPIPE_COMMUNITY_CACHE"
 _warned_no_metis: list[bool] = []
 
@@ -126,6 +128,26 @@ def _bfs_parts(adjacency: scipy.sparse.csr_matrix, size: int) -> np.ndarray:
     return np.asarray(community, dtype=np.int64)
 
 
+def merge_pairs(adjacency: scipy.sparse.csr_matrix, membership: np.ndarray, size: int) -> np.ndarray:
+    """Communities joined in pairs by heavy-edge matching on the community graph (METIS's coarsening step),
+    never beyond `size` nodes: what METIS at half the size gives, coarsened without partitioning again."""
+    num_nodes = membership.size
+    communities = int(membership.max()) + 1
+    assign = scipy.sparse.csr_matrix((np.ones(num_nodes), (np.arange(num_nodes), membership)),
+                                     shape=(num_nodes, communities))
+    between = scipy.sparse.triu((assign.T @ adjacency @ assign).tocsr(), k=1).tocoo()
+    counts = np.bincount(membership, minlength=communities)
+    partner = np.arange(communities)
+    free = np.ones(communities, dtype=bool)
+    for index in np.argsort(-between.data, kind="stable").tolist():
+        a, b = int(between.row[index]), int(between.col[index])
+        if free[a] and free[b] and counts[a] + counts[b] <= size:
+            free[a] = free[b] = False
+            partner[b] = a
+    _, compact = np.unique(partner[membership], return_inverse=True)
+    return compact.astype(np.int64)
+
+
 def split_large(membership: np.ndarray, size: int) -> np.ndarray:
     """Parts cut into pieces of at most `size` nodes (in node order), renumbered 0..C-1 without gaps."""
     if membership.size == 0:
@@ -142,8 +164,14 @@ def split_large(membership: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def partition(indptr: Tensor, indices: Tensor, num_nodes: int, size: int, method: str = "auto") -> tuple[np.ndarray, str]:
-    """Community of every node (communities of at most `size` nodes, ids 0..C-1) and the method that made it."""
+def partition(indptr: Tensor, indices: Tensor, num_nodes: int, size: int, method: str = "auto",
+              coarsen_from: Callable[..., tuple[np.ndarray, str]] | None = None) -> tuple[np.ndarray, str]:
+    """Community of every node (communities of at most `size` nodes, ids 0..C-1) and the method that made it.
+
+    METIS runs once, at `METIS_BASE_SIZE` (or an odd size): an even size above it pairs up the
+    communities of half its size (`merge_pairs`), taken from `coarsen_from` (the cache) when given;
+    k-way METIS into tens of thousands of parts takes about as long as into thousands.
+    """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"community size must be an int >= 1, got {size!r}")
     method = resolve_method(method)
@@ -153,6 +181,9 @@ def partition(indptr: Tensor, indices: Tensor, num_nodes: int, size: int, method
     adjacency = _symmetric_adjacency(indptr, indices, num_nodes)
     if num_parts == 1:
         membership = np.zeros(num_nodes, dtype=np.int64)
+    elif method == METIS and adjacency.nnz > 0 and size > METIS_BASE_SIZE and size % 2 == 0:
+        half, _ = (coarsen_from or partition)(indptr, indices, num_nodes, size // 2, method)
+        membership = merge_pairs(adjacency, half, size)
     elif method == METIS and adjacency.nnz > 0:
         membership = _metis_parts(adjacency, num_parts)
     else:
@@ -183,7 +214,13 @@ def cached_partition(indptr: Tensor, indices: Tensor, num_nodes: int, size: int,
         except (OSError, ValueError):
             pass
         log.warning("community cache %s is unreadable or for another graph; recomputing it", path)
-    membership, method = partition(indptr, indices, num_nodes, size, method)
+    log.info("partitioning %d nodes into communities of at most %d nodes (%s), once per graph; cached at %s",
+             num_nodes, size, method, path)
+
+    def from_cache(*args: object) -> tuple[np.ndarray, str]:
+        return cached_partition(*args, cache_dir=folder, fingerprint=fingerprint)
+
+    membership, method = partition(indptr, indices, num_nodes, size, method, coarsen_from=from_cache)
     folder.mkdir(parents=True, exist_ok=True)
     temporary = folder / f".{path.name}.{os.getpid()}.tmp"
     with open(temporary, "wb") as handle:
