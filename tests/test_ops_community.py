@@ -111,9 +111,9 @@ def test_graph_without_intra_edges():
                                     (h,))
 
 
-@pytest.mark.parametrize("size", [16, 32])
+@pytest.mark.parametrize("size", [64, 32])
 def test_metis_finds_planted_cliques(size, tmp_path):
-    """16: METIS itself; 32: METIS at 16, then pairs joined by heavy-edge matching (from the cache)."""
+    """64: k-way METIS itself; 32: METIS at 64 (from the cache), then each community bisected."""
     if not community.metis_available():
         pytest.skip("pymetis is not installed")
     indptr, indices = clique_graph(512, size, extra=200, seed=5)
@@ -121,7 +121,7 @@ def test_metis_finds_planted_cliques(size, tmp_path):
     assert np.bincount(membership).max() <= size
     decomposition = decompose(plain(indptr, indices), membership, size, method)
     assert method == "metis" and decomposition.intra_fraction() > 0.9
-    assert len(list(tmp_path.iterdir())) == (1 if size == 16 else 2), "the half-size partition is cached too"
+    assert len(list(tmp_path.iterdir())) == (1 if size == 64 else 2), "the double-size partition is cached too"
 
 
 def test_bfs_fallback_finds_cliques():

@@ -1,7 +1,7 @@
 """Community decomposition of a whole-graph layer (AdaptGear): dense intra-community blocks + a sparse remainder.
 
 Nodes are partitioned into communities of at most `size` nodes (METIS through the optional
-`pymetis` package, run once at 16 nodes and paired up by heavy-edge matching for 32 and 64; else
+`pymetis` package, k-way once into communities of 64 nodes, bisected for 32 and 16; else
 communities grown breadth-first), and renumbered by community: node `v`
 takes slot `community(v) * size + position`, so every community owns one `size`-row stretch of a
 padded table. The adjacency splits into the edges inside a community, held as one dense
@@ -38,7 +38,7 @@ log = logging.getLogger("morphpipe.ops")
 METIS = "metis"
 BFS = "bfs"
 METHODS = (METIS, BFS)
-METIS_BASE_SIZE = 16  # the community size METIS partitions into; larger sizes pair its communities up
+METIS_TOP_SIZE = 64  # the community size k-way METIS partitions into; smaller sizes bisect its communities
 CACHE_DIR_ENV = "MORPHPIPE_COMMUNITY_CACHE"
 _warned_no_metis: list[bool] = []
 
@@ -128,24 +128,20 @@ def _bfs_parts(adjacency: scipy.sparse.csr_matrix, size: int) -> np.ndarray:
     return np.asarray(community, dtype=np.int64)
 
 
-def merge_pairs(adjacency: scipy.sparse.csr_matrix, membership: np.ndarray, size: int) -> np.ndarray:
-    """Communities joined in pairs by heavy-edge matching on the community graph (METIS's coarsening step),
-    never beyond `size` nodes: what METIS at half the size gives, coarsened without partitioning again."""
-    num_nodes = membership.size
-    communities = int(membership.max()) + 1
-    assign = scipy.sparse.csr_matrix((np.ones(num_nodes), (np.arange(num_nodes), membership)),
-                                     shape=(num_nodes, communities))
-    between = scipy.sparse.triu((assign.T @ adjacency @ assign).tocsr(), k=1).tocoo()
-    counts = np.bincount(membership, minlength=communities)
-    partner = np.arange(communities)
-    free = np.ones(communities, dtype=bool)
-    for index in np.argsort(-between.data, kind="stable").tolist():
-        a, b = int(between.row[index]), int(between.col[index])
-        if free[a] and free[b] and counts[a] + counts[b] <= size:
-            free[a] = free[b] = False
-            partner[b] = a
-    _, compact = np.unique(partner[membership], return_inverse=True)
-    return compact.astype(np.int64)
+def bisect_communities(adjacency: scipy.sparse.csr_matrix, membership: np.ndarray, size: int) -> np.ndarray:
+    """Every community of more than `size` nodes cut in two by METIS on its own subgraph (recursive bisection
+    one level down): the communities of twice the size, refined without partitioning the whole graph again."""
+    order = np.argsort(membership, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(membership))]
+    out = np.empty_like(membership)
+    for community in range(bounds.size - 1):
+        nodes = order[bounds[community]:bounds[community + 1]]
+        half = np.zeros(nodes.size, dtype=np.int64)
+        if nodes.size > size:
+            inside = adjacency[nodes][:, nodes]
+            half = _metis_parts(inside, 2) if inside.nnz else (np.arange(nodes.size) >= nodes.size // 2).astype(np.int64)
+        out[nodes] = 2 * community + half
+    return out
 
 
 def split_large(membership: np.ndarray, size: int) -> np.ndarray:
@@ -165,12 +161,13 @@ def split_large(membership: np.ndarray, size: int) -> np.ndarray:
 
 
 def partition(indptr: Tensor, indices: Tensor, num_nodes: int, size: int, method: str = "auto",
-              coarsen_from: Callable[..., tuple[np.ndarray, str]] | None = None) -> tuple[np.ndarray, str]:
+              refine_from: Callable[..., tuple[np.ndarray, str]] | None = None) -> tuple[np.ndarray, str]:
     """Community of every node (communities of at most `size` nodes, ids 0..C-1) and the method that made it.
 
-    METIS runs once, at `METIS_BASE_SIZE` (or an odd size): an even size above it pairs up the
-    communities of half its size (`merge_pairs`), taken from `coarsen_from` (the cache) when given;
-    k-way METIS into tens of thousands of parts takes about as long as into thousands.
+    METIS partitions the whole graph once, k-way into communities of `METIS_TOP_SIZE` (or of `size`
+    when larger); a smaller size bisects each community of twice its size (`bisect_communities`),
+    taken from `refine_from` (the cache) when given. K-way METIS into tens of thousands of parts
+    is the slow step, so it runs once for all the selector's sizes.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"community size must be an int >= 1, got {size!r}")
@@ -181,9 +178,11 @@ def partition(indptr: Tensor, indices: Tensor, num_nodes: int, size: int, method
     adjacency = _symmetric_adjacency(indptr, indices, num_nodes)
     if num_parts == 1:
         membership = np.zeros(num_nodes, dtype=np.int64)
-    elif method == METIS and adjacency.nnz > 0 and size > METIS_BASE_SIZE and size % 2 == 0:
-        half, _ = (coarsen_from or partition)(indptr, indices, num_nodes, size // 2, method)
-        membership = merge_pairs(adjacency, half, size)
+    elif size == 1:
+        membership = np.arange(num_nodes, dtype=np.int64)
+    elif method == METIS and adjacency.nnz > 0 and 2 * size <= METIS_TOP_SIZE:
+        double, _ = (refine_from or partition)(indptr, indices, num_nodes, 2 * size, method)
+        membership = bisect_communities(adjacency, double, size)
     elif method == METIS and adjacency.nnz > 0:
         membership = _metis_parts(adjacency, num_parts)
     else:
@@ -220,7 +219,7 @@ def cached_partition(indptr: Tensor, indices: Tensor, num_nodes: int, size: int,
     def from_cache(*args: object) -> tuple[np.ndarray, str]:
         return cached_partition(*args, cache_dir=folder, fingerprint=fingerprint)
 
-    membership, method = partition(indptr, indices, num_nodes, size, method, coarsen_from=from_cache)
+    membership, method = partition(indptr, indices, num_nodes, size, method, refine_from=from_cache)
     folder.mkdir(parents=True, exist_ok=True)
     temporary = folder / f".{path.name}.{os.getpid()}.tmp"
     with open(temporary, "wb") as handle:
