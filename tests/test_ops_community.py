@@ -57,8 +57,11 @@ def plain(indptr: torch.Tensor, indices: torch.Tensor) -> Block:
     return Block(indptr, indices, n, n)
 
 
-def fused_inter_sum(block: Block, h: torch.Tensor) -> torch.Tensor:
-    return ops.aggregate(block, h, "sum")
+def fused_inter_sum(block: Block, h: torch.Tensor, src_scale, dst_scale) -> torch.Tensor:
+    """The scaled CSR sum on the reference path: `dst_scale * (A (src_scale * h))`."""
+    scaled = h if src_scale is None else h * src_scale.unsqueeze(1)
+    out = ops.aggregate(block, scaled, "sum")
+    return out if dst_scale is None else out * dst_scale.unsqueeze(1)
 
 
 CASES = {

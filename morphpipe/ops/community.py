@@ -267,15 +267,35 @@ class Decomposition:
         total = self.intra_edges + self.inter_edges
         return self.intra_edges / total if total else 0.0
 
-    def blocks(self, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """Dense `[C, size, size]` intra-community adjacency (edge counts) in `dtype` on `device`, built once."""
-        key = (dtype, str(device))
+    def blocks(self, dtype: torch.dtype, device: torch.device, self_loop: bool = False) -> Tensor:
+        """Dense `[C, size, size]` intra-community adjacency (edge counts, plus one on the diagonal of every node
+        with `self_loop`) in `dtype` on `device`, built once."""
+        key = ("loops" if self_loop else "edges", dtype, str(device))
         if key not in self._dense:
-            flat = torch.zeros(self.num_communities * self.size * self.size, dtype=dtype, device=device)
             entries = self.block_entries.to(device)
+            if self_loop:
+                slot = self.slot.to(device)
+                entries = torch.cat([entries, slot * self.size + slot % self.size])
+            flat = torch.zeros(self.num_communities * self.size * self.size, dtype=dtype, device=device)
             flat.index_put_((entries,), torch.ones(entries.numel(), dtype=dtype, device=device), accumulate=True)
             self._dense[key] = flat.view(self.num_communities, self.size, self.size)
         return self._dense[key]
+
+    def scaled_blocks(self, dtype: torch.dtype, device: torch.device, src_scale: Tensor | None,
+                      dst_scale: Tensor | None, self_loop: bool, scale_key: str | None = None) -> Tensor:
+        """`diag(dst_scale) (blocks [+ I]) diag(src_scale)` per community; kept under `scale_key` when given."""
+        key = (f"scaled:{scale_key}:{self_loop}", dtype, str(device))
+        if scale_key is not None and key in self._dense:
+            return self._dense[key]
+        blocks = self.blocks(dtype, device, self_loop)
+        gather = self.gather.to(device)
+        if dst_scale is not None:
+            blocks = blocks * dst_scale.to(dtype)[gather].view(self.num_communities, self.size, 1)
+        if src_scale is not None:
+            blocks = blocks * src_scale.to(dtype)[gather].view(self.num_communities, 1, self.size)
+        if scale_key is not None:
+            self._dense[key] = blocks
+        return blocks
 
     def to(self, device: torch.device) -> Decomposition:
         """This decomposition's index tensors on `device` (dense blocks are built there on first use)."""
@@ -320,28 +340,26 @@ def decompose(block: Block, membership: np.ndarray, size: int, method: str) -> D
 
 
 def decomposed_sum(decomposition: Decomposition, x: Tensor, src_scale: Tensor | None, dst_scale: Tensor | None,
-                   self_loop: bool, inter_sum: Callable[[Block, Tensor], Tensor]) -> Tensor:
+                   self_loop: bool, inter_sum: Callable[[Block, Tensor, Tensor | None, Tensor | None], Tensor],
+                   scale_key: str | None = None) -> Tensor:
     """`dst_scale * (A (src_scale * x) + [self_loop] src_scale * x)` as dense blocks (bmm) + `inter_sum` on the rest.
 
-    `inter_sum(block, h)` is the plain CSR sum of `h` over `block` (the fused kernel); autograd
-    differentiates the whole expression.
+    The scales and the self loops are folded into the dense blocks, and `inter_sum(block, x,
+    src_scale, dst_scale)` (the fused CSR kernel) applies them in-kernel, so `x` is read twice
+    and the output written once. `scale_key` names scales that are a function of the structure
+    alone (e.g. "mean", "gcn"): the folded blocks are then kept for the next call. Autograd
+    differentiates the whole expression; the scales are constants.
     """
     acc = accumulate_dtype(x.dtype)
-    scaled = x.to(acc)
-    if src_scale is not None:
-        scaled = scaled * src_scale.unsqueeze(1)
     size, communities, width = decomposition.size, decomposition.num_communities, x.shape[1]
-    padded = scaled.index_select(0, decomposition.gather)
+    blocks = decomposition.scaled_blocks(acc, x.device, src_scale, dst_scale, self_loop, scale_key)
+    padded = x.index_select(0, decomposition.gather)
     if decomposition.padding.numel():
         padded = padded.index_fill(0, decomposition.padding, 0)
-    intra = torch.bmm(decomposition.blocks(acc, x.device), padded.view(communities, size, width))
+    intra = torch.bmm(blocks, padded.to(acc).view(communities, size, width))
     out = intra.view(communities * size, width).index_select(0, decomposition.slot)
     if decomposition.inter_edges:
-        out = out + inter_sum(decomposition.inter, scaled)
-    if self_loop:
-        out = out + scaled
-    if dst_scale is not None:
-        out = out * dst_scale.unsqueeze(1)
+        out = out + inter_sum(decomposition.inter, x, src_scale, dst_scale)
     return out.to(x.dtype)
 
 

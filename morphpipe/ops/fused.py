@@ -196,7 +196,7 @@ def weighted_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None, src
         return graph_kernel.graph_sum(
             block, x, src_scale, dst_scale, self_loop, kind,
             csr_sum=lambda: weighted_sum(plain, x, None, src_scale, dst_scale, self_loop, kind),
-            inter_sum=lambda inter, h: WeightedSum.apply(h, None, inter, None, None, False, None))
+            inter_sum=lambda inter, h, src, dst: WeightedSum.apply(h, None, inter, src, dst, False, None))
     width = x.shape[1]
     edges = block.nnz + (block.num_dst if self_loop else 0)
     dense_fits = block.num_dst * block.num_src <= DENSE_MAX_ENTRIES

@@ -27,7 +27,7 @@ from morphpipe.sampling.minibatch import Block
 DECISION = "graph.kernel"
 CSR = "csr"
 COMMUNITY_SIZES = (16, 32, 64)
-REPEATS = 3
+REPEATS = 2
 
 # Seconds of one candidate: timer(option, run) where run() computes the candidate's output once.
 Timer = Callable[[str, Callable[[], object]], float]
@@ -83,14 +83,18 @@ def use_timer(timer: Timer) -> Iterator[None]:
 
 
 def graph_sum(block: GraphBlock, x: Tensor, src_scale: Tensor | None, dst_scale: Tensor | None, self_loop: bool,
-              kind: str, csr_sum: Callable[[], Tensor], inter_sum: Callable[[Block, Tensor], Tensor]) -> Tensor:
+              kind: str, csr_sum: Callable[[], Tensor],
+              inter_sum: Callable[[Block, Tensor, Tensor | None, Tensor | None], Tensor]) -> Tensor:
     """`dst_scale * (A (src_scale * x) + self loop)` on a whole-graph layer by the kernel the selector keeps.
 
-    `csr_sum()` is the plain kernel's result for this call; `inter_sum(block, h)` the plain CSR sum
-    the decomposition uses for its inter-community edges.
+    `csr_sum()` is the plain kernel's result for this call; `inter_sum(block, x, src_scale,
+    dst_scale)` the plain CSR scaled sum the decomposition uses for its inter-community edges.
+    `kind` ("sum", "mean", "gcn") determines the scales on a whole graph, so the decomposition
+    keeps its scaled dense blocks under it.
     """
     def decomposed(size: int) -> Callable[[], Tensor]:
-        return lambda: decomposed_sum(block.decomposition(size), x, src_scale, dst_scale, self_loop, inter_sum)
+        return lambda: decomposed_sum(block.decomposition(size), x, src_scale, dst_scale, self_loop, inter_sum,
+                                      scale_key=kind)
 
     candidates: dict[str, Callable[[], Tensor]] = {CSR: csr_sum}
     candidates.update({option_name(size): decomposed(size) for size in COMMUNITY_SIZES})
