@@ -44,11 +44,8 @@ class LayerwiseSettings:
 
 
 def _format_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} GiB"
+    """`count` bytes in MiB (GiB from 1 GiB up), for the log."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
 
 
 def layer_widths(model: nn.Module, in_dim: int) -> list[int]:
@@ -87,8 +84,7 @@ class ChunkBuilder:
         self.indptr = indptr.to(torch.int64)
         self.indices = indices
         self.num_nodes = num_nodes
-        self.out_degrees = torch.bincount(indices.to(torch.int64), minlength=num_nodes) if indices.numel() else \
-            torch.zeros(num_nodes, dtype=torch.int64)
+        self.out_degrees = torch.bincount(indices.to(torch.int64), minlength=num_nodes)
         self._local = torch.full((num_nodes,), -1, dtype=torch.int64)
 
     def block(self, dst: Tensor) -> tuple[Block, Tensor]:
@@ -206,6 +202,8 @@ def _chunked(model: nn.Module, graph, nodes: Tensor | None, settings: LayerwiseS
     last_rows = num_nodes if nodes is None else int(nodes.numel())
     chunks_per_layer = math.ceil(num_nodes / settings.chunk_size)
     total = chunks_per_layer * (model.num_layers - 1) + math.ceil(last_rows / settings.chunk_size)
+    store.log(f"layer-wise inference: chunks of {settings.chunk_size:,} destinations "
+              f"({chunks_per_layer} per layer, memory budget {_format_bytes(settings.memory_budget)})")
     table = graph.features
     with tqdm(total=total, desc="layer-wise inference", unit="chunk", leave=False, disable=not progress) as bar:
         for i in range(model.num_layers):
