@@ -105,7 +105,9 @@ def test_tables_memory_mapped_when_over_budget(tmp_path):
     assert not list(tmp_path.iterdir()), "the temporary tables are removed afterwards"
     in_memory: list[str] = []
     layerwise_inference(model, graph, chunk_size=16, memory_budget=1 << 30, progress=False, log=in_memory.append)
-    assert in_memory and all("in memory" in m for m in in_memory)
+    tables = [m for m in in_memory if " table " in m]
+    assert len(tables) == 2 and all("in memory" in m for m in tables), "one message per intermediate table"
+    assert any("chunks of 16 destinations" in m for m in in_memory)
 
 
 def test_chunks_hold_only_their_share():
