@@ -10,6 +10,7 @@ import sys
 COMMAND_MODULES = [
     "morphpipe.tune",  # tune
     "morphpipe.executor.commands",  # train
+    "morphpipe.executor.evaluate_command",  # evaluate
     "morphpipe.scheduler.commands",  # simulate
     "morphpipe.sampling.commands",  # bench
     "morphpipe.data.commands",  # data generate | convert | info

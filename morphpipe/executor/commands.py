@@ -23,9 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train GraphSAGE / GCN / GAT / MLP with the dual-buffer executor. With --plan, the model, "
                     "fanouts, batch size and hidden width default to the ones the plan was made for.")
     parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--plan", type=Path, help="plan JSON written by `morphpipe tune`")
     source.add_argument("--auto", action="store_true", help="profile this machine and plan first (as `morphpipe tune`)")
+    source.add_argument("--full-graph", action="store_true",
+                        help="no plan, no mini-batches: one step per epoch over the whole graph (graphs that fit), "
+                             "with the AdaptGear-selected kernels; validation is exact")
     parser.add_argument("--model", default=None, choices=["sage", "gcn", "gat", "mlp"],
                         help="model (default: the plan's, else sage)")
     parser.add_argument("--hidden", type=int, default=None, help="hidden width (default: the paper's per model)")
@@ -45,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint-dir", type=Path, default=None,
                         help="write a checkpoint after every epoch here, and continue from the one found there")
     parser.add_argument("--eval-batch-size", type=int, default=4096)
+    parser.add_argument("--eval", dest="eval_mode", default="sampled", choices=["sampled", "full"],
+                        help="accuracy by sampled mini-batch inference (default) or exact layer-wise full-graph "
+                             "inference")
     parser.add_argument("--stats-json", type=Path, default=None, help="write every epoch's stats and the test "
                                                                       "accuracy to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -69,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.nn import build_model
     from morphpipe.sampling.gpu_batcher import GpuBatcher
 
+    if not (args.plan or args.auto or args.full_graph):
+        raise ValueError("train needs one of --plan FILE, --auto or --full-graph")
     check_outputs(args)
     graph = load_dataset(args.dataset)
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features, "
@@ -77,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if empty:
         print(f"note: the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: no "
               f"{' or '.join(empty)} accuracy will be reported")
+    if args.full_graph:
+        return run_full_graph(graph, args, empty)
     plan = Plan.load(args.plan) if args.plan is not None else None
     settings = workload_settings(args, plan)
     if plan is None:
@@ -88,11 +98,12 @@ def run(args: argparse.Namespace) -> int:
                         dropout=args.dropout)
     with Trainer(graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
                  seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
-                 progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None) as trainer:
+                 progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None,
+                 eval_mode=args.eval_mode, model_spec=model_spec(graph, args, settings)) as trainer:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test") if "test" not in empty else None
     if test_acc is not None:
-        print(f"test accuracy {test_acc:.4f}")
+        print(f"test accuracy {test_acc:.4f} ({args.eval_mode})")
     if history:
         measured = sum(stats.epoch_s for stats in history) / len(history)
         print(f"mean epoch {measured:.2f} s measured vs {plan.predicted_epoch_s:.2f} s predicted "
@@ -113,6 +124,46 @@ def check_outputs(args: argparse.Namespace) -> None:
             check_output_file(path, option)
     if args.checkpoint_dir is not None:
         check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
+
+
+def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> dict[str, object]:
+    """`build_model`'s arguments, saved in checkpoints so `morphpipe evaluate` can rebuild the model."""
+    return {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
+            "num_layers": len(settings["fanouts"]), "hidden": settings["hidden"], "heads": args.heads,
+            "dropout": args.dropout, "fanouts": list(settings["fanouts"])}
+
+
+def resolve_device(device: str) -> str:
+    """"auto" as CUDA when torch sees a device, else the CPU; "cuda" without one is an error."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch sees no CUDA device; use --device cpu or auto")
+    return "cuda" if device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+
+
+def run_full_graph(graph, args: argparse.Namespace, empty: list[str]) -> int:
+    """`train --full-graph`: one full-graph step per epoch, exact validation and test accuracy."""
+    from morphpipe.executor.full_graph import FullGraphTrainer
+    from morphpipe.nn import build_model
+
+    settings = workload_settings(args, None)
+    torch.manual_seed(args.seed)
+    spec = model_spec(graph, args, settings)
+    model = build_model(spec["name"], spec["in_dim"], spec["num_classes"], num_layers=spec["num_layers"],
+                        hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
+    device = resolve_device(args.device)
+    trainer = FullGraphTrainer(graph, model, lr=args.lr, device=device, checkpoint_dir=args.checkpoint_dir,
+                               model_spec=spec, progress=not args.no_progress)
+    history = trainer.fit(args.epochs)
+    test_acc = trainer.evaluate("test") if "test" not in empty else None
+    if test_acc is not None:
+        print(f"test accuracy {test_acc:.4f} (full)")
+    if args.stats_json is not None:
+        document = {"settings": {**spec, "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
+                                 "dataset": graph.name, "full_graph": True},
+                    "epochs": [vars(stats) for stats in history], "test_acc": test_acc}
+        write_text_atomic(args.stats_json, json.dumps(document, indent=2) + "\n", "--stats-json")
+        print(f"wrote {args.stats_json}")
+    return 0
 
 
 def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> Plan:

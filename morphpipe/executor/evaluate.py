@@ -1,12 +1,16 @@
-"""Accuracy of a model on a node split, by mini-batch inference over the same sampled neighbourhoods."""
+"""Accuracy of a model on a node split: by mini-batch inference over sampled neighbourhoods, or exactly (layer-wise)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from morphpipe.executor.layerwise import layerwise_inference
+from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.cpu_batcher import CpuBatcher
+
+EVAL_MODES = ("sampled", "full")
 
 
 @torch.no_grad()
@@ -30,3 +34,15 @@ def accuracy(model: nn.Module, graph, seeds: torch.Tensor, fanouts: Sequence[int
     finally:
         model.train(was_training)
     return correct / seeds.numel()
+
+
+def full_accuracy(model: nn.Module, graph, seeds: torch.Tensor, *, device: torch.device | str = "cpu",
+                  chunk_size: int | None = None, memory_budget: int | None = None,
+                  graph_block: GraphBlock | None = None, progress: bool = True,
+                  log: Callable[[str], None] | None = None) -> float:
+    """Share of `seeds` whose exact full-neighbourhood prediction (layer-wise inference) is their label."""
+    if seeds.numel() == 0:
+        raise ValueError("accuracy needs at least one seed; this split of the graph is empty")
+    logits = layerwise_inference(model, graph, seeds, chunk_size=chunk_size, memory_budget=memory_budget,
+                                 device=device, graph_block=graph_block, progress=progress, log=log)
+    return int((logits.argmax(dim=1) == graph.labels[seeds]).sum()) / seeds.numel()

@@ -26,13 +26,14 @@ from tqdm.auto import tqdm
 
 from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from morphpipe.executor.devices import InFlight, default_devices
-from morphpipe.executor.evaluate import accuracy
+from morphpipe.executor.evaluate import EVAL_MODES, accuracy, full_accuracy
 from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.executor.stats import EpochStats
 from morphpipe.executor.train_step import TrainStep
 from morphpipe.ops.choice import choice_counts
+from morphpipe.ops.community import GraphBlock
 from morphpipe.profiler.hardware import usable_cores
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
@@ -83,12 +84,21 @@ def choice_counts_since(before: dict[str, dict[str, int]]) -> dict[str, dict[str
     return since
 
 
+def check_eval_mode(mode: str) -> str:
+    """`mode` if it is an evaluation mode, else a ValueError naming the choices."""
+    if mode not in EVAL_MODES:
+        raise ValueError(f"eval mode must be one of {EVAL_MODES}, got {mode!r}")
+    return mode
+
+
 class Trainer:
     """Trains `model` on `graph` for epochs under `plan`, with validation, progress bars and checkpoints.
 
     `optimizer` defaults to Adam(lr), `loss_fn` to cross entropy (any `(logits, labels) -> loss`).
     `gpu_batcher` makes the Route 1 batcher when the plan has GPU batches. With `checkpoint_dir`
-    a checkpoint is written after every epoch and `fit` continues from the one found there.
+    a checkpoint is written after every epoch and `fit` continues from the one found there;
+    `model_spec` (build_model's arguments) is saved with it so `morphpipe evaluate` can rebuild the
+    model. `eval_mode` is how `evaluate` measures by default: "sampled" or "full" (exact).
     """
 
     def __init__(self, graph, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
@@ -96,12 +106,17 @@ class Trainer:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, lr: float = 3e-3,
                  device: str | torch.device | None = None, seed: int = 0, gpu_batcher: GpuBatcherFactory | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
-                 progress: bool = True, log: Callable[[str], None] | None = None) -> None:
+                 progress: bool = True, log: Callable[[str], None] | None = None, eval_mode: str = "sampled",
+                 model_spec: dict[str, Any] | None = None) -> None:
         self.graph = graph
         self.plan = plan
         self.fanouts = check_fanouts(fanouts)
         self.batch_size = check_positive("batch_size", batch_size)
         self.eval_batch_size = check_positive("eval_batch_size", eval_batch_size)
+        self.eval_mode = check_eval_mode(eval_mode)
+        self.model_spec = model_spec
+        self._graph_block: GraphBlock | None = None
+        self._said: set[str] = set()
         self.seed = int(seed)
         self.device = training_device(plan, device)
         self.model = model.to(self.device)
@@ -176,13 +191,26 @@ class Trainer:
             op_choices=op_choices,
         )
 
-    def evaluate(self, split: str = "val") -> float:
-        """Accuracy on the 'train', 'val' or 'test' seeds (mini-batch inference with the training fanouts)."""
+    def evaluate(self, split: str = "val", mode: str | None = None) -> float:
+        """Accuracy on the 'train', 'val' or 'test' seeds: `mode` "sampled" (mini-batch inference with the
+        training fanouts) or "full" (exact layer-wise inference); None: the trainer's `eval_mode`."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        mode = self.eval_mode if mode is None else check_eval_mode(mode)
         seeds = getattr(self.graph, f"{split}_idx")
+        if mode == "full":
+            if self._graph_block is None:
+                self._graph_block = GraphBlock.of(self.graph.indptr, self.graph.indices)
+            return full_accuracy(self.model, self.graph, seeds, device=self.device, graph_block=self._graph_block,
+                                 progress=self.progress, log=self._say_once)
         return accuracy(self.model, self.graph, seeds, self.fanouts, batch_size=self.eval_batch_size,
                         device=self.device, seed=self.seed)
+
+    def _say_once(self, message: str) -> None:
+        """Logs `message` the first time only (layer-wise inference says where its tables live on every call)."""
+        if message not in self._said:
+            self._said.add(message)
+            self.log(message)
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must agree with to be continued by this trainer."""
@@ -193,8 +221,9 @@ class Trainer:
     def save(self, epochs_done: int) -> Path:
         """Writes a checkpoint after `epochs_done` completed epochs."""
         assert self.checkpoint_dir is not None
+        meta = self.meta() if self.model_spec is None else {**self.meta(), "model_spec": self.model_spec}
         state = TrainingState(epoch=epochs_done, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                              rng=capture_rng(), history=[stats.to_dict() for stats in self.history], meta=self.meta())
+                              rng=capture_rng(), history=[stats.to_dict() for stats in self.history], meta=meta)
         return save_checkpoint(self.checkpoint_dir, state)
 
     def _resume(self) -> int:

@@ -63,6 +63,8 @@ def check_blocks(model: str, blocks: Sequence[Block], x: Tensor, num_layers: int
 class BlockModel(nn.Module):
     """A stack of `conv(block, h_src) -> h_dst` layers, ReLU + dropout between them, one block per layer."""
 
+    reads_neighbours = True  # layer `i` reads the block's in-neighbours, not only the destinations' own rows
+
     def __init__(self, convs: Sequence[nn.Module], dropout: float) -> None:
         super().__init__()
         self.convs = nn.ModuleList(convs)
@@ -81,10 +83,19 @@ class BlockModel(nn.Module):
         """Logits `[blocks[-1].num_dst, num_classes]` from input features `x [blocks[0].num_src, in_dim]`."""
         check_blocks(type(self).__name__, blocks, x, self.num_layers)
         h = x
-        for i, (conv, block) in enumerate(zip(self.convs, blocks)):
-            h = conv(block, h)
-            if i < self.num_layers - 1:
-                h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
+        for i, block in enumerate(blocks):
+            h = self.layer(i, block, h)
+        return h
+
+    def layer(self, i: int, block: Block, h_src: Tensor) -> Tensor:
+        """Layer `i` on one block, with what sits between it and the next layer (none after the last).
+
+        The per-layer entry point: `forward` chains it over the blocks, layer-wise full-graph
+        inference calls it on chunks of destinations.
+        """
+        h = self.convs[i](block, h_src)
+        if i < self.num_layers - 1:
+            h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
         return h
 
 

@@ -13,6 +13,8 @@ from morphpipe.sampling.minibatch import Block
 class MLP(nn.Module):
     """`num_layers` Linear layers with ReLU + dropout between them, on `x[:blocks[-1].num_dst]`."""
 
+    reads_neighbours = False  # layer-wise inference needs no neighbour rows
+
     def __init__(self, in_dim: int, num_classes: int, num_layers: int = 3, hidden: int = 256, dropout: float = 0.5) -> None:
         super().__init__()
         check_model_args(in_dim, num_classes, num_layers, hidden)
@@ -35,8 +37,14 @@ class MLP(nn.Module):
         """
         check_blocks(type(self).__name__, blocks, x, None)
         h = x[: blocks[-1].num_dst] if blocks else x
-        for i, lin in enumerate(self.lins):
-            h = lin(h)
-            if i < self.num_layers - 1:
-                h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
+        for i in range(self.num_layers):
+            h = self.layer(i, None, h)
+        return h
+
+    def layer(self, i: int, block: Block | None, h_src: Tensor) -> Tensor:
+        """Layer `i` on the destinations' own rows (`h_src[:block.num_dst]`, all rows without a block),
+        with ReLU + dropout after every layer but the last (the per-layer entry point, as `BlockModel.layer`)."""
+        h = self.lins[i](h_src if block is None else h_src[: block.num_dst])
+        if i < self.num_layers - 1:
+            h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
         return h

@@ -172,6 +172,11 @@ def _check_block(block: Block) -> None:
         raise ValueError(
             f"block.indptr has {block.indptr.numel()} entries but block.num_dst={block.num_dst} needs num_dst + 1"
         )
+    if block.src_degrees is not None and tuple(block.src_degrees.shape) != (block.num_src,):
+        raise ValueError(
+            f"block.src_degrees has shape {tuple(block.src_degrees.shape)} but block.num_src={block.num_src}; "
+            f"give one whole-layer out-degree per source, or None"
+        )
     if block.indptr.device != block.indices.device:
         raise ValueError(
             f"block.indptr is on {block.indptr.device} but block.indices on {block.indices.device}; "

@@ -33,6 +33,8 @@ DECISIONS: dict[str, tuple[str, ...]] = {
     "aggregate.order": ("natural", "degree_sorted"),  # destination order: as stored vs heaviest first (Seastar)
     "aggregate.backward": ("transpose", "scatter"),  # gradient to sources: transposed structure vs atomic scatter
     "gat.backward": ("transpose", "scatter"),
+    # AdaptGear: whole-graph layers as plain CSR or dense community blocks + CSR remainder (timed once)
+    "graph.kernel": ("csr", "community16", "community32", "community64"),
     # SENSEi: re-association per layer
     "sage.order": ("aggregate_first", "project_first"),
     "gcn.order": ("aggregate_first", "project_first"),
@@ -51,7 +53,7 @@ class ChoiceRecord:
     decision: str
     signature: Signature
     chosen: str
-    reason: str  # "cost model" | "forced" | "only option"
+    reason: str  # "cost model" | "timed" | "forced" | "only option"
     costs: tuple[tuple[str, float], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
@@ -151,11 +153,13 @@ def choose(
     signature: Signature,
     costs: Callable[[], Mapping[str, float]],
     options: tuple[str, ...] | None = None,
+    reason: str = "cost model",
 ) -> str:
     """The option to run for `decision` on an input of shape `signature`.
 
     `costs()` (predicted seconds per option) is called only when the signature is new and nothing is
-    forced; `options` narrows `DECISIONS[decision]` to what can run on this input. A forced option
+    forced; `reason` says where its seconds come from ("cost model", "timed");
+    `options` narrows `DECISIONS[decision]` to what can run on this input. A forced option
     that cannot run on this input is an error, not a silent substitute.
     """
     allowed = options if options is not None else DECISIONS[decision]
@@ -175,7 +179,7 @@ def choose(
         else:
             predicted = {option: float(cost) for option, cost in costs().items() if option in allowed}
             best = min(allowed, key=lambda option: predicted.get(option, math.inf))
-            record = ChoiceRecord(decision, signature, best, "cost model", tuple(sorted(predicted.items())))
+            record = ChoiceRecord(decision, signature, best, reason, tuple(sorted(predicted.items())))
     return _remember(record)
 
 

@@ -16,7 +16,8 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from morphpipe import native
-from morphpipe.ops import choice, determinism
+from morphpipe.ops import choice, determinism, graph_kernel
+from morphpipe.ops.community import GraphBlock
 from morphpipe.ops.cost_model import Calibration, current_calibration
 from morphpipe.ops.reference import accumulate_dtype, dst_index, gcn_scales, in_degrees
 from morphpipe.sampling.minibatch import Block
@@ -187,7 +188,17 @@ def _dense_sum(block: Block, x: Tensor, edge_weight: Tensor | None, src_scale: T
 
 def weighted_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None, src_scale: Tensor | None = None,
                  dst_scale: Tensor | None = None, self_loop: bool = False, kind: str = "sum") -> Tensor:
-    """`dst_scale * (A_w (src_scale * x) + self loop)` by the kernel the choice picks (row-wise or dense)."""
+    """`dst_scale * (A_w (src_scale * x) + self loop)` by the kernel the choice picks (row-wise or dense).
+
+    An unweighted whole-graph layer (`GraphBlock`) goes to the AdaptGear selector first: plain CSR
+    or a community decomposition, whichever timed fastest for the layer's shape.
+    """
+    if isinstance(block, GraphBlock) and edge_weight is None:
+        plain = Block(block.indptr, block.indices, block.num_src, block.num_dst)
+        return graph_kernel.graph_sum(
+            block, x, src_scale, dst_scale, self_loop, kind,
+            csr_sum=lambda: weighted_sum(plain, x, None, src_scale, dst_scale, self_loop, kind),
+            inter_sum=lambda inter, h, src, dst: WeightedSum.apply(h, None, inter, src, dst, False, None))
     width = x.shape[1]
     edges = block.nnz + (block.num_dst if self_loop else 0)
     dense_fits = block.num_dst * block.num_src <= DENSE_MAX_ENTRIES

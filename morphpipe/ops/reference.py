@@ -38,9 +38,14 @@ def gcn_scales(block: Block, add_self_loops: bool = True, dtype: torch.dtype = t
     `dst_scale[i] = (in_degree(i) + 1)^-1/2` and `src_scale[j] = (out_degree(j) + [j < num_dst])^-1/2`,
     with degrees counted over the block's edges (duplicates separately) and the `+1` terms being
     the self loops of the prefix convention (dropped when `add_self_loops` is False). A zero
-    degree gives a zero factor: such a node contributes or receives nothing.
+    degree gives a zero factor: such a node contributes or receives nothing. A slice of a square
+    layer (`block.src_degrees` set, layer-wise inference) takes the whole layer's out-degrees
+    instead, each plus one self loop: every source of a square layer is also its destination.
     """
     dst_degree = in_degrees(block).to(dtype)
+    if block.src_degrees is not None:
+        src_degree = block.src_degrees.to(dtype) + (1 if add_self_loops else 0)
+        return _inverse_sqrt(src_degree), _inverse_sqrt(dst_degree + (1 if add_self_loops else 0))
     src_degree = torch.zeros(block.num_src, dtype=dtype, device=block.device)
     src_degree.index_add_(0, block.indices, torch.ones(block.nnz, dtype=dtype, device=block.device))
     if add_self_loops:

@@ -20,6 +20,9 @@ class Block:
     indices: torch.Tensor  # int64 [nnz], local ids in [0, num_src)
     num_src: int
     num_dst: int
+    # Sources' out-degrees over the whole layer when the block is a slice of a square (whole-graph)
+    # layer, as layer-wise inference cuts it; None: degrees are counted over the block's own edges.
+    src_degrees: torch.Tensor | None = None
 
     @property
     def nnz(self) -> int:
@@ -43,19 +46,20 @@ class Block:
         return torch.stack([self.indices, self.dst_of_edges()])
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Block":
-        return Block(
-            self.indptr.to(device, non_blocking=non_blocking),
-            self.indices.to(device, non_blocking=non_blocking),
-            self.num_src,
-            self.num_dst,
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Block":
-        return Block(self.indptr.pin_memory(), self.indices.pin_memory(), self.num_src, self.num_dst)
+        return self._map(lambda t: t.pin_memory())
+
+    def _map(self, tensor_fn) -> "Block":
+        degrees = None if self.src_degrees is None else tensor_fn(self.src_degrees)
+        return Block(tensor_fn(self.indptr), tensor_fn(self.indices), self.num_src, self.num_dst, degrees)
 
     def record_stream(self, stream: "torch.cuda.Stream") -> None:
         self.indptr.record_stream(stream)
         self.indices.record_stream(stream)
+        if self.src_degrees is not None:
+            self.src_degrees.record_stream(stream)
 
 
 @dataclass

@@ -1,0 +1,139 @@
+"""Full-graph training for graphs that fit: one step per epoch over the whole graph (Morphling's, AdaptGear's setting).
+
+Every layer runs on one whole-graph block (`GraphBlock`), so the AdaptGear selector times plain
+CSR against the community-decomposed kernels on the first step and keeps the fastest; the loss
+is taken on the training nodes only. Validation is exact (layer-wise inference on the same
+block). Checkpoints are the executor's format (`morphpipe evaluate` reads them).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional
+from tqdm.auto import tqdm
+
+from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from morphpipe.executor.evaluate import full_accuracy
+from morphpipe.executor.trainer import SPLITS, choice_counts_since
+from morphpipe.ops.choice import choice_counts
+from morphpipe.ops.community import GraphBlock
+from morphpipe.sampling.validation import check_positive
+
+
+@dataclass
+class FullGraphEpoch:
+    """One full-graph epoch: its time, loss, validation accuracy and the op choices made during it."""
+
+    epoch: int
+    epoch_s: float
+    loss: float
+    val_acc: float | None
+    op_choices: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def line(self, epochs: int) -> str:
+        """One progress line."""
+        val = f", val acc {self.val_acc:.4f}" if self.val_acc is not None else ""
+        kernel = self.op_choices.get("graph.kernel")
+        kernels = f", graph.kernel {kernel}" if kernel else ""
+        return f"epoch {self.epoch + 1}/{epochs}: {self.epoch_s:.2f} s (full graph), loss {self.loss:.4f}{val}{kernels}"
+
+
+class FullGraphTrainer:
+    """Trains `model` on the whole `graph` at once: forward over every node, loss on the training nodes, one step."""
+
+    def __init__(self, graph, model: nn.Module, *, lr: float = 3e-3, device: str | torch.device = "cpu",
+                 checkpoint_dir: str | os.PathLike | None = None, model_spec: dict[str, Any] | None = None,
+                 progress: bool = True, log: Callable[[str], None] | None = None) -> None:
+        self.graph = graph
+        self.device = torch.device("cpu" if device in (None, "auto") else device)
+        self.model = model.to(self.device)
+        self.dtype = next(self.model.parameters()).dtype
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.model_spec = model_spec
+        self.progress = progress
+        self.log = log or tqdm.write
+        self.block = GraphBlock.of(graph.indptr, graph.indices).to(self.device)
+        self.features = torch.as_tensor(graph.features).to(device=self.device, dtype=self.dtype)
+        self.train_idx = graph.train_idx.to(self.device)
+        self.train_labels = graph.labels[graph.train_idx].to(self.device)
+        self.history: list[FullGraphEpoch] = []
+        self._said: set[str] = set()
+
+    def step(self) -> float:
+        """One full-graph training step; returns the loss."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        blocks = [self.block] * self.model.num_layers
+        logits = self.model(blocks, self.features)
+        loss = functional.cross_entropy(logits[self.train_idx], self.train_labels)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def fit(self, epochs: int, *, validate: bool = True) -> list[FullGraphEpoch]:
+        """Trains until `epochs` epochs are done (continuing from a checkpoint), one step per epoch."""
+        check_positive("epochs", epochs)
+        for epoch in range(self._resume(), epochs):
+            before = choice_counts()
+            start = time.perf_counter()
+            loss = self.step()
+            epoch_s = time.perf_counter() - start
+            choices = choice_counts_since(before)
+            val_acc = self.evaluate("val") if validate else None
+            stats = FullGraphEpoch(epoch, epoch_s, loss, val_acc, choices)
+            self.history.append(stats)
+            self.log(stats.line(epochs))
+            if self.checkpoint_dir is not None:
+                self.save(epoch + 1)
+        return self.history
+
+    def evaluate(self, split: str = "val") -> float:
+        """Exact accuracy on the 'train', 'val' or 'test' nodes (layer-wise inference on the whole-graph block)."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        return full_accuracy(self.model, self.graph, getattr(self.graph, f"{split}_idx"), device=self.device,
+                             graph_block=self.block, progress=self.progress, log=self._say_once)
+
+    def _say_once(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            self.log(message)
+
+    def meta(self) -> dict[str, Any]:
+        """What a checkpoint must agree with to be continued by this trainer."""
+        return {"dataset": getattr(self.graph, "name", "graph"), "num_nodes": int(self.graph.num_nodes),
+                "model": type(self.model).__name__, "full_graph": True}
+
+    def save(self, epochs_done: int) -> Path:
+        """Writes a checkpoint after `epochs_done` completed epochs."""
+        assert self.checkpoint_dir is not None
+        meta = self.meta() if self.model_spec is None else {**self.meta(), "model_spec": self.model_spec}
+        state = TrainingState(epoch=epochs_done, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                              rng=capture_rng(), history=[asdict(stats) for stats in self.history], meta=meta)
+        return save_checkpoint(self.checkpoint_dir, state)
+
+    def _resume(self) -> int:
+        """Loads the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from."""
+        state = load_checkpoint(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        if state is None:
+            return len(self.history)
+        different = {key: (state.meta.get(key), value) for key, value in self.meta().items()
+                     if state.meta.get(key) != value}
+        if different:
+            details = ", ".join(f"{key}: checkpoint {saved!r} vs now {now!r}" for key, (saved, now) in different.items())
+            raise ValueError(f"{self.checkpoint_dir}: the checkpoint is for another run ({details}); use another "
+                             "checkpoint directory or the same settings")
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        restore_rng(state.rng)
+        self.history = [FullGraphEpoch(**item) for item in state.history]
+        self.log(f"resumed from {self.checkpoint_dir} after epoch {state.epoch}")
+        return state.epoch

@@ -1,0 +1,238 @@
+"""Exact full-graph inference, layer by layer: every node's layer-1 output over full neighbourhoods, then layer 2...
+
+Sampled inference gives accuracies that move with the sampling seed; this computes the model's
+exact outputs (DGL's and PyG's reference examples end the same way). Layer `i` runs over chunks
+of destinations: each chunk is a Block of its destinations and all their in-neighbours (prefix
+convention, local ids) whose sources' rows are gathered from the previous layer's N x width
+table, so a chunk holds only its own share. GCN's normalisation reads the whole layer's
+out-degrees (`Block.src_degrees`), so a chunk computes exactly what the whole-graph block does.
+When one chunk covers the graph, each layer runs on one whole-graph block (`GraphBlock`), where
+the AdaptGear selector may pick the community-decomposed kernel.
+
+The intermediate tables live in memory, or memory-mapped in a temporary directory when they do
+not fit in the memory budget; which one is said in the log. Tables stay on the host; chunks
+run on `device` (CPU or CUDA).
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from morphpipe.ops.community import GraphBlock
+from morphpipe.sampling.minibatch import Block
+
+# Share of the available memory that layer-wise inference plans to use when no budget is given.
+DEFAULT_MEMORY_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class LayerwiseSettings:
+    """How the inference runs: destinations per chunk and the memory the tables and chunks may take."""
+
+    chunk_size: int
+    memory_budget: int
+    whole_graph: bool  # one chunk covers the graph: whole-graph blocks (decomposition-eligible)
+
+
+def _format_bytes(count: float) -> str:
+    """`count` bytes in MiB (GiB from 1 GiB up), for the log."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+
+
+def layer_widths(model: nn.Module, in_dim: int) -> list[int]:
+    """Output width of every layer (from the layers' out_features, heads concatenated), input width first."""
+    widths = [in_dim]
+    layers = getattr(model, "convs", None) or getattr(model, "lins")
+    for layer in layers:
+        if hasattr(layer, "heads"):
+            widths.append(layer.heads * layer.out_features if layer.concat else layer.out_features)
+        else:
+            widths.append(layer.out_features)
+    return widths
+
+
+def plan_settings(num_nodes: int, num_edges: int, widths: list[int], itemsize: int, chunk_size: int | None,
+                  memory_budget: int | None) -> LayerwiseSettings:
+    """Chunk size from the budget (or as given): a chunk gathers its destinations' neighbour rows at the widest layer."""
+    budget = int(memory_budget if memory_budget is not None else psutil.virtual_memory().available * DEFAULT_MEMORY_SHARE)
+    if budget < 1:
+        raise ValueError(f"memory_budget must be >= 1 byte, got {memory_budget!r}")
+    if chunk_size is not None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an int >= 1 (destinations per chunk), got {chunk_size!r}")
+        chosen = chunk_size
+    else:
+        fan = 1 + num_edges / max(num_nodes, 1)
+        per_row = (fan * max(widths) + 4 * max(widths)) * itemsize
+        chosen = max(1, int(budget // 2 // per_row))
+    return LayerwiseSettings(min(chosen, max(num_nodes, 1)), budget, chosen >= num_nodes)
+
+
+class ChunkBuilder:
+    """Blocks for chunks of destinations over the whole graph: their full in-neighbourhoods, destinations first."""
+
+    def __init__(self, indptr: Tensor, indices: Tensor, num_nodes: int) -> None:
+        self.indptr = indptr.to(torch.int64)
+        self.indices = indices
+        self.num_nodes = num_nodes
+        self.out_degrees = torch.bincount(indices.to(torch.int64), minlength=num_nodes)
+        self._local = torch.full((num_nodes,), -1, dtype=torch.int64)
+
+    def block(self, dst: Tensor) -> tuple[Block, Tensor]:
+        """The chunk's Block and the global ids of its sources (`dst` first, then the other in-neighbours, sorted)."""
+        starts, ends = self.indptr[dst], self.indptr[dst + 1]
+        degrees = ends - starts
+        local_indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
+        torch.cumsum(degrees, 0, out=local_indptr[1:])
+        total = int(local_indptr[-1])
+        positions = torch.repeat_interleave(starts - local_indptr[:-1], degrees, output_size=total) + \
+            torch.arange(total, dtype=torch.int64)
+        neighbours = self.indices[positions].to(torch.int64)
+        self._local[dst] = torch.arange(dst.numel(), dtype=torch.int64)
+        others = torch.unique(neighbours[self._local[neighbours] < 0])
+        src_ids = torch.cat([dst, others])
+        self._local[others] = torch.arange(dst.numel(), src_ids.numel(), dtype=torch.int64)
+        local_indices = self._local[neighbours]
+        self._local[src_ids] = -1
+        block = Block(local_indptr, local_indices, int(src_ids.numel()), int(dst.numel()), self.out_degrees[src_ids])
+        return block, src_ids
+
+
+class TableStore:
+    """Where the N x width intermediate tables live: memory, or memory-mapped files in one temporary directory."""
+
+    def __init__(self, budget: int, log: Callable[[str], None], tmp_dir: str | Path | None = None) -> None:
+        self.budget = budget
+        self.log = log
+        self.tmp_root = tmp_dir
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def new(self, layer: int, rows: int, width: int, dtype: torch.dtype, live_bytes: int) -> Tensor:
+        """An empty `[rows, width]` table for layer `layer`'s output; on disk when it and `live_bytes` exceed the budget."""
+        size = rows * width * torch.empty((), dtype=dtype).element_size()
+        where = f"{rows:,} x {width} {str(dtype).removeprefix('torch.')} ({_format_bytes(size)})"
+        if size + live_bytes <= self.budget:
+            self.log(f"layer-wise inference: layer {layer} table {where} in memory")
+            return torch.empty(rows, width, dtype=dtype)
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="morphpipe-layerwise-", dir=self.tmp_root)
+        path = Path(self._tmp.name) / f"layer{layer}.bin"
+        self.log(f"layer-wise inference: layer {layer} table {where} memory-mapped at {path} (it does not fit in the "
+                 f"{_format_bytes(self.budget)} memory budget)")
+        array = np.memmap(path, dtype=_numpy_dtype(dtype), mode="w+", shape=(rows, width))
+        return torch.from_numpy(array) if dtype != torch.bfloat16 else torch.from_numpy(array).view(torch.bfloat16)
+
+    def close(self) -> None:
+        """Removes the temporary directory (and every memory-mapped table in it)."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype a table of `dtype` is stored as (bfloat16 as its 16-bit pattern)."""
+    if dtype == torch.bfloat16:
+        return np.dtype(np.int16)
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+@torch.no_grad()
+def layerwise_inference(model: nn.Module, graph, nodes: Tensor | None = None, *, chunk_size: int | None = None,
+                        memory_budget: int | None = None, device: torch.device | str = "cpu",
+                        tmp_dir: str | Path | None = None, graph_block: GraphBlock | None = None,
+                        progress: bool = True, log: Callable[[str], None] | None = None) -> Tensor:
+    """Exact logits `[len(nodes), classes]` (all nodes when None) of `model` over full neighbourhoods, layer by layer.
+
+    `model` exposes `layer(i, block, h_src)` and `num_layers` (every morphpipe.nn model);
+    `graph` is a GraphStore (or anything with indptr, indices, features, num_nodes, num_edges).
+    `chunk_size` destinations per chunk (None: from `memory_budget`, default half the available
+    memory); `graph_block` reuses a whole-graph block (and its decompositions) across calls.
+    """
+    device = torch.device(device)
+    log = log or (lambda message: None)
+    dtype = next(model.parameters()).dtype
+    num_nodes = int(graph.num_nodes)
+    widths = layer_widths(model, int(graph.features.shape[1]))
+    settings = plan_settings(num_nodes, int(graph.num_edges), widths, torch.empty((), dtype=dtype).element_size(),
+                             chunk_size, memory_budget)
+    nodes = None if nodes is None else torch.as_tensor(nodes, dtype=torch.int64)
+    if nodes is not None and nodes.numel() and (int(nodes.min()) < 0 or int(nodes.max()) >= num_nodes):
+        raise ValueError(f"nodes must be node ids in [0, {num_nodes}), got ids from {int(nodes.min())} to "
+                         f"{int(nodes.max())}")
+    was_training = model.training
+    model.eval()
+    store = TableStore(settings.memory_budget, log, tmp_dir)
+    try:
+        if settings.whole_graph:
+            return _whole_graph(model, graph, nodes, device, dtype, graph_block, progress)
+        return _chunked(model, graph, nodes, settings, device, dtype, store, progress, widths[-1])
+    finally:
+        store.close()
+        model.train(was_training)
+
+
+def _whole_graph(model: nn.Module, graph, nodes: Tensor | None, device: torch.device, dtype: torch.dtype,
+                 graph_block: GraphBlock | None, progress: bool) -> Tensor:
+    """Every layer on one whole-graph block (the AdaptGear selector may decompose it)."""
+    block = (graph_block or GraphBlock.of(graph.indptr, graph.indices)).to(device)
+    if not model.reads_neighbours:
+        block = None
+    h = torch.as_tensor(graph.features).to(device=device, dtype=dtype)
+    for i in tqdm(range(model.num_layers), desc="layer-wise inference", unit="layer", leave=False,
+                  disable=not progress):
+        h = model.layer(i, block, h)
+    out = h if nodes is None else h[nodes.to(device)]
+    return out.cpu()
+
+
+def _chunked(model: nn.Module, graph, nodes: Tensor | None, settings: LayerwiseSettings, device: torch.device,
+             dtype: torch.dtype, store: TableStore, progress: bool, out_width: int) -> Tensor:
+    """Layer by layer over chunks of destinations; the last layer only for `nodes`."""
+    num_nodes = int(graph.num_nodes)
+    builder = ChunkBuilder(graph.indptr, graph.indices, num_nodes) if model.reads_neighbours else None
+    last_rows = num_nodes if nodes is None else int(nodes.numel())
+    chunks_per_layer = math.ceil(num_nodes / settings.chunk_size)
+    total = chunks_per_layer * (model.num_layers - 1) + math.ceil(last_rows / settings.chunk_size)
+    store.log(f"layer-wise inference: chunks of {settings.chunk_size:,} destinations "
+              f"({chunks_per_layer} per layer, memory budget {_format_bytes(settings.memory_budget)})")
+    table = graph.features
+    with tqdm(total=total, desc="layer-wise inference", unit="chunk", leave=False, disable=not progress) as bar:
+        for i in range(model.num_layers):
+            last = i == model.num_layers - 1
+            targets = nodes if last and nodes is not None else None
+            rows = last_rows if last else num_nodes
+            out_table: Tensor | None = None
+            for start in range(0, rows, settings.chunk_size):
+                stop = min(start + settings.chunk_size, rows)
+                dst = targets[start:stop] if targets is not None else torch.arange(start, stop, dtype=torch.int64)
+                if builder is not None:
+                    block, src_ids = builder.block(dst)
+                    h_src = table[src_ids]
+                else:
+                    block, h_src = _no_edges(dst.numel()), table[dst]
+                out = model.layer(i, block.to(device), h_src.to(device=device, dtype=dtype)).to("cpu")
+                if out_table is None:
+                    live = table.numel() * table.element_size() if not last else 0
+                    out_table = torch.empty(rows, out.shape[1], dtype=out.dtype) if last else \
+                        store.new(i + 1, rows, out.shape[1], out.dtype, live)
+                out_table[start:stop] = out
+                bar.update(1)
+            if out_table is None:
+                out_table = torch.empty(0, out_width, dtype=dtype)
+            table = out_table
+    return table
+
+
+def _no_edges(rows: int) -> Block:
+    """A block of `rows` destinations and no edges (layers that read only the destinations' own rows)."""
+    return Block(torch.zeros(rows + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), rows, rows)
+

@@ -1,0 +1,90 @@
+"""Exact evaluation end to end: Trainer.evaluate(mode=...), `train --eval full`, `train --full-graph`, `evaluate`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from morphpipe.cli import main
+from morphpipe.data import PRESETS, GraphStore, generate
+from morphpipe.executor import FullGraphTrainer, Trainer
+from morphpipe.executor.layerwise import layerwise_inference
+from morphpipe.nn import build_model
+from morphpipe.ops import force_choices
+from morphpipe.profiler import Profile
+from morphpipe.sampling import batches_per_epoch
+from morphpipe.scheduler import plan_from_profile
+
+
+@pytest.fixture(autouse=True)
+def community_cache(tmp_path, monkeypatch):
+    """Partitions in a per-test directory; full-graph layers forced to CSR (the selector is tested in
+    test_ops_community.py), still counted; one intra-op thread (a loaded 2-core machine stalls tiny ops)."""
+    monkeypatch.setenv("MORPHPIPE_COMMUNITY_CACHE", str(tmp_path / "communities"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with force_choices({"graph.kernel": "csr"}):
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def graph_dir(tmp_path_factory):
+    spec = PRESETS["tiny"].spec.with_overrides(num_nodes=1_500)
+    return generate(spec, tmp_path_factory.mktemp("graphs") / "tiny", progress=False)
+
+
+def test_trainer_evaluates_exactly_and_by_sampling(graph_dir):
+    graph = GraphStore.load(graph_dir)
+    torch.manual_seed(0)
+    model = build_model("sage", graph.feature_dim, graph.num_classes, num_layers=2, hidden=16)
+    plan = plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006,
+                                               num_batches=batches_per_epoch(len(graph.train_idx), 128), cores=2))
+    with Trainer(graph, model, plan, fanouts=[5, 5], batch_size=128, progress=False, log=lambda line: None,
+                 eval_mode="full") as trainer:
+        trainer.fit(1)
+        full = trainer.evaluate("test")
+        sampled = trainer.evaluate("test", mode="sampled")
+        assert full == trainer.evaluate("test", mode="full") == trainer.evaluate("test"), "exact: no seed involved"
+        logits = layerwise_inference(model, graph, graph.test_idx, progress=False)
+        assert full == pytest.approx(float((logits.argmax(1) == graph.labels[graph.test_idx]).float().mean()))
+        assert 0.0 <= sampled <= 1.0
+        with pytest.raises(ValueError, match="eval mode must be one of"):
+            trainer.evaluate("test", mode="exact")
+
+
+def test_full_graph_training_learns(graph_dir):
+    graph = GraphStore.load(graph_dir)
+    torch.manual_seed(0)
+    model = build_model("gcn", graph.feature_dim, graph.num_classes, num_layers=2, hidden=16, dropout=0.0)
+    trainer = FullGraphTrainer(graph, model, lr=0.02, progress=False, log=lambda line: None)
+    before = trainer.evaluate("val")
+    history = trainer.fit(15, validate=False)
+    assert len(history) == 15 and history[-1].loss < history[0].loss
+    assert history[0].op_choices["graph.kernel"] == {"csr": 2}, "both full-graph layers go through the selector"
+    assert trainer.evaluate("val") > before
+
+
+def test_cli_full_graph_train_then_evaluate(graph_dir, tmp_path, capsys):
+    checkpoint = tmp_path / "run"
+    assert main(["train", str(graph_dir), "--full-graph", "--model", "sage", "--hidden", "16", "--fanouts", "5,5",
+                 "--epochs", "2", "--checkpoint-dir", str(checkpoint), "--no-progress"]) == 0
+    trained = capsys.readouterr().out
+    assert "test accuracy" in trained and "(full)" in trained
+    report = tmp_path / "acc.json"
+    assert main(["evaluate", str(graph_dir), "--checkpoint", str(checkpoint), "--chunk-size", "300",
+                 "--json", str(report), "--no-progress"]) == 0
+    document = json.loads(report.read_text())
+    test_line = [line for line in trained.splitlines() if line.startswith("test accuracy")][0]
+    assert f"{document['accuracy']['test']:.4f}" in test_line, "evaluate reproduces train's exact test accuracy"
+    assert main(["evaluate", str(graph_dir), "--checkpoint", str(checkpoint), "--mode", "sampled", "--split",
+                 "val", "--no-progress"]) == 0
+    assert "val accuracy" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(graph_dir, tmp_path, capsys):
+    assert main(["train", str(graph_dir)]) == 2
+    assert "--full-graph" in capsys.readouterr().err
+    assert main(["evaluate", str(graph_dir), "--checkpoint", str(tmp_path / "none")]) == 2
+    assert "no checkpoint there" in capsys.readouterr().err

@@ -1,0 +1,159 @@
+"""Layer-wise full-graph inference: equal to the model on whole-graph blocks, chunk by chunk, within its share."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from morphpipe.executor.layerwise import ChunkBuilder, layerwise_inference
+from morphpipe.nn import build_model
+from morphpipe.ops import force_choices
+from morphpipe.sampling.minibatch import Block
+
+NUM_NODES, IN_DIM, NUM_CLASSES = 120, 12, 5
+
+
+@pytest.fixture(autouse=True)
+def community_cache(tmp_path, monkeypatch):
+    """Partitions go to a per-test directory; the whole-graph path runs plain CSR unless a test forces otherwise;
+    one intra-op thread (tiny ops on a loaded 2-core machine otherwise wait for the second thread every call)."""
+    monkeypatch.setenv("MORPHPIPE_COMMUNITY_CACHE", str(tmp_path / "communities"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with force_choices({"graph.kernel": "csr"}):
+        yield
+    torch.set_num_threads(threads)
+
+
+@dataclass
+class SmallGraph:
+    """The parts of a GraphStore that layer-wise inference reads."""
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    features: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.indices.numel()
+
+
+def directed_graph(num_nodes: int, seed: int, dtype: torch.dtype = torch.float32) -> SmallGraph:
+    """Random directed multigraph (duplicates, self edges, isolated nodes) in CSC, int32 indices as stored graphs have."""
+    generator = torch.Generator().manual_seed(seed)
+    edges = 4 * num_nodes
+    src = torch.randint(0, num_nodes - 5, (edges,), generator=generator)
+    dst = torch.randint(0, num_nodes - 5, (edges,), generator=generator)
+    order = torch.argsort(dst * num_nodes + src)
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
+    features = torch.randn(num_nodes, IN_DIM, generator=generator, dtype=dtype)
+    return SmallGraph(indptr, src[order].to(torch.int32), features)
+
+
+def whole_graph_logits(model, graph: SmallGraph) -> torch.Tensor:
+    """The model applied to one plain whole-graph block per layer (the definition of exact)."""
+    block = Block(graph.indptr, graph.indices.to(torch.int64), graph.num_nodes, graph.num_nodes)
+    model.eval()
+    with torch.no_grad():
+        return model([block] * model.num_layers, graph.features.to(next(model.parameters()).dtype))
+
+
+def make_model(name: str, dtype: torch.dtype):
+    torch.manual_seed(1)
+    kwargs = {"heads": 2} if name == "gat" else {}
+    return build_model(name, IN_DIM, NUM_CLASSES, num_layers=3, hidden=8, **kwargs).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("chunk_size", [7, 50, None])
+@pytest.mark.parametrize("name", ["sage", "gcn", "gat", "mlp"])
+def test_layerwise_equals_whole_graph(name, chunk_size, dtype):
+    graph = directed_graph(NUM_NODES, seed=3, dtype=dtype)
+    model = make_model(name, dtype)
+    expected = whole_graph_logits(model, graph)
+    got = layerwise_inference(model, graph, chunk_size=chunk_size, progress=False)
+    tolerance = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+    nodes = torch.tensor([5, 0, 119, 42])
+    some = layerwise_inference(model, graph, nodes, chunk_size=chunk_size, progress=False)
+    torch.testing.assert_close(some, expected[nodes], rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("name", ["sage", "gcn"])
+def test_whole_graph_on_decomposed_kernel_equals(name):
+    graph = directed_graph(NUM_NODES, seed=8)
+    model = make_model(name, torch.float32)
+    with force_choices({"graph.kernel": "community16"}):
+        got = layerwise_inference(model, graph, progress=False)
+    torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
+
+
+def test_tables_memory_mapped_when_over_budget(tmp_path):
+    graph = directed_graph(NUM_NODES, seed=4)
+    model = make_model("sage", torch.float32)
+    messages: list[str] = []
+    got = layerwise_inference(model, graph, chunk_size=16, memory_budget=4096, tmp_dir=tmp_path, progress=False,
+                              log=messages.append)
+    torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
+    assert [m for m in messages if "memory-mapped" in m and "layer 1" in m]
+    assert not list(tmp_path.iterdir()), "the temporary tables are removed afterwards"
+    in_memory: list[str] = []
+    layerwise_inference(model, graph, chunk_size=16, memory_budget=1 << 30, progress=False, log=in_memory.append)
+    tables = [m for m in in_memory if " table " in m]
+    assert len(tables) == 2 and all("in memory" in m for m in tables), "one message per intermediate table"
+    assert any("chunks of 16 destinations" in m for m in in_memory)
+
+
+def test_chunks_hold_only_their_share():
+    """Every layer call sees exactly its chunk's destinations and their in-neighbours, never more."""
+    graph = directed_graph(NUM_NODES, seed=5)
+    model = make_model("gcn", torch.float32)
+    calls: list[tuple[int, Block, torch.Size]] = []
+    original = model.layer
+
+    def recording(i, block, h_src):
+        calls.append((i, block, h_src.shape))
+        return original(i, block, h_src)
+
+    model.layer = recording
+    chunk = 16
+    layerwise_inference(model, graph, chunk_size=chunk, progress=False)
+    indptr, indices = graph.indptr, graph.indices.long()
+    assert len(calls) == 3 * -(-NUM_NODES // chunk)
+    for position, (layer, block, shape) in enumerate(calls):
+        start = (position % -(-NUM_NODES // chunk)) * chunk
+        dst = range(start, min(start + chunk, NUM_NODES))
+        share = set(dst) | {int(j) for d in dst for j in indices[indptr[d]:indptr[d + 1]]}
+        assert block.num_dst == len(dst) <= chunk
+        assert block.num_src == len(share) == shape[0], "h_src holds the chunk's share of the table, nothing more"
+        assert block.nnz == int(indptr[dst.stop] - indptr[dst.start])
+
+
+def test_chunk_builder_prefix_and_degrees():
+    graph = directed_graph(30, seed=6)
+    builder = ChunkBuilder(graph.indptr, graph.indices, 30)
+    dst = torch.tensor([7, 2, 11])
+    block, src_ids = builder.block(dst)
+    assert src_ids[:3].tolist() == [7, 2, 11]
+    for k, node in enumerate(dst.tolist()):
+        neighbours = graph.indices[graph.indptr[node]:graph.indptr[node + 1]].long()
+        assert src_ids[block.indices[block.indptr[k]:block.indptr[k + 1]]].tolist() == neighbours.tolist()
+    whole = torch.bincount(graph.indices.long(), minlength=30)
+    assert block.src_degrees.tolist() == whole[src_ids].tolist()
+    again, _ = builder.block(dst)
+    assert again.indices.tolist() == block.indices.tolist(), "the builder's scratch map is reset after each chunk"
+
+
+def test_bad_arguments_are_named():
+    graph = directed_graph(20, seed=7)
+    model = make_model("sage", torch.float32)
+    with pytest.raises(ValueError, match="chunk_size"):
+        layerwise_inference(model, graph, chunk_size=0, progress=False)
+    with pytest.raises(ValueError, match="nodes must be node ids"):
+        layerwise_inference(model, graph, torch.tensor([20]), progress=False)
