@@ -70,8 +70,8 @@ class Plan:
             )
         if self.n_cpu > 0 and self.cbs < 1:
             raise ValueError(f"Plan.cbs must be >= 1 when n_cpu > 0, got {self.cbs!r}")
-        if self.kind != "cpu-only" and self.gbs < 1:
-            raise ValueError(f"Plan.gbs must be >= 1, got {self.gbs!r}")
+        if self.n_gpu > 0 and self.gbs < 1:
+            raise ValueError(f"Plan.gbs must be >= 1 when n_gpu > 0, got {self.gbs!r}")
         if self.cpu_threads < 1:
             raise ValueError(f"Plan.cpu_threads must be >= 1, got {self.cpu_threads!r}")
         if self.kind == "cpu-only" and (self.train_threads is None or self.train_threads < 1):
