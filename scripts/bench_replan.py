@@ -28,7 +28,7 @@ from morphpipe.nn import build_model
 from morphpipe.partitioner import PhaseTimes
 from morphpipe.profiler import Profile
 from morphpipe.profiler.hardware import usable_cores
-from morphpipe.profiler.profiler import Profiler
+from morphpipe.profiler import Profiler
 from morphpipe.scheduler import plan_from_profile
 from morphpipe.scheduler.durations import Durations
 from morphpipe.scheduler.simulate_plan import simulate_plan

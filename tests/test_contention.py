@@ -53,7 +53,7 @@ def test_a_cpu_burner_beside_us_is_flagged() -> None:
 def test_profiler_repeats_a_busy_measurement_and_records_the_verdict() -> None:
     from morphpipe.data import load_dataset
     from morphpipe.profiler import Profile
-    from morphpipe.profiler.profiler import Profiler
+    from morphpipe.profiler import Profiler
 
     tiny_graph = load_dataset("tiny", progress=False)
 
