@@ -19,7 +19,7 @@ namespace {
 py::object batch_to_python(std::optional<CpuBatch> batch) {
   if (!batch) return py::none();
   return py::make_tuple(batch->batch_index, batch->seeds, batch->input_nodes, batch->block_indptrs,
-                        batch->block_indices, batch->x, batch->y);
+                        batch->block_indices, batch->x, batch->y, batch->build_seconds);
 }
 
 int openmp_max_threads() {
@@ -67,7 +67,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             }
             return batch_to_python(std::move(batch));
           },
-          "(batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y) or None at epoch end")
+          "(batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y, build_seconds) or None at epoch end")
       .def("stop", &CpuBatcher::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_batches", &CpuBatcher::num_batches)
       .def_property_readonly("num_threads", &CpuBatcher::num_threads);

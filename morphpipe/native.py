@@ -13,6 +13,7 @@ import platform
 import re
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -158,6 +159,25 @@ def load(verbose: bool = False) -> ModuleType:
             raise _failure from error
         stamp.write_text(config.source_hash)
         return _module
+
+
+def prepare(announce=print) -> None:
+    """Compiles the native ops now, if needed, with a line of its own and its elapsed time.
+
+    Commands that time things (tune, train --auto) call this first so that a first-use build
+    (about a minute) is not counted in, or shown as, their progress bars.
+    """
+    if _module is not None:
+        return
+    config = build_config()
+    stamp = config.build_dir / "sources.sha256"
+    if stamp.exists() and stamp.read_text() == config.source_hash:
+        load()
+        return
+    announce("compiling the native ops (first use after install or a source change; about a minute) ...")
+    started = time.perf_counter()
+    load()
+    announce(f"compiled the native ops in {time.perf_counter() - started:.0f} s")
 
 
 def ops() -> object:

@@ -44,6 +44,11 @@ def format_profile(profile: Profile) -> str:
     """The measured phase times as a table (per delivered batch)."""
     lines = [f"measured phases (per batch; {profile.num_batches} batches of {profile.batch_bytes / 1e6:.1f} MB "
              f"per epoch, {profile.cores} usable cores):"]
+    if profile.contention:
+        contention = profile.contention
+        lines.insert(1, f"  measured on a {'BUSY' if profile.taken_on_busy_machine else 'quiet'} machine: other "
+                        f"processes used {contention['other_cores']:.2f} of {contention['cores']} cores, "
+                        f"load {contention['load_average']:.2f}")
     lines += format_scaling("CPU batching    ", profile.cpu_batching)
     if profile.cpu_training is not None:
         lines += format_scaling("CPU training    ", profile.cpu_training)
@@ -55,11 +60,13 @@ def format_profile(profile: Profile) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from morphpipe import native
     from morphpipe.data import load_dataset
 
     for option, path in (("-o", args.output), ("--profile-output", args.profile_output), ("--gantt", args.gantt)):
         if path is not None:
             check_output_file(path, option)
+    native.prepare()
     graph = load_dataset(args.dataset)
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.feature_dim} x {str(graph.features.dtype).removeprefix('torch.')} features, "

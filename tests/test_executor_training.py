@@ -195,4 +195,4 @@ def test_train_command_with_auto_then_with_the_saved_plan(tmp_path, capsys) -> N
     assert [epoch["epoch"] for epoch in stats["epochs"]] == [0, 1] and 0 <= stats["test_acc"] <= 1
     assert main(["train", "tiny", "--plan", str(tmp_path / "plan.json"), "--batch-size", "128",
                  "--no-progress"]) == 2
-    assert "num_batches" in capsys.readouterr().err
+    assert "batches per epoch: plan 8, now 15" in capsys.readouterr().err

@@ -98,8 +98,8 @@ def test_a_useless_cpu_gets_no_batches_but_eq6_still_offloads_a_sliver() -> None
     (75, 25, 10, (30, 10)),
     (1, 99, 10, (1, 10)),
     (3, 97, 10, (1, 10)),
-    (100, 0, 10, (10, 10)),
-    (4, 0, 10, (4, 10)),
+    (100, 0, 10, (10, 0)),  # all-CPU: no Route 1 batch ever enters the GPU buffer
+    (4, 0, 10, (4, 0)),
     (90, 10, 4, (36, 4)),
 ])
 def test_buffer_sizes_follow_the_split(n_cpu: int, n_gpu: int, gbs: int, expected: tuple[int, int]) -> None:

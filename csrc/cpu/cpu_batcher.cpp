@@ -1,6 +1,7 @@
 #include "cpu_batcher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "neighbor_sampler.h"
@@ -110,7 +111,9 @@ void CpuBatcher::worker_loop() {
       batch_index = next_to_claim_++;
     }
     try {
+      const auto started = std::chrono::steady_clock::now();
       CpuBatch batch = build_batch(sampler, batch_index);
+      batch.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       std::lock_guard<std::mutex> lock(mutex_);
       window_[batch_index % queue_size_] = std::move(batch);
     } catch (...) {

@@ -26,6 +26,7 @@ struct CpuBatch {
   std::vector<at::Tensor> block_indices;
   at::Tensor x;
   at::Tensor y;
+  double build_seconds = 0.0;  // wall time one worker spent building it (re-planning measures T_CB)
 };
 
 class CpuBatcher {

@@ -1,17 +1,29 @@
-"""`morphpipe train`: train a GNN under a saved plan (--plan) or one made here and now (--auto)."""
+"""`morphpipe train`: train a GNN under a saved plan (--plan, or ./plan.json) or one made here and now (--auto).
+
+A saved plan is used only when it was made for this dataset, workload and machine; otherwise
+`train` refuses it (or, with --plan-mismatch replan, profiles and plans first). With --replan
+epoch (the default) the plan follows the phase times each epoch measures.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import torch
 
+from morphpipe import native
+from morphpipe.executor.replan import REPLAN_MODES, Replanner
 from morphpipe.outputs import check_output_dir, check_output_file, write_text_atomic
+from morphpipe.profiler.profile import Profile
 from morphpipe.profiler.profiler import DEVICES, Profiler
 from morphpipe.sampling.commands import parse_int_list
 from morphpipe.scheduler import Plan, plan_from_profile
+from morphpipe.scheduler.provenance import hardware_problems, plan_mismatches
 from morphpipe.tune import format_profile
+
+DEFAULT_PLAN = Path("plan.json")
 
 DEFAULTS = {"model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None}
 
@@ -24,11 +36,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "fanouts, batch size and hidden width default to the ones the plan was made for.")
     parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--plan", type=Path, help="plan JSON written by `morphpipe tune`")
+    source.add_argument("--plan", type=Path, help="plan JSON written by `morphpipe tune` (default: ./plan.json when it "
+                                                  "was made for this dataset and workload, else as --auto)")
     source.add_argument("--auto", action="store_true", help="profile this machine and plan first (as `morphpipe tune`)")
     source.add_argument("--full-graph", action="store_true",
                         help="no plan, no mini-batches: one step per epoch over the whole graph (graphs that fit), "
                              "with the AdaptGear-selected kernels; validation is exact")
+    parser.add_argument("--plan-mismatch", default="refuse", choices=["refuse", "replan"],
+                        help="when --plan was made for another dataset, workload or machine: refuse (default) or "
+                             "profile and plan first")
+    parser.add_argument("--replan", default="epoch", choices=REPLAN_MODES,
+                        help="epoch (default): re-plan after every epoch from the measured phase times and switch "
+                             "when the new plan is predicted clearly faster; off: keep the first plan")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="the profile the plan was made from, where re-planning starts (default: profile.json "
+                             "beside the plan)")
     parser.add_argument("--model", default=None, choices=["sage", "gcn", "gat", "mlp"],
                         help="model (default: the plan's, else sage)")
     parser.add_argument("--hidden", type=int, default=None, help="hidden width (default: the paper's per model)")
@@ -44,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gbs", type=int, default=10, help="GPU buffer size for --auto (default 10)")
     parser.add_argument("--threads", default=None, help="CPU thread counts --auto profiles, e.g. 1,2,4")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per --auto measurement (default 8)")
-    parser.add_argument("--save-plan", type=Path, default=None, help="with --auto: also write the plan here")
+    parser.add_argument("--save-plan", type=Path, default=None,
+                        help="write the plan in force at the end (after --auto or re-planning) here, and its "
+                             "profile as <name>.profile.json beside it")
     parser.add_argument("--checkpoint-dir", type=Path, default=None,
                         help="write a checkpoint after every epoch here, and continue from the one found there")
     parser.add_argument("--eval-batch-size", type=int, default=4096)
@@ -75,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.nn import build_model
     from morphpipe.sampling.gpu_batcher import GpuBatcher
 
-    if not (args.plan or args.auto or args.full_graph):
-        raise ValueError("train needs one of --plan FILE, --auto or --full-graph")
     check_outputs(args)
     graph = load_dataset(args.dataset)
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features, "
@@ -87,11 +109,14 @@ def run(args: argparse.Namespace) -> int:
               f"{' or '.join(empty)} accuracy will be reported")
     if args.full_graph:
         return run_full_graph(graph, args, empty)
-    plan = Plan.load(args.plan) if args.plan is not None else None
-    settings = workload_settings(args, plan)
-    if plan is None:
-        plan = auto_plan(graph, args, settings)
+    plan, profile, settings = choose_plan(graph, args)
     print("plan:\n  " + plan.describe().replace("\n", "\n  "))
+    replanner = None
+    if args.replan == "epoch":
+        if profile is None:
+            print("re-planning off: no profile for this plan (pass --profile, or train with --auto)")
+        else:
+            replanner = Replanner(profile, gbs=max(plan.gbs, 1) if plan.n_gpu else args.gbs, seed=args.seed)
     torch.manual_seed(args.seed)
     model = build_model(str(settings["model"]), graph.feature_dim, graph.num_classes,
                         num_layers=len(settings["fanouts"]), hidden=settings["hidden"], heads=args.heads,
@@ -99,9 +124,20 @@ def run(args: argparse.Namespace) -> int:
     with Trainer(graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
                  seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
                  progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None,
-                 eval_mode=args.eval_mode, model_spec=model_spec(graph, args, settings)) as trainer:
+                 eval_mode=args.eval_mode, model_spec=model_spec(graph, args, settings), replanner=replanner) as trainer:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test") if "test" not in empty else None
+        final_plan = trainer.plan
+    if args.save_plan is not None:
+        final_plan.save(args.save_plan)
+        if replanner is not None:
+            from morphpipe.executor.replan import rescaled_profile
+
+            profile_path = args.save_plan.with_name(args.save_plan.stem + ".profile.json")
+            rescaled_profile(replanner.profile, replanner.factors).save(profile_path)
+            print(f"wrote {args.save_plan} and {profile_path}")
+        else:
+            print(f"wrote {args.save_plan}")
     if test_acc is not None:
         print(f"test accuracy {test_acc:.4f} ({args.eval_mode})")
     if history:
@@ -166,7 +202,47 @@ def run_full_graph(graph, args: argparse.Namespace, empty: list[str]) -> int:
     return 0
 
 
-def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> Plan:
+def choose_plan(graph, args: argparse.Namespace) -> tuple[Plan, Profile | None, dict[str, object]]:
+    """The plan to train with, its profile (None if unknown) and the workload settings; says where the plan came from."""
+    if args.auto:
+        settings = workload_settings(args, None)
+        return *auto_plan(graph, args, settings), settings
+    path = args.plan if args.plan is not None else DEFAULT_PLAN if DEFAULT_PLAN.exists() else None
+    if path is None:
+        print("no --plan given and no ./plan.json here: profiling and planning first (as --auto)")
+        settings = workload_settings(args, None)
+        return *auto_plan(graph, args, settings), settings
+    plan = Plan.load(path)
+    settings = workload_settings(args, plan)
+    problems = plan_mismatches(plan.profile.get("workload", {}), graph, settings) + hardware_problems(plan)
+    batches = math.ceil(len(graph.train_idx) / int(settings["batch_size"]))
+    if batches != plan.num_batches:
+        problems.append(f"batches per epoch: plan {plan.num_batches}, now {batches}")
+    if problems:
+        differences = "; ".join(problems)
+        if args.plan is not None and args.plan_mismatch == "refuse":
+            raise ValueError(f"{path}: the plan was made for another run ({differences}); re-plan with "
+                             "`morphpipe train --auto` or `morphpipe tune`, or pass --plan-mismatch replan")
+        print(f"{path} was made for another run ({differences}): profiling and planning first (as --auto)")
+        settings = workload_settings(args, None)
+        return *auto_plan(graph, args, settings), settings
+    if args.plan is None:
+        print(f"using {path} (made for this dataset and workload; --auto re-profiles)")
+    return plan, saved_profile(args.profile or path.with_name("profile.json"), plan), settings
+
+
+def saved_profile(path: Path, plan: Plan) -> Profile | None:
+    """The profile a saved plan was made from, if it is at `path` and matches the plan's batch count."""
+    if not path.exists():
+        return None
+    profile = Profile.load(path)
+    if profile.num_batches != plan.num_batches:
+        raise ValueError(f"{path}: the profile has {profile.num_batches} batches per epoch, the plan "
+                         f"{plan.num_batches}; pass the profile the plan was made from (--profile)")
+    return profile
+
+
+def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> tuple[Plan, Profile]:
     """Profiles this machine on the workload and plans it (what `morphpipe tune` does, without its files)."""
     profiler = Profiler(
         graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]),
@@ -174,10 +250,7 @@ def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> P
         thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
         seed=args.seed, progress=not args.no_progress,
     )
+    native.prepare()
     profile = profiler.run()
     print(format_profile(profile))
-    plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed)
-    if args.save_plan is not None:
-        plan.save(args.save_plan)
-        print(f"wrote {args.save_plan}")
-    return plan
+    return plan_from_profile(profile, gbs=args.gbs, seed=args.seed), profile

@@ -82,6 +82,8 @@ class CpuBuffer:
                     f"the CPU batcher's epoch ended after {self._fed} batches, but the plan gives Route 0 "
                     f"{self.count}; build the batcher over the Route 0 seeds of this plan (route_seeds)"
                 )
+            if batch.build_s is not None:
+                self._trace.built(batch.build_s)
             with self._condition:
                 self._ready.append(batch)
                 self._fed += 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -64,6 +64,7 @@ class EpochResult:
     max_gpu_buffer: int
     n_cpu: int
     n_gpu: int
+    build_s: list[float] = field(default_factory=list)  # per Route 0 batch, one batching thread's build time
 
     @property
     def batches(self) -> int:
@@ -285,4 +286,5 @@ class _EpochLoop:
             blocks=sorted(self.trace.blocks, key=lambda b: (b.start, b.end, b.idle)),
             busy=self.trace.busy(epoch_s, lanes), max_cpu_buffer=self.trace.max_level["cpu"],
             max_gpu_buffer=self.trace.max_level["gpu"], n_cpu=self.split.n_cpu, n_gpu=self.split.n_gpu,
+            build_s=list(self.trace.build_seconds),
         )

@@ -14,7 +14,7 @@ class EpochStats:
     the process's CPU time over the epoch as a share of the usable cores: the C++ batching
     threads are not traced per batch, so this is how busy the CPU was overall. `op_choices`
     counts, per input-sensitive op decision (morphpipe.ops.choice), the calls that ran each option
-    during the epoch's training steps.
+    during the epoch's training steps. `plan_change` says why the next epoch runs another plan.
     """
 
     epoch: int
@@ -36,6 +36,7 @@ class EpochStats:
     busy: dict[str, float] = field(default_factory=dict)
     predicted_busy: dict[str, float] = field(default_factory=dict)
     op_choices: dict[str, dict[str, int]] = field(default_factory=dict)
+    plan_change: str | None = None  # set when the re-planner switched plans after this epoch, and why
 
     @property
     def batches_per_s(self) -> float:
@@ -69,6 +70,8 @@ class EpochStats:
             parts.append(f"busy {busy}")
         if self.cpu_utilisation is not None:
             parts.append(f"CPU {self.cpu_utilisation:.0%}")
+        if self.plan_change:
+            parts.append(self.plan_change)
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

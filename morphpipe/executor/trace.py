@@ -23,6 +23,7 @@ class Trace:
         self.records: list[TraceRecord] = []
         self.blocks: list[BlockRecord] = []
         self.max_level: dict[str, int] = defaultdict(int)
+        self.build_seconds: list[float] = []  # per Route 0 batch, from threaded batchers that time themselves
 
     def now(self) -> float:
         """Seconds since the epoch started."""
@@ -38,6 +39,11 @@ class Trace:
         if end > start:
             with self._lock:
                 self.blocks.append(BlockRecord(start, end, idle, weight))
+
+    def built(self, seconds: float) -> None:
+        """One Route 0 batch took `seconds` of one batching thread (threaded batchers are not traced per lane)."""
+        with self._lock:
+            self.build_seconds.append(seconds)
 
     def level(self, buffer: str, size: int) -> None:
         """Tracks the high-water mark of a buffer ('cpu' or 'gpu')."""

@@ -28,6 +28,7 @@ from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_check
 from morphpipe.executor.devices import InFlight, default_devices
 from morphpipe.executor.evaluate import EVAL_MODES, accuracy, full_accuracy
 from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
+from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.executor.stats import EpochStats
@@ -99,6 +100,8 @@ class Trainer:
     a checkpoint is written after every epoch and `fit` continues from the one found there;
     `model_spec` (build_model's arguments) is saved with it so `morphpipe evaluate` can rebuild the
     model. `eval_mode` is how `evaluate` measures by default: "sampled" or "full" (exact).
+    With a `replanner`, every epoch's measured phase times feed it, and the next epoch runs the
+    plan it switches to (`self.plan` is always the plan in force).
     """
 
     def __init__(self, graph, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
@@ -107,7 +110,7 @@ class Trainer:
                  device: str | torch.device | None = None, seed: int = 0, gpu_batcher: GpuBatcherFactory | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
                  progress: bool = True, log: Callable[[str], None] | None = None, eval_mode: str = "sampled",
-                 model_spec: dict[str, Any] | None = None) -> None:
+                 model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None) -> None:
         self.graph = graph
         self.plan = plan
         self.fanouts = check_fanouts(fanouts)
@@ -127,23 +130,40 @@ class Trainer:
         self.log = log or tqdm.write
         self.history: list[EpochStats] = []
         self.cores = usable_cores()
-        routes = route_seeds(graph.train_idx, self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
+        self.gpu_batcher = gpu_batcher
+        self.replanner = replanner
+        self.executor = self._executor(plan)
+
+    def _executor(self, plan: Plan) -> Executor:
+        """The batchers of both routes and the Executor that runs `plan`'s epochs."""
+        routes = route_seeds(self.graph.train_idx, self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
         cpu_batcher: EpochBatcher | None = None
         if plan.n_cpu and plan.shares_cores:
-            cpu_batcher = SerialBatcher(graph, self.fanouts, self.batch_size, seeds=routes.cpu, seed=self.seed)
+            cpu_batcher = SerialBatcher(self.graph, self.fanouts, self.batch_size, seeds=routes.cpu, seed=self.seed)
         elif plan.n_cpu:
-            cpu_batcher = CpuBatcher(graph, self.fanouts, self.batch_size, num_threads=plan.cpu_threads,
+            cpu_batcher = CpuBatcher(self.graph, self.fanouts, self.batch_size, num_threads=plan.cpu_threads,
                                      seeds=routes.cpu, seed=self.seed, pin_memory=self.device.type == "cuda")
         gpu_route = None
         if plan.n_gpu:
-            if gpu_batcher is None:
+            if self.gpu_batcher is None:
                 raise ValueError(
                     f"the plan puts {plan.n_gpu} batches on Route 1 (GPU batching over UVA), and no GPU batcher was "
                     "given; pass gpu_batcher=<factory>, or train with an all-CPU plan"
                 )
-            gpu_route = gpu_batcher(graph, self.fanouts, self.batch_size, seeds=routes.gpu, seed=self.seed)
-        self.executor = Executor(plan.split, default_devices(self.device), self.step, cpu_batcher=cpu_batcher,
-                                 gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
+            gpu_route = self.gpu_batcher(self.graph, self.fanouts, self.batch_size, seeds=routes.gpu, seed=self.seed)
+        return Executor(plan.split, default_devices(self.device), self.step, cpu_batcher=cpu_batcher,
+                        gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
+
+    def use_plan(self, plan: Plan) -> None:
+        """Runs the next epochs under `plan` (same batch count): new batchers and executor, the old ones closed."""
+        if plan.num_batches != self.plan.num_batches:
+            raise ValueError(f"the new plan has {plan.num_batches} batches per epoch, this run {self.plan.num_batches}; "
+                             "plan for the same batch size and training seeds")
+        if plan.kind == "cpu-only" and self.device.type != "cpu":
+            raise ValueError("a CPU-only plan cannot replace a GPU plan during training")
+        executor = self._executor(plan)
+        self.close()
+        self.plan, self.executor = plan, executor
 
     def fit(self, epochs: int, *, validate: bool = True) -> list[EpochStats]:
         """Trains until `epochs` epochs are done (continuing from a checkpoint), returns every epoch's stats."""
@@ -152,12 +172,17 @@ class Trainer:
             self.log("the validation split is empty: epochs run without validation accuracy")
             validate = False
         first = self._resume()
-        train_threads = self.plan.train_threads if self.plan.kind == "cpu-only" else None
         for epoch in range(first, epochs):
+            train_threads = self.plan.train_threads if self.plan.kind == "cpu-only" else None
             with torch_threads(train_threads):
                 result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
                 val_acc = self.evaluate("val") if validate else None
             stats = self._stats(result, val_acc, cpu_share, op_choices)
+            if self.replanner is not None and epoch + 1 < epochs:
+                decision = self.replanner.observe(result, self.plan)
+                stats.plan_change = decision.reason if decision.switched else None
+                if decision.switched:
+                    self.use_plan(decision.candidate)
             self.history.append(stats)
             self.log(stats.line(epochs))
             if self.checkpoint_dir is not None:

@@ -34,7 +34,8 @@ class Split:
 def buffer_sizes(n_cpu: int, n_gpu: int, gbs: int, max_cbs: int | None = None) -> tuple[int, int]:
     """(cbs, gbs): cbs follows cbs:gbs = n_c:n_g, at least 1 and at most n_c (and max_cbs) when n_c > 0.
 
-    An all-CPU plan has no GPU route to balance against; its CPU buffer is as deep as the GPU one.
+    An all-CPU plan has no GPU route to balance against: its CPU buffer is as deep as `gbs` would
+    be, and its GPU buffer is 0 (no Route 1 batch ever enters it).
     """
     if gbs < 1:
         raise ValueError(f"gbs (GPU buffer size) must be >= 1, got {gbs!r}")
@@ -43,7 +44,7 @@ def buffer_sizes(n_cpu: int, n_gpu: int, gbs: int, max_cbs: int | None = None) -
     if n_cpu == 0:
         return 0, gbs
     cbs = min(gbs, n_cpu) if n_gpu == 0 else min(n_cpu, max(1, math.floor(gbs * n_cpu / n_gpu + 0.5)))
-    return (cbs if max_cbs is None else min(cbs, max_cbs)), gbs
+    return (cbs if max_cbs is None else min(cbs, max_cbs)), (gbs if n_gpu else 0)
 
 
 def pinned_buffer_limit(batch_bytes: int, host_memory_bytes: int, share: float = 0.25) -> int | None:

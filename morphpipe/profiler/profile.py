@@ -348,6 +348,12 @@ class Profile:
     uva_transfer_s: float | None = None
     workload: dict[str, str | int | float | bool | None] = field(default_factory=dict)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    contention: dict[str, str | int | float | bool | None] = field(default_factory=dict)  # Contention.to_dict()
+
+    @property
+    def taken_on_busy_machine(self) -> bool:
+        """True when the profiler saw other processes (or the hypervisor) take our cores and could not avoid it."""
+        return bool(self.contention.get("busy", False))
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -402,6 +408,7 @@ class Profile:
             "t_m_s": self.training.mean_s if self.training else None,
             "created": self.created,
             "workload": dict(self.workload),
+            "busy_machine": self.taken_on_busy_machine,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -423,6 +430,7 @@ class Profile:
             "training": timing(self.training),
             "cpu_training": self.cpu_training.to_dict() if self.cpu_training is not None else None,
             "workload": dict(self.workload),
+            "contention": dict(self.contention),
         }
 
     def save(self, path: str | Path) -> None:
@@ -466,6 +474,7 @@ class Profile:
                 uva_transfer_s=reader.number("uva_transfer_s", minimum=0.0, optional=True),
                 workload=reader.scalars("workload", optional=True),
                 created=reader.string("created"),
+                contention=reader.scalars("contention", optional=True),
             )
         except ValueError as error:
             if str(error).startswith(reader.source):

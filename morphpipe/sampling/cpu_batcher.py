@@ -18,8 +18,8 @@ from morphpipe.sampling.validation import check_fanouts, check_positive, check_s
 
 
 def minibatch_from_native(parts: tuple, route: int = 0) -> MiniBatch:
-    """Wraps the native (batch_index, seeds, input_nodes, indptrs, indices, x, y) tuple."""
-    batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y = parts
+    """Wraps the native (batch_index, seeds, input_nodes, indptrs, indices, x, y, build_seconds) tuple."""
+    batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y, build_seconds = parts
     return MiniBatch(
         seeds=seeds,
         input_nodes=input_nodes,
@@ -28,6 +28,7 @@ def minibatch_from_native(parts: tuple, route: int = 0) -> MiniBatch:
         y=y,
         batch_index=batch_index,
         route=route,
+        build_s=build_seconds,
     )
 
 

@@ -73,6 +73,7 @@ class MiniBatch:
     y: torch.Tensor  # int64 [batch]
     batch_index: int = -1  # position in the epoch, -1 when not produced by an epoch iterator
     route: int = field(default=0)  # 0: CPU batcher, 1: GPU batcher (DESIGN.md, routes)
+    build_s: float | None = None  # seconds one batching thread spent building it, when the batcher measured it
 
     @property
     def num_seeds(self) -> int:

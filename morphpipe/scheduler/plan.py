@@ -70,8 +70,8 @@ class Plan:
             )
         if self.n_cpu > 0 and self.cbs < 1:
             raise ValueError(f"Plan.cbs must be >= 1 when n_cpu > 0, got {self.cbs!r}")
-        if self.kind != "cpu-only" and self.gbs < 1:
-            raise ValueError(f"Plan.gbs must be >= 1, got {self.gbs!r}")
+        if self.n_gpu > 0 and self.gbs < 1:
+            raise ValueError(f"Plan.gbs must be >= 1 when n_gpu > 0, got {self.gbs!r}")
         if self.cpu_threads < 1:
             raise ValueError(f"Plan.cpu_threads must be >= 1, got {self.cpu_threads!r}")
         if self.kind == "cpu-only" and (self.train_threads is None or self.train_threads < 1):
@@ -146,9 +146,13 @@ class Plan:
 
     @classmethod
     def from_fields(cls, reader: FieldReader) -> Plan:
-        def numbers(name: str) -> dict[str, float]:
+        def numbers(name: str, **bounds: float | bool) -> dict[str, float]:
             section = reader.section(name)
-            return {key: section.number(key) for key in section.data}
+            values = {key: section.number(key, **bounds) for key in section.data}
+            if name == "busy" and any(value > 1.0 for value in values.values()):
+                key, value = next((k, v) for k, v in values.items() if v > 1.0)
+                raise section.error(key, "must be a busy fraction in [0, 1]", value)
+            return values
 
         notes = reader.data.get("notes")
         if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
@@ -169,14 +173,14 @@ class Plan:
                 train_threads=reader.integer("train_threads", minimum=1, optional=True),
                 shares_cores=reader.boolean("shares_cores"),
                 predicted_epoch_s=reader.number("predicted_epoch_s", positive=True),
-                baselines_s=numbers("baselines_s"),
+                baselines_s=numbers("baselines_s", positive=True),
                 lower_bound_s=reader.number("lower_bound_s", minimum=0.0),
                 lower_bound_n_cpu=reader.integer("lower_bound_n_cpu", minimum=0, optional=True),
                 eq6_s=reader.number("eq6_s", minimum=0.0, optional=True),
                 eq6_x=eq6_x,
                 eq6_cpu_fraction=reader.number("eq6_cpu_fraction", minimum=0.0, optional=True),
-                busy=numbers("busy"),
-                idle_s=numbers("idle_s"),
+                busy=numbers("busy", minimum=0.0),
+                idle_s=numbers("idle_s", minimum=0.0),
                 evaluations=reader.integer("evaluations", minimum=0),
                 optimality_gap=reader.number("optimality_gap", minimum=0.0),
                 notes=notes,

@@ -13,9 +13,9 @@ The loop (DESIGN.md, "Dual-buffer scheduling", feedback):
    unvisited split can be better by more than `tolerance` (a branch and bound). The epoch
    landscape is saw-toothed at small n (buffer-size rounding, fill and drain), which a local
    search alone can miss; the feedback result makes the pruning start tight;
-4. among the splits within `tolerance` of the best, keep the one nearest the LB optimum (the
-   simulator cannot tell them apart at that resolution, the analytic bound can), unless a
-   baseline (all-CPU, all-GPU) predicts a shorter epoch.
+4. keep the fastest split found (ties go to the one nearest the LB optimum), unless a baseline
+   (all-CPU, all-GPU) predicts a shorter epoch; the reported gap is the true bound: how much
+   shorter than the chosen epoch the best unvisited split's lower bound still is.
 The search and the baselines run on the fast engine, within a budget of simulated batches; the
 chosen plan is then simulated again with the reporting engine (SimPy by default), which gives
 the same numbers (tests/test_scheduler_engines.py).
@@ -44,7 +44,8 @@ class Convergence:
     """Outcome of the search: the chosen split, its simulated epoch, every split tried, the certified gap.
 
     `gap` bounds how much shorter an unvisited split's epoch could be, relative to the chosen
-    one, when the budget ran out first; 0 when every other split was ruled out within tolerance.
+    one: chosen epoch / smallest lower bound of any unvisited split - 1 (0 when none could be shorter).
+    Pruning stops within `tolerance`, so the gap is at most `tolerance` unless the budget ran out.
     """
 
     split: Split
@@ -88,22 +89,16 @@ def converge(partitioner: Partitioner, scheduler: Scheduler, tolerance: float = 
             break
 
     bounds = scheduler.lower_bounds()
-    unvisited_bound = None
     for n_cpu in np.argsort(bounds, kind="stable").tolist():
-        if bounds[n_cpu] * (1.0 + tolerance) >= best.epoch_s:
+        if bounds[n_cpu] * (1.0 + tolerance) >= best.epoch_s or len(results) >= max_evaluations:
             break
-        if n_cpu in results:
-            continue
-        if len(results) >= max_evaluations:
-            unvisited_bound = float(bounds[n_cpu])
-            break
-        if evaluate(n_cpu).epoch_s < best.epoch_s:
+        if n_cpu not in results and evaluate(n_cpu).epoch_s < best.epoch_s:
             best = results[n_cpu]
 
     anchor = partitioner.best_lower_bound().n_cpu
-    near_best = [k for k, r in results.items() if r.epoch_s <= best.epoch_s * (1.0 + tolerance)]
-    chosen = min(near_best, key=lambda k: (abs(k - anchor), k))
-    gap = 0.0 if unvisited_bound is None else max(0.0, results[chosen].epoch_s / unvisited_bound - 1.0)
+    chosen = min(results, key=lambda k: (results[k].epoch_s, abs(k - anchor), k))
+    unvisited = [float(bounds[k]) for k in range(n + 1) if k not in results]
+    gap = max(0.0, results[chosen].epoch_s / min(unvisited) - 1.0) if unvisited else 0.0
     return Convergence(partitioner.split(chosen), results[chosen],
                        {k: r.epoch_s for k, r in sorted(results.items())}, steps, gap)
 
@@ -153,10 +148,8 @@ def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str) -> Plan:
     gap = 0.0
     for core_split in split_cores(profile):
         best = min((r.epoch_s for r in results.values()), default=float("inf"))
-        if core_split.lower_bound_s * (1.0 + TOLERANCE) >= best:
-            break
-        if len(results) >= max_evaluations:
-            gap = best / core_split.lower_bound_s - 1.0
+        if core_split.lower_bound_s * (1.0 + TOLERANCE) >= best or len(results) >= max_evaluations:
+            gap = max(0.0, best / core_split.lower_bound_s - 1.0)
             break
         times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads)
         results[core_split] = Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core, engine="fast")

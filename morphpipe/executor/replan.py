@@ -1,0 +1,183 @@
+"""Re-planning between epochs: phase times measured from each epoch's trace, a running estimate, a hysteresis switch.
+
+After every epoch the executor's trace says how long each phase really took per batch under the
+plan that ran (CPU batching at its thread count, UVA batching, DMA, the training step). Each
+phase's ratio to what the profile predicted for the same thread count is smoothed (exponentially
+weighted; a ratio more than `shift` away from the estimate is a level shift, such as a co-tenant
+arriving, and replaces it at once), the profile is rescaled by those ratios, and the planner plans again from it (well
+under a second). The new plan replaces the current one only when, under the same estimate, it
+is predicted to be faster by more than `threshold`, so noise of the size the profiler reports
+does not flip plans back and forth. The rescaling keeps each phase's measured thread scaling and
+only changes its level: a co-tenant that slows every thread count alike is modelled exactly, one
+that changes the shape of the scaling only approximately.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from morphpipe.executor.executor import EpochResult
+from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
+from morphpipe.scheduler.plan import Plan
+from morphpipe.scheduler.planning import plan_from_profile
+from morphpipe.scheduler.simulate_plan import simulate_plan
+
+PHASES = ("cpu_batch", "gpu_batch", "dma", "train")
+REPLAN_MODES = ("off", "epoch")
+
+
+@dataclass(frozen=True)
+class MeasuredPhases:
+    """Per-batch phase times of one epoch, as the planner counts them (None: the plan did not run that phase).
+
+    `cpu_batch` is the time per delivered batch with the plan's batching threads (one thread's
+    build time over the thread count when they run side by side), `train` the training step.
+    """
+
+    cpu_batch: PhaseTiming | None = None
+    gpu_batch: PhaseTiming | None = None
+    dma: PhaseTiming | None = None
+    train: PhaseTiming | None = None
+
+    def get(self, phase: str) -> PhaseTiming | None:
+        return getattr(self, phase)
+
+
+def measure_phases(result: EpochResult, plan: Plan) -> MeasuredPhases:
+    """The phase times of `result`, an epoch trained under `plan`, from its trace and its batchers' own timings."""
+    durations: dict[str, list[float]] = {"batch": [], "uva": [], "dma": [], "train": []}
+    for record in result.trace:
+        if record.phase in durations and not (record.phase == "uva" and record.device != "gpu"):
+            durations[record.phase].append(record.end - record.start)
+    batch_seconds = durations["batch"] or list(result.build_s)
+    cpu_batch = None
+    if batch_seconds:
+        side_by_side = 1 if plan.shares_cores else plan.cpu_threads
+        cpu_batch = PhaseTiming.from_samples(s / side_by_side for s in batch_seconds)
+    timing = {phase: PhaseTiming.from_samples(values) if values else None for phase, values in durations.items()}
+    return MeasuredPhases(cpu_batch=cpu_batch, gpu_batch=timing["uva"], dma=timing["dma"], train=timing["train"])
+
+
+def predicted_phases(profile: Profile, plan: Plan) -> dict[str, float | None]:
+    """What `profile` says each phase takes per batch under `plan`'s thread counts."""
+    cores = profile.cores
+    if plan.kind == "cpu-only":
+        assert profile.cpu_training is not None and plan.train_threads is not None
+        return {"cpu_batch": profile.cpu_batch_time(plan.cpu_threads, cores), "gpu_batch": None, "dma": None,
+                "train": profile.cpu_training.per_batch_time(plan.train_threads, cores)}
+    return {"cpu_batch": profile.cpu_batch_time(plan.cpu_threads, cores),
+            "gpu_batch": profile.gpu_batching.mean_s if profile.gpu_batching else None,
+            "dma": profile.dma.mean_s if profile.dma else None,
+            "train": profile.training.mean_s if profile.training else None}
+
+
+def rescaled_profile(profile: Profile, factors: dict[str, float]) -> Profile:
+    """`profile` with each phase's times multiplied by its factor (thread scaling shapes kept)."""
+    def scaling(value: ThreadScaling | None, factor: float) -> ThreadScaling | None:
+        if value is None:
+            return None
+        return ThreadScaling({threads: timing.scaled(factor) for threads, timing in value.points.items()})
+
+    def timing(value: PhaseTiming | None, factor: float) -> PhaseTiming | None:
+        return value.scaled(factor) if value is not None else None
+
+    gpu_factor = factors.get("gpu_batch", 1.0)
+    train_factor = factors.get("train", 1.0)
+    return profile.replaced(
+        cpu_batching=scaling(profile.cpu_batching, factors.get("cpu_batch", 1.0)),
+        cpu_training=scaling(profile.cpu_training, train_factor),
+        gpu_batching=timing(profile.gpu_batching, gpu_factor),
+        dma=timing(profile.dma, factors.get("dma", 1.0)),
+        training=timing(profile.training, train_factor),
+        uva_transfer_s=profile.uva_transfer_s * gpu_factor if profile.uva_transfer_s is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class ReplanDecision:
+    """What the re-planner concluded after one epoch."""
+
+    epoch: int
+    factors: dict[str, float]  # running estimate: measured / profiled, per phase
+    current_s: float  # the running plan's predicted epoch under the estimate
+    candidate: Plan  # the planner's plan under the estimate
+    switched: bool
+    reason: str
+
+    @property
+    def gain(self) -> float:
+        """Predicted fraction of the epoch the candidate saves over the running plan."""
+        return 1.0 - self.candidate.predicted_epoch_s / self.current_s
+
+
+@dataclass
+class Replanner:
+    """Keeps a running estimate of the phase times and re-plans from it after every epoch.
+
+    `smoothing` is the weight of the newest epoch in the estimate (1: only the last epoch
+    counts); a newest ratio more than `shift` (relative) away from the estimate replaces it (the
+    machine changed: waiting for the average to catch up would run epochs under a stale plan);
+    `threshold` is the predicted gain a new plan needs to replace the running one.
+    """
+
+    profile: Profile
+    gbs: int = 10
+    seed: int = 0
+    threshold: float = 0.05
+    smoothing: float = 0.5
+    shift: float = 0.25
+    factors: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 1.0))
+    decisions: list[ReplanDecision] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing!r}")
+        if not self.shift > 0.0:
+            raise ValueError(f"shift must be > 0, got {self.shift!r} (0.25: a 25% change is a level shift)")
+        if not 0.0 <= self.threshold < 1.0:
+            raise ValueError(f"threshold must be in [0, 1), got {self.threshold!r} (0.05: a 5% predicted gain)")
+
+    def observe(self, result: EpochResult, plan: Plan) -> ReplanDecision:
+        """Folds epoch `result` (run under `plan`) into the estimate and decides whether the next epoch re-plans."""
+        measured = measure_phases(result, plan)
+        expected = predicted_phases(self.profile, plan)
+        for phase in PHASES:
+            timing, predicted = measured.get(phase), expected[phase]
+            if timing is None or not predicted:
+                continue
+            ratio = timing.mean_s / predicted
+            if not (math.isfinite(ratio) and ratio > 0):
+                continue
+            if abs(ratio / self.factors[phase] - 1.0) > self.shift:
+                self.factors[phase] = ratio
+            else:
+                self.factors[phase] += self.smoothing * (ratio - self.factors[phase])
+        estimate = rescaled_profile(self.profile, self.factors)
+        current_s = simulate_plan(estimate, plan, engine="fast").epoch_s
+        candidate = plan_from_profile(estimate, gbs=self.gbs, seed=self.seed)
+        switched = candidate.predicted_epoch_s < current_s * (1.0 - self.threshold) and not same_schedule(candidate, plan)
+        changed = ", ".join(f"{phase} x{factor:.2f}" for phase, factor in self.factors.items()
+                            if abs(factor - 1.0) >= 0.05) or "phases as profiled"
+        if switched:
+            reason = (f"re-planned ({changed}): {describe_schedule(plan)} -> {describe_schedule(candidate)}, "
+                      f"predicted {current_s:.2f} s -> {candidate.predicted_epoch_s:.2f} s")
+        else:
+            reason = f"plan kept ({changed}; best alternative {1.0 - candidate.predicted_epoch_s / current_s:+.1%})"
+        decision = ReplanDecision(result.epoch, dict(self.factors), current_s, candidate, switched, reason)
+        self.decisions.append(decision)
+        return decision
+
+
+def same_schedule(first: Plan, second: Plan) -> bool:
+    """True when two plans run the same split, buffers and threads (re-planning to it changes nothing)."""
+    keys = ("kind", "n_cpu", "n_gpu", "cbs", "gbs", "cpu_threads", "train_threads", "shares_cores")
+    return all(getattr(first, key) == getattr(second, key) for key in keys)
+
+
+def describe_schedule(plan: Plan) -> str:
+    """A short description of how a plan runs: split, threads, turn-taking."""
+    if plan.kind == "cpu-only":
+        if plan.shares_cores:
+            return f"batching and training take turns on {plan.cpu_threads} threads"
+        return f"{plan.cpu_threads} batching + {plan.train_threads} training threads"
+    return f"{plan.n_cpu} CPU + {plan.n_gpu} GPU batches, cbs {plan.cbs} gbs {plan.gbs}"
