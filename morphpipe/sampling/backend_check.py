@@ -281,15 +281,17 @@ _verdicts: dict[str, Verdict] = {}
 _lock = threading.Lock()
 
 
-def device_verdict(device: torch.device, path: Path | None = None) -> Verdict:
-    """The verdict for `device`: this process's, the recorded one if it judged this build, else a fresh check."""
+def device_verdict(device: torch.device, path: Path | None = None,
+                   makers: Callable[[torch.device], contextlib.AbstractContextManager] | None = None) -> Verdict:
+    """The verdict for `device`: this process's, the recorded one if it judged this build, else a fresh check
+    with the backends `makers(device)` yields (default: the CUDA kernels and the torch path on the device)."""
     key = device_key(device)
     with _lock:
         if key in _verdicts:
             return _verdicts[key]
         verdict = recorded_verdicts(path).get(key)
         if verdict is None or (verdict.source_hash, verdict.torch_version) != _build_identity():
-            with cuda_makers(device) as (kernels, reference):
+            with (makers or cuda_makers)(device) as (kernels, reference):
                 verdict = run_self_check(device, kernels, reference)
             record_verdict(verdict, path)
         apply_verdict(verdict, device.type)
