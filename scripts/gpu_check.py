@@ -94,10 +94,12 @@ def run_step(name: str, command: list[str], writes: Path | None, timeout: float)
     start = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        status, output, code = ("passed" if done.returncode == 0 else "FAILED"), done.stdout + done.stderr, done.returncode
+        status = "passed" if done.returncode == 0 else "FAILED"
+        output, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as error:
         status, code = "TIMED OUT", None
-        output = (error.stdout or b"").decode(errors="replace") if isinstance(error.stdout, bytes) else (error.stdout or "")
+        partial = error.stdout or ""
+        output = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
     result = {"step": name, "status": status, "returncode": code, "seconds": round(time.perf_counter() - start, 1),
               "command": command, "output_tail": output[-TAIL_CHARS:]}
     if writes is not None and writes.exists():

@@ -63,8 +63,8 @@ def prefers_low_offsets(graph):
             torch.cumsum(take, 0, out=indptr[1:])
             rows = torch.repeat_interleave(torch.arange(nodes.numel()), take)
             offsets = torch.arange(int(indptr[-1])) - indptr[:-1][rows]
-            sampled = torch.nonzero(degree > max(fanout, 0)).flatten() if fanout >= 0 else torch.empty(0, dtype=torch.long)
-            for row in sampled.tolist():  # a biased subset: the first `fanout` of a random half-prefix window
+            sampled = torch.nonzero(degree > fanout).flatten().tolist() if fanout >= 0 else []
+            for row in sampled:  # a biased subset: the first `fanout` of a random half-prefix window
                 window = int(degree[row]) * 2 // 3
                 start = int(torch.randint(0, window - fanout + 1, (1,), generator=generator)) if window > fanout else 0
                 offsets[indptr[row]:indptr[row + 1]] = torch.arange(start, start + fanout)
