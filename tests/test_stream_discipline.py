@@ -186,3 +186,25 @@ def test_launch_waits_records_and_times(graph):
     assert ("wait_event", "default", batcher._stream.name) in api.log
     assert api.violations == [] and api.missing_record_streams() == []
     batcher.close()
+
+
+def test_route_one_on_cpu_tensors_trains_in_the_executor(graph):
+    """The torch-path GPU batcher on the CPU is a Route 1 the executor trains (CpuDevices): each seed once."""
+    from morphpipe.executor.devices import CpuDevices
+
+    split = Split(3, 5, 2, 3)
+    routes = route_seeds(graph.train_idx, BATCH, split.n_cpu, split.n_cpu + split.n_gpu, seed=0)
+    model = TinyModel(graph.features.shape[1], 5, len(FANOUTS))
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    trained = []
+
+    def recording_step(batch):
+        trained.append(batch.seeds.clone())
+        return step(batch)
+
+    with CpuBatcher(graph, FANOUTS, BATCH, num_threads=1, seeds=routes.cpu, seed=0) as cpu, \
+            GpuBatcher(graph, FANOUTS, BATCH, seeds=routes.gpu, seed=0, device=CPU, backend="torch") as gpu:
+        result = Executor(split, CpuDevices(), recording_step, cpu_batcher=cpu, gpu_batcher=gpu).run_epoch(0)
+    assert sorted(route for route, _ in result.order) == [0] * 3 + [1] * 5
+    seen = torch.cat(trained)
+    assert torch.equal(torch.sort(seen).values, torch.sort(graph.train_idx).values)
