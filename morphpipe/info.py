@@ -10,6 +10,7 @@ import torch
 import morphpipe
 from morphpipe import native
 from morphpipe.profiler.hardware import HardwareFacts
+from morphpipe.sampling.backend_check import verdict_rows
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         ("torch", torch.__version__),
         ("numpy", numpy.__version__),
         *native_rows,
+        *verdict_rows(),
         ("torch CUDA", f"available, CUDA {torch.version.cuda}" if torch.cuda.is_available()
          else f"not available ({'CPU-only build' if torch.version.cuda is None else 'no device visible'})"),
         ("CPU", facts.cpu_model),

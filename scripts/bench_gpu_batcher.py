@@ -6,7 +6,8 @@ Measures, on one graph (default: the `bench-1m` preset, fanouts 15,10,5, batch 1
    rows (what sampling asks for) and consecutive rows, as a fraction of that limit (aim: >= 80%);
 2. batches per second of the GpuBatcher without a cache versus the CpuBatcher at 1..16 threads
    (up to the usable cores) on the same seeds;
-3. the GpuBatcher's batches per second for several cache budgets (fractions of the graph's bytes).
+3. the GpuBatcher's batches per second for several cache budgets (fractions of the graph's bytes), with
+   each backend of `--backends` (the CUDA kernels, and the torch path over zero-copy views).
 Prints tables and writes JSON. Not a test; exits with a message on machines without CUDA.
 Usage: python scripts/bench_gpu_batcher.py [--dataset bench-1m] [--batches 40] [--out bench_gpu_batcher.json]
 """
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--copy-mib", type=int, default=256, help="MiB per pinned host-to-device copy")
     parser.add_argument("--cache-fractions", default="0,0.05,0.1,0.25,0.5,1.0",
                         help="cache budgets as fractions of the graph's bytes (topology + features)")
+    parser.add_argument("--backends", default="kernels,torch",
+                        help="GpuBatcher backends to measure per cache budget: kernels (CUDA), torch (torch ops over UVA)")
     parser.add_argument("--out", default="bench_gpu_batcher.json")
     args = parser.parse_args()
     problem = cuda_problem()
@@ -104,15 +107,18 @@ def main() -> None:
 
     total = graph_bytes(graph)
     cache_rows = []
-    for fraction in (float(f) for f in args.cache_fractions.split(",")):
-        budget = int(total * fraction)
-        with GpuBatcher(graph, fanouts, args.batch_size, seeds=seeds, seed=0, cache_bytes=budget) as batcher:
-            list(synchronized(iter(batcher)))
-            row = measure_throughput(synchronized(iter(batcher))).to_dict()
-            row.update(cache_fraction=fraction, cache_budget_bytes=budget, cache_bytes_used=batcher.cache_bytes_used,
-                       cached_feature_rows=int(batcher.cache_plan.feature_nodes.numel()),
-                       cached_lists=int(batcher.cache_plan.adjacency_nodes.numel()))
-        cache_rows.append(row)
+    for backend in args.backends.split(","):
+        for fraction in (float(f) for f in args.cache_fractions.split(",")):
+            budget = int(total * fraction)
+            with GpuBatcher(graph, fanouts, args.batch_size, seeds=seeds, seed=0, cache_bytes=budget,
+                            backend=backend) as batcher:
+                list(synchronized(iter(batcher)))
+                row = measure_throughput(synchronized(iter(batcher))).to_dict()
+                row.update(backend=backend, cache_fraction=fraction, cache_budget_bytes=budget,
+                           cache_bytes_used=batcher.cache_bytes_used,
+                           cached_feature_rows=int(batcher.cache_plan.feature_nodes.numel()),
+                           cached_lists=int(batcher.cache_plan.adjacency_nodes.numel()))
+            cache_rows.append(row)
     uncached = next((row for row in cache_rows if row["cache_budget_bytes"] == 0), None)
 
     print(f"device {device_name}; graph {args.dataset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
@@ -126,7 +132,8 @@ def main() -> None:
         print(f"{'CPU, ' + str(row['threads']) + ' threads':<26}{row['batches_per_s']:>11.2f}"
               f"{row['edges_per_s'] / 1e6:>10.2f}{row['feature_bytes_per_s'] / 1e9:>11.3f}{'':>14}")
     for row in cache_rows:
-        print(f"{'GPU, cache ' + format(row['cache_fraction'], '.0%') + ' of graph':<26}{row['batches_per_s']:>11.2f}"
+        label = f"GPU {row['backend']}, cache {row['cache_fraction']:.0%}"
+        print(f"{label:<26}{row['batches_per_s']:>11.2f}"
               f"{row['edges_per_s'] / 1e6:>10.2f}{row['feature_bytes_per_s'] / 1e9:>11.3f}"
               f"{row['cache_bytes_used']:>14,}")
     report = {

@@ -1,7 +1,9 @@
 """Route 1: the GPU batcher over UVA, host pinning and the dual GPU cache.
 
-The cache planning, hotness counting and the errors without CUDA run everywhere; everything that
-launches a kernel is marked `cuda` and skips cleanly on machines without a CUDA device.
+The cache planning, hotness counting and the errors without CUDA run everywhere; so does every
+batcher check, against the torch backend on CPU tensors (`route1` fixture, "torch-cpu"). Runs of
+the same checks with the CUDA kernels or the torch path on a GPU are marked `cuda` and skip
+cleanly on machines without a CUDA device.
 """
 from __future__ import annotations
 
@@ -176,21 +178,36 @@ def on_host(batch):
     return batch.to("cpu")
 
 
-@cuda
+ROUTE1 = [pytest.param(("cpu", "torch"), id="torch-cpu"),
+          pytest.param(("cuda", "kernels"), id="kernels-cuda", marks=cuda),
+          pytest.param(("cuda", "torch"), id="torch-cuda", marks=cuda)]
+
+
+@pytest.fixture(params=ROUTE1)
+def route1(request):
+    """Makes GpuBatchers on one (device, backend): the torch path on CPU runs everywhere."""
+    device, backend = request.param
+
+    def make(graph, *args, **kwargs):
+        return GpuBatcher(graph, *args, device=device, backend=backend, **kwargs)
+
+    make.device = torch.device(device)
+    return make
+
+
 @pytest.mark.parametrize("fanouts", [FANOUTS, [-1, 2], [100, 1], [70]])
-def test_batches_are_valid(graph, fanouts):
+def test_batches_are_valid(graph, fanouts, route1):
     """Edges exist, no repeats, fanout respected (all for low degree), prefix convention, x and y (Floyd,
-    reservoir and take-all paths: node 5 has degree 300)."""
-    with GpuBatcher(graph, fanouts, batch_size=32, seed=1) as batcher:
+    reservoir / random-key and take-all paths: node 5 has degree 300)."""
+    with route1(graph, fanouts, batch_size=32, seed=1) as batcher:
         for batch in batcher:
-            assert batch.x.is_cuda and batch.route == 1
+            assert batch.x.device.type == route1.device.type and batch.route == 1
             check_batch(graph, on_host(batch), fanouts)
 
 
-@cuda
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_each_seed_exactly_once_per_epoch(graph, drop_last):
-    with GpuBatcher(graph, FANOUTS, batch_size=48, drop_last=drop_last, seed=5) as batcher:
+def test_each_seed_exactly_once_per_epoch(graph, drop_last, route1):
+    with route1(graph, FANOUTS, batch_size=48, drop_last=drop_last, seed=5) as batcher:
         for _ in range(2):
             batches = list(batcher)
             assert len(batches) == len(batcher)
@@ -211,9 +228,8 @@ def same(first, second) -> bool:
     return len(first) == len(second) and all(torch.equal(x.cpu(), y.cpu()) for x, y in parts)
 
 
-@cuda
-def test_deterministic_for_a_seed_and_same_batches_as_the_cpu_batcher(graph):
-    with GpuBatcher(graph, FANOUTS, 40, seed=7) as batcher, GpuBatcher(graph, FANOUTS, 40, seed=7) as twin:
+def test_deterministic_for_a_seed_and_same_batches_as_the_cpu_batcher(graph, route1):
+    with route1(graph, FANOUTS, 40, seed=7) as batcher, route1(graph, FANOUTS, 40, seed=7) as twin:
         assert same(list(batcher.epoch(0)), list(twin.epoch(0)))
         assert same(list(batcher.epoch(1)), list(batcher.epoch(1)))
         assert not same(list(batcher.epoch(0)), list(batcher.epoch(1)))
@@ -222,9 +238,8 @@ def test_deterministic_for_a_seed_and_same_batches_as_the_cpu_batcher(graph):
         assert all(torch.equal(c.seeds, g.seeds.cpu()) for c, g in zip(cpu, gpu))
 
 
-@cuda
-def test_a_new_epoch_supersedes_an_unfinished_one(graph):
-    with GpuBatcher(graph, FANOUTS, 10) as batcher:
+def test_a_new_epoch_supersedes_an_unfinished_one(graph, route1):
+    with route1(graph, FANOUTS, 10) as batcher:
         old = iter(batcher)
         next(old)
         assert len(list(iter(batcher))) == len(batcher)
@@ -232,8 +247,7 @@ def test_a_new_epoch_supersedes_an_unfinished_one(graph):
             next(old)
 
 
-@cuda
-def test_cpu_and_gpu_batchers_agree_in_distribution():
+def test_cpu_and_gpu_batchers_agree_in_distribution(route1):
     """Mean block sizes per layer over an epoch agree within sampling error (4 standard errors)."""
     graph = make_graph(3000, seed=3)
     fanouts = [5, 3]
@@ -243,7 +257,7 @@ def test_cpu_and_gpu_batchers_agree_in_distribution():
 
     with CpuBatcher(graph, fanouts, 64, num_threads=2, seed=0) as cpu_batcher:
         cpu = np.concatenate([sizes(cpu_batcher.epoch(e)) for e in range(4)])
-    with GpuBatcher(graph, fanouts, 64, seed=0) as gpu_batcher:
+    with route1(graph, fanouts, 64, seed=0) as gpu_batcher:
         gpu = np.concatenate([sizes(gpu_batcher.epoch(e)) for e in range(4)])
     error = np.sqrt(cpu.var(axis=0) / len(cpu) + gpu.var(axis=0) / len(gpu))
     assert np.all(np.abs(cpu.mean(axis=0) - gpu.mean(axis=0)) <= 4 * error + 1e-9)
@@ -269,22 +283,20 @@ def test_gpu_sampling_is_uniform_chi_square():
             assert stats.chisquare(counts).pvalue > 1e-3
 
 
-@cuda
 @pytest.mark.parametrize("budget, fraction", [(4 * 500 + 2_000, 0.0), (30_000, None), (30_000, 0.5), (10**6, None)])
-def test_cached_and_uncached_batches_are_identical(graph, budget, fraction):
+def test_cached_and_uncached_batches_are_identical(graph, budget, fraction, route1):
     """The cache changes where bytes come from, never what a batch holds; the budget is respected exactly."""
-    with GpuBatcher(graph, FANOUTS, 32, seed=3) as plain, \
-            GpuBatcher(graph, FANOUTS, 32, seed=3, cache_bytes=budget, cache_split=fraction) as cached:
+    with route1(graph, FANOUTS, 32, seed=3) as plain, \
+            route1(graph, FANOUTS, 32, seed=3, cache_bytes=budget, cache_split=fraction) as cached:
         assert cached.cache_bytes_used == cached.cache_plan.total_bytes <= budget
         assert cached.cache_bytes_used > 0
         assert same(list(plain.epoch(0)), list(cached.epoch(0)))
 
 
-@cuda
-def test_presampled_hotness_and_a_graph_larger_than_the_budget(graph):
+def test_presampled_hotness_and_a_graph_larger_than_the_budget(graph, route1):
     graph_bytes = sum(t.numel() * t.element_size() for t in (graph.indptr, graph.indices, graph.features))
     budget = graph_bytes // 3
-    with GpuBatcher(graph, FANOUTS, 32, seed=4, cache_bytes=budget, hotness="presample") as batcher:
+    with route1(graph, FANOUTS, 32, seed=4, cache_bytes=budget, hotness="presample") as batcher:
         assert 0 < batcher.cache_bytes_used <= budget < graph_bytes
         for batch in batcher:
             check_batch(graph, on_host(batch), FANOUTS)

@@ -11,8 +11,19 @@ from scipy import stats
 
 from morphpipe import native
 from morphpipe.sampling import CpuBatcher, MiniBatch, sample_neighbors
+from morphpipe.sampling import torch_sampler
 
 FANOUTS = [4, 3, 2]
+
+
+def torch_path_sample(graph, seeds, fanouts, seed: int = 0) -> MiniBatch:
+    """One batch by Route 1's torch path on the host tensors (what a GPU runs on zero-copy views)."""
+    tensors = torch_sampler.GraphTensors(graph.indptr, graph.indices, graph.features, graph.labels)
+    return torch_sampler.make_batch(tensors, torch.as_tensor(seeds, dtype=torch.int64), fanouts, seed)
+
+
+# Samplers of one batch that must pass the same checks: the C++ op (Route 0) and Route 1's torch path.
+SAMPLERS = {"cpp": sample_neighbors, "torch": torch_path_sample}
 
 
 def make_graph(num_nodes: int, index_dtype=torch.int32, seed: int = 0, num_classes: int = 5):
@@ -69,10 +80,11 @@ def check_batch(graph, batch: MiniBatch, fanouts: list[int]) -> None:
     assert torch.equal(batch.y, graph.labels[batch.seeds])
 
 
-def test_single_batch_structure(graph):
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_single_batch_structure(graph, sampler):
     seeds = torch.tensor([5, 0, 17, 3, 499, 250])
     for fanouts in (FANOUTS, [-1, 2], [100, 1]):
-        check_batch(graph, sample_neighbors(graph, seeds, fanouts, seed=3), fanouts)
+        check_batch(graph, SAMPLERS[sampler](graph, seeds, fanouts, seed=3), fanouts)
 
 
 def test_batcher_batches_are_valid(graph):
@@ -141,8 +153,11 @@ def test_a_new_epoch_supersedes_an_unfinished_one(graph):
         next(old)
 
 
-def test_sampling_is_uniform_chi_square():
-    """Every neighbour of a node is drawn equally often, and so is every pair (Floyd and Fisher-Yates paths)."""
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_sampling_is_uniform_chi_square(sampler):
+    """Every neighbour of a node is drawn equally often, and so is every pair (C++: Floyd and Fisher-Yates paths;
+    torch: Floyd and random-key paths)."""
+    sample_neighbors = SAMPLERS[sampler]
     graph = make_graph(400, seed=1)
     hub = 5
     degree = int(graph.indptr[hub + 1] - graph.indptr[hub])

@@ -18,6 +18,7 @@ import torch
 from morphpipe.executor.threads import ThreadGroup
 from morphpipe.executor.trace import Trace
 from morphpipe.sampling.minibatch import MiniBatch
+from morphpipe.sampling.streams import CUDA_STREAMS, StreamApi, record_batch
 
 Step = Callable[[MiniBatch], torch.Tensor]
 
@@ -112,28 +113,35 @@ class CpuDevices(Devices):
 
 
 class CudaDevices(Devices):
-    """One CUDA device: the GPU batcher and training on the compute stream s0, DMA on the copy stream s1.
+    """One CUDA device: training on the compute stream s0, DMA on the copy stream s1, Route 1 on the batcher's stream.
 
     Each transfer records an event on s1 that the training step waits on (on s0), so the copy
-    of the next batch overlaps the current step. Tensors copied on s1 are marked as used on s0
-    (`record_stream`) so the caching allocator does not reuse them early, and the pinned host
-    copy is kept until its step has ended. Phase times come from CUDA events, turned into
-    seconds since the epoch started in `finish_epoch`.
+    of the next batch overlaps the current step. A Route 1 batch made on the GPU batcher's own
+    stream comes with a `Handoff` whose ready event s0 waits on, so sampling the next batch
+    overlaps training instead of queueing behind it. Every tensor trained on s0 but made on
+    another stream is marked as used on s0 (`record_stream`) so the caching allocator does not
+    reuse it early, and the pinned host copy is kept until its step has ended. Phase times come
+    from CUDA events, turned into seconds since the epoch started in `finish_epoch`. `streams`
+    replaces torch.cuda's stream API (tests inject a recording double and run this on the CPU).
     """
 
     lanes = {"pcie": 1, "gpu": 1}
 
-    def __init__(self, device: torch.device | str = "cuda") -> None:
+    def __init__(self, device: torch.device | str = "cuda", streams: StreamApi | None = None) -> None:
         self.device = torch.device(device)
-        if self.device.type != "cuda" or not torch.cuda.is_available():
+        if streams is None and (self.device.type != "cuda" or not torch.cuda.is_available()):
             raise ValueError(f"CudaDevices needs a CUDA device, got device={str(device)!r} "
                              f"(torch.cuda.is_available() = {torch.cuda.is_available()}); use CpuDevices")
-        self.compute = torch.cuda.current_stream(self.device)
-        self.copy = torch.cuda.Stream(self.device)
-        self._timed: list[tuple[int, int, str, tuple[str, ...], torch.cuda.Event, torch.cuda.Event]] = []
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.streams: StreamApi = streams if streams is not None else CUDA_STREAMS
+        with self.streams.device(self.device):
+            self.compute = self.streams.current_stream(self.device)
+            self.copy = self.streams.Stream(self.device)
+        self._timed: list[tuple[int, int, str, tuple[str, ...], Any, Any]] = []
 
-    def _event(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+    def _event(self, stream: Any) -> Any:
+        event = self.streams.Event(enable_timing=True)
         event.record(stream)
         return event
 
@@ -144,37 +152,43 @@ class CudaDevices(Devices):
         self._origin_host = trace.now()
 
     def gpu_batch(self, batches: Iterator[MiniBatch], position: int) -> InFlight:
-        start = self._event(self.compute)
-        batch = self._next(batches)
-        self._timed.append((position, 1, "uva", ("gpu", "pcie"), start, self._event(self.compute)))
-        return InFlight(batch, 1, position)
+        with self.streams.device(self.device):
+            start = self._event(self.compute)
+            batch = self._next(batches)
+            handoff = batch.handoff
+            if handoff is None:  # made on the compute stream: ready in stream order
+                self._timed.append((position, 1, "uva", ("gpu", "pcie"), start, self._event(self.compute)))
+                return InFlight(batch, 1, position)
+        self._timed.append((position, 1, "uva", ("gpu", "pcie"), handoff.start, handoff.ready))
+        return InFlight(batch, 1, position, ready=handoff.ready)
 
     def transfer(self, batch: MiniBatch, position: int) -> InFlight:
-        with torch.cuda.stream(self.copy):
+        with self.streams.device(self.device), self.streams.stream(self.copy):
             start = self._event(self.copy)
-            on_device = batch.to(self.device, non_blocking=True)
+            on_device = self.streams.copy_to(batch, self.device)
             ready = self._event(self.copy)
         self._timed.append((position, 0, "dma", ("pcie",), start, ready))
         return InFlight(on_device, 0, position, ready=ready, host=batch)
 
     def launch(self, item: InFlight, step: Step) -> Launched:
-        if item.ready is not None:
-            self.compute.wait_event(item.ready)
-            item.batch.record_stream(self.compute)
-        with torch.cuda.stream(self.compute):
-            start = self._event(self.compute)
-            loss = step(item.batch)
-            done = self._event(self.compute)
+        with self.streams.device(self.device):
+            if item.ready is not None:
+                self.compute.wait_event(item.ready)
+                record_batch(self.streams, item.batch, self.compute)
+            with self.streams.stream(self.compute):
+                start = self._event(self.compute)
+                loss = step(item.batch)
+                done = self._event(self.compute)
         self._timed.append((item.position, item.route, "train", ("gpu",), start, done))
         return Launched(item, done, loss.detach())
 
     def wait(self, launched: Launched) -> None:
         launched.done.synchronize()
-        launched.item.host = None
+        launched.item.host = None  # its copy finished before the step that waited on it
         self.group.check()
 
     def finish_epoch(self) -> None:
-        torch.cuda.synchronize(self.device)
+        self.streams.synchronize(self.device)
         for position, route, phase, devices, start, end in self._timed:
             begin = self._origin_host + self._origin.elapsed_time(start) / 1e3
             finish = self._origin_host + self._origin.elapsed_time(end) / 1e3
@@ -183,7 +197,7 @@ class CudaDevices(Devices):
         self._timed = []
 
     def close(self) -> None:
-        torch.cuda.synchronize(self.device)
+        self.streams.synchronize(self.device)
 
 
 def default_devices(device: torch.device | str) -> Devices:

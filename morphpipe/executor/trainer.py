@@ -40,7 +40,8 @@ from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan
 
-# Makes a Route 1 batcher over `seeds`: factory(graph, fanouts, batch_size, seeds=..., seed=...).
+# Makes a Route 1 batcher over `seeds` on the training device: factory(graph, fanouts, batch_size, seeds=..., seed=...,
+# device=...).
 GpuBatcherFactory = Callable[..., EpochBatcher]
 SPLITS = ("train", "val", "test")
 
@@ -150,7 +151,8 @@ class Trainer:
                     f"the plan puts {plan.n_gpu} batches on Route 1 (GPU batching over UVA), and no GPU batcher was "
                     "given; pass gpu_batcher=<factory>, or train with an all-CPU plan"
                 )
-            gpu_route = self.gpu_batcher(self.graph, self.fanouts, self.batch_size, seeds=routes.gpu, seed=self.seed)
+            gpu_route = self.gpu_batcher(self.graph, self.fanouts, self.batch_size, seeds=routes.gpu, seed=self.seed,
+                                          device=self.device)
         return Executor(plan.split, default_devices(self.device), self.step, cpu_batcher=cpu_batcher,
                         gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
 

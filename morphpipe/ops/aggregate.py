@@ -73,6 +73,7 @@ REFERENCE = Backend(
 _backends: dict[str, Backend] = {REFERENCE.name: REFERENCE}
 _preferred: list[str] = []
 _auto_resolved: dict[str, str] = {}
+_excluded: dict[tuple[str, str], str] = {}  # (backend, device type) -> why "auto" must not pick it
 _default_name: str = AUTO
 _override_name: ContextVar[str | None] = ContextVar("morphpipe_ops_backend", default=None)
 
@@ -92,6 +93,12 @@ def register_backend(backend: Backend, *, replace: bool = False, preferred: bool
     if preferred and backend.name not in _preferred:
         _preferred.append(backend.name)
     _auto_resolved.clear()
+
+
+def exclude_from_auto(name: str, device_type: str, reason: str) -> None:
+    """Keep `"auto"` from choosing backend `name` on `device_type` (e.g. it failed a self-check there); logged once."""
+    _excluded[(name, device_type)] = reason
+    _auto_resolved.pop(device_type, None)
 
 
 def available_backends() -> list[str]:
@@ -139,7 +146,9 @@ def _auto_backend(device_type: str) -> Backend:
             backend = _backends[name]
             if backend.device_types is not None and device_type not in backend.device_types:
                 continue
-            reason = backend.unavailable(device_type) if backend.unavailable else None
+            reason = _excluded.get((name, device_type))
+            if reason is None and backend.unavailable:
+                reason = backend.unavailable(device_type)
             if reason is None:
                 chosen = name
                 break

@@ -8,6 +8,7 @@ in order, so `h_src[:num_dst]` are the destination (self) features.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -74,6 +75,9 @@ class MiniBatch:
     batch_index: int = -1  # position in the epoch, -1 when not produced by an epoch iterator
     route: int = field(default=0)  # 0: CPU batcher, 1: GPU batcher (DESIGN.md, routes)
     build_s: float | None = None  # seconds one batching thread spent building it, when the batcher measured it
+    # how a batch made on its own CUDA stream is handed over (morphpipe.sampling.streams.Handoff); not copied by
+    # to()/pin_memory(), whose results are made on the caller's stream; None: ready on the current stream
+    handoff: Any = field(default=None, compare=False, repr=False)
 
     @property
     def num_seeds(self) -> int:

@@ -1,0 +1,353 @@
+"""The Route 1 self-check: before our CUDA kernels make batches on a device, they prove themselves there.
+
+On the first use of a device (GpuBatcher backend "auto"), a small generated graph is batched by
+both backends: the kernels' batches must pass every structure check (edges exist, no repeats,
+fanout respected, prefix convention, features and labels), and their neighbour draws must agree
+in distribution with the torch path (chi-square, Floyd and large-fanout paths); the fused ops must
+match the reference ops, forward and backward, within tolerance. Whatever fails or raises makes
+morphpipe use the torch path (and the reference ops on that device type), said once with the
+reason. The verdict is recorded per device in the native build directory
+(`route1_self_check.json`, keyed by the device and invalidated by source or torch changes) and
+shown by `morphpipe info`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from scipy import stats
+
+from morphpipe import native
+from morphpipe.sampling.minibatch import Block, MiniBatch
+
+log = logging.getLogger("morphpipe.sampling")
+
+RESULTS_FILE = "route1_self_check.json"
+P_VALUE_FLOOR = 1e-4  # a correct sampler fails one of the chi-square tests about once in 2,500 checks
+HUB = 5
+HUB_DEGREE = 120
+TRIALS = 240
+OPS_ATOL, OPS_RTOL = 1e-4, 1e-3
+
+# Makes one batch of `seeds` (host int64) over the check graph with `fanouts`, deterministic for `seed`.
+BatchMaker = Callable[[torch.Tensor, Sequence[int], int], MiniBatch]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One device's self-check: whether the kernels and the fused ops may be used there, and why not."""
+
+    device: str
+    kernels_ok: bool
+    kernels_reason: str
+    ops_ok: bool
+    ops_reason: str
+    source_hash: str = ""
+    torch_version: str = ""
+
+    def summary(self) -> str:
+        """One line for logs and `morphpipe info`."""
+        kernels = "kernels passed" if self.kernels_ok else f"kernels FAILED ({self.kernels_reason}): torch path used"
+        ops = "fused ops passed" if self.ops_ok else f"fused ops FAILED ({self.ops_reason}): reference ops used"
+        return f"self-check on {self.device}: {kernels}; {ops}"
+
+
+def check_graph(num_nodes: int = 300, seed: int = 0, index_dtype: torch.dtype = torch.int32) -> SimpleNamespace:
+    """A small CSC graph with zero-degree nodes, low degrees and one hub, no duplicate edges."""
+    generator = torch.Generator().manual_seed(seed)
+    degrees = torch.randint(0, 12, (num_nodes,), generator=generator)
+    degrees[::17] = 0
+    degrees[HUB] = HUB_DEGREE
+    lists = [torch.sort(torch.randperm(num_nodes, generator=generator)[:int(d)]).values for d in degrees]
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    torch.cumsum(degrees, 0, out=indptr[1:])
+    return SimpleNamespace(indptr=indptr, indices=torch.cat(lists).to(index_dtype),
+                           features=torch.randn(num_nodes, 6, generator=generator),
+                           labels=torch.randint(0, 4, (num_nodes,), generator=generator), num_nodes=num_nodes)
+
+
+def structure_problem(graph, batch: MiniBatch, fanouts: Sequence[int]) -> str | None:
+    """What is structurally wrong with `batch` sampled from `graph` with `fanouts`, or None."""
+    batch = batch.to("cpu")
+    n = graph.num_nodes
+    seeds, nodes = batch.seeds.to(torch.int64), batch.input_nodes.to(torch.int64)
+    if not torch.equal(nodes[:seeds.numel()], seeds):
+        return "the seeds are not the prefix of input_nodes"
+    if torch.unique(nodes).numel() != nodes.numel():
+        return "input_nodes repeat a node"
+    if len(batch.blocks) != len(fanouts):
+        return f"{len(batch.blocks)} blocks for {len(fanouts)} fanouts"
+    degrees = graph.indptr[1:] - graph.indptr[:-1]
+    graph_edges = torch.repeat_interleave(torch.arange(n), degrees) * n + graph.indices.to(torch.int64)
+    for layer, block in enumerate(batch.blocks):
+        problem = _block_problem(block, layer, batch, fanouts[len(fanouts) - 1 - layer], degrees, graph_edges, n)
+        if problem is not None:
+            return f"layer {layer}: {problem}"
+    if not torch.equal(batch.x, graph.features[nodes]):
+        return "x is not features[input_nodes]"
+    if not torch.equal(batch.y.to(torch.int64), graph.labels[seeds].to(torch.int64)):
+        return "y is not labels[seeds]"
+    return None
+
+
+def _block_problem(block: Block, layer: int, batch: MiniBatch, fanout: int, degrees: torch.Tensor,
+                   graph_edges: torch.Tensor, n: int) -> str | None:
+    expected_src = batch.input_nodes.numel() if layer == 0 else batch.blocks[layer - 1].num_dst
+    if block.num_src != expected_src:
+        return f"num_src {block.num_src}, expected {expected_src}"
+    if layer == len(batch.blocks) - 1 and block.num_dst != batch.seeds.numel():
+        return f"num_dst {block.num_dst}, expected the {batch.seeds.numel()} seeds"
+    indptr, indices = block.indptr.to(torch.int64), block.indices.to(torch.int64)
+    if indptr.numel() != block.num_dst + 1 or int(indptr[0]) != 0 or int(indptr[-1]) != indices.numel():
+        return "indptr does not bound indices"
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= block.num_src):
+        return "a local id is outside [0, num_src)"
+    dst = batch.input_nodes[:block.num_dst].to(torch.int64)
+    counts = indptr[1:] - indptr[:-1]
+    expected = degrees[dst] if fanout < 0 else torch.clamp(degrees[dst], max=fanout)
+    if not torch.equal(counts, expected):
+        return "a destination has the wrong neighbour count (fanout, or all for low degree)"
+    keys = torch.repeat_interleave(dst, counts) * n + batch.input_nodes[indices].to(torch.int64)
+    if not bool(torch.isin(keys, graph_edges).all()):
+        return "a sampled edge is not in the graph"
+    if torch.unique(keys).numel() != keys.numel():
+        return "a destination repeats a neighbour"
+    return None
+
+
+def hub_counts(make: BatchMaker, graph, fanout: int, trials: int = TRIALS) -> torch.Tensor:
+    """How often each of the hub's neighbours was drawn over `trials` one-hop batches of the hub alone."""
+    neighbours = graph.indices[graph.indptr[HUB]:graph.indptr[HUB + 1]].to(torch.int64)
+    counts = torch.zeros(neighbours.numel(), dtype=torch.int64)
+    for trial in range(trials):
+        batch = make(torch.tensor([HUB]), [fanout], 1_000 + trial).to("cpu")
+        drawn = batch.input_nodes[batch.blocks[0].indices].to(torch.int64)
+        counts += torch.isin(neighbours, drawn).to(torch.int64)
+    return counts
+
+
+def distribution_problem(candidate: BatchMaker, reference: BatchMaker, graph) -> str | None:
+    """Whether `candidate` draws the hub's neighbours uniformly and like `reference`, by chi-square tests."""
+    for fanout in (5, 60):
+        ours, theirs = hub_counts(candidate, graph, fanout), hub_counts(reference, graph, fanout)
+        if int(ours.sum()) != TRIALS * fanout:
+            return f"fanout {fanout}: {int(ours.sum())} draws instead of {TRIALS * fanout}"
+        uniform = stats.chisquare(ours.numpy()).pvalue
+        if not uniform > P_VALUE_FLOOR:
+            return f"fanout {fanout}: the hub's neighbours are not drawn uniformly (chi-square p = {uniform:.2g})"
+        same = stats.chi2_contingency(torch.stack([ours, theirs]).numpy()).pvalue
+        if not same > P_VALUE_FLOOR:
+            return f"fanout {fanout}: draws differ in distribution from the torch path (chi-square p = {same:.2g})"
+    return None
+
+
+def sampler_problem(candidate: BatchMaker, reference: BatchMaker, graph=None) -> str | None:
+    """Structure on several fanouts (take-all, small, large) and distribution against the reference, or None."""
+    graph = graph if graph is not None else check_graph()
+    seeds = torch.tensor([HUB, 0, 17, 3, 299, 150, 42, 8])
+    try:
+        for fanouts in ([4, 3, 2], [-1, 2], [100, 1], [60]):
+            for seed in (0, 1):
+                problem = structure_problem(graph, candidate(seeds, fanouts, seed), fanouts)
+                if problem is not None:
+                    return f"fanouts {fanouts}: {problem}"
+        return distribution_problem(candidate, reference, graph)
+    except Exception as error:  # noqa: BLE001 - any failure of the candidate is the verdict
+        return f"raised {type(error).__name__}: {error}"
+
+
+def _random_block(device: torch.device, num_dst: int = 40, num_src: int = 100, seed: int = 0) -> Block:
+    generator = torch.Generator().manual_seed(seed)
+    degrees = torch.randint(0, 9, (num_dst,), generator=generator)
+    degrees[3] = 0
+    indptr = torch.zeros(num_dst + 1, dtype=torch.int64)
+    torch.cumsum(degrees, 0, out=indptr[1:])
+    indices = torch.randint(0, num_src, (int(indptr[-1]),), generator=generator)
+    return Block(indptr.to(device), indices.to(device), num_src, num_dst)
+
+
+def _op_outputs(backend: str, block: Block, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every op's forward output and input gradients under `backend`, on fresh leaves of `inputs`."""
+    from morphpipe import ops
+
+    results: dict[str, torch.Tensor] = {}
+    with ops.use_backend(backend):
+        for name, run in (
+            ("sum", lambda t: ops.aggregate(block, t["h"], "sum", t["w"])),
+            ("mean", lambda t: ops.aggregate(block, t["h"], "mean")),
+            ("max", lambda t: ops.aggregate(block, t["h"], "max")),
+            ("gcn", lambda t: ops.gcn_aggregate(block, t["h"])),
+            ("gat", lambda t: ops.gat_attention(block, t["h3"], t["s_src"], t["s_dst"])),
+        ):
+            leaves = {key: value.detach().clone().requires_grad_(True) for key, value in inputs.items()}
+            out = run(leaves)
+            out.backward(torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out))
+            results[f"{name} forward"] = out.detach()
+            for key, leaf in leaves.items():
+                if leaf.grad is not None:
+                    results[f"{name} grad {key}"] = leaf.grad
+    return results
+
+
+def ops_problem(device: torch.device, candidate: str = "fused", reference: str = "reference") -> str | None:
+    """Where the `candidate` ops backend differs from `reference` on `device` beyond tolerance, or None."""
+    try:
+        block = _random_block(device)
+        generator = torch.Generator().manual_seed(1)
+
+        def draw(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=generator).to(device)
+
+        inputs = {"h": draw(block.num_src, 16), "w": draw(block.nnz), "h3": draw(block.num_src, 2, 8),
+                  "s_src": draw(block.num_src, 2), "s_dst": draw(block.num_dst, 2)}
+        ours, theirs = _op_outputs(candidate, block, inputs), _op_outputs(reference, block, inputs)
+        for key, expected in theirs.items():
+            got = ours.get(key)
+            if got is None or got.shape != expected.shape:
+                return f"{key}: missing or shaped {None if got is None else tuple(got.shape)}"
+            if not torch.allclose(got.float(), expected.float(), atol=OPS_ATOL, rtol=OPS_RTOL):
+                worst = float((got.float() - expected.float()).abs().max())
+                return f"{key} differs from the {reference} backend by up to {worst:.3g}"
+        return None
+    except Exception as error:  # noqa: BLE001 - any failure of the candidate is the verdict
+        return f"raised {type(error).__name__}: {error}"
+
+
+def run_self_check(device: torch.device, kernels: BatchMaker, reference: BatchMaker, graph=None,
+                   ops_candidate: str = "fused") -> Verdict:
+    """Checks the kernels' batches against the torch path and `ops_candidate` against the reference ops."""
+    sampler = sampler_problem(kernels, reference, graph)
+    ops_reason = ops_problem(device, ops_candidate)
+    return Verdict(device_key(device), sampler is None, sampler or "", ops_reason is None, ops_reason or "",
+                   *_build_identity())
+
+
+def device_key(device: torch.device) -> str:
+    """How verdicts are filed: the device's name and compute capability (CUDA), or its type."""
+    if device.type != "cuda":
+        return str(device)
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} sm_{major}{minor} ({device})"
+
+
+def _build_identity() -> tuple[str, str]:
+    return native.build_config().source_hash, torch.__version__
+
+
+def results_path() -> Path:
+    """The JSON file of recorded verdicts, beside the native build they judge."""
+    return native.build_config().build_dir / RESULTS_FILE
+
+
+def recorded_verdicts(path: Path | None = None) -> dict[str, Verdict]:
+    """Every recorded verdict by device key (an unreadable file counts as none)."""
+    path = path or results_path()
+    try:
+        raw = json.loads(path.read_text())
+        return {key: Verdict(**value) for key, value in raw.items()}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def record_verdict(verdict: Verdict, path: Path | None = None) -> None:
+    """Adds or replaces `verdict` in the results file (written whole, then renamed into place)."""
+    path = path or results_path()
+    verdicts = recorded_verdicts(path)
+    verdicts[verdict.device] = verdict
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({key: asdict(value) for key, value in verdicts.items()}, indent=2))
+    temporary.replace(path)
+
+
+def apply_verdict(verdict: Verdict, device_type: str) -> None:
+    """Acts on a verdict: failed fused ops leave the automatic ops backend for `device_type`; says so once."""
+    from morphpipe.ops.aggregate import exclude_from_auto
+
+    if not verdict.ops_ok:
+        exclude_from_auto("fused", device_type, f"the self-check failed: {verdict.ops_reason}")
+    if not (verdict.kernels_ok and verdict.ops_ok):
+        log.warning("morphpipe Route 1 %s", verdict.summary())
+
+
+_verdicts: dict[str, Verdict] = {}
+_lock = threading.Lock()
+
+
+def device_verdict(device: torch.device, path: Path | None = None,
+                   makers: Callable[[torch.device], contextlib.AbstractContextManager] | None = None) -> Verdict:
+    """The verdict for `device`: this process's, the recorded one if it judged this build, else a fresh check
+    with the backends `makers(device)` yields (default: the CUDA kernels and the torch path on the device)."""
+    key = device_key(device)
+    with _lock:
+        if key in _verdicts:
+            return _verdicts[key]
+        verdict = recorded_verdicts(path).get(key)
+        if verdict is None or (verdict.source_hash, verdict.torch_version) != _build_identity():
+            with (makers or cuda_makers)(device) as (kernels, reference):
+                verdict = run_self_check(device, kernels, reference)
+            record_verdict(verdict, path)
+        apply_verdict(verdict, device.type)
+        _verdicts[key] = verdict
+        return verdict
+
+
+@contextlib.contextmanager
+def cuda_makers(device: torch.device, graph=None) -> Iterator[tuple[BatchMaker, BatchMaker]]:
+    """(kernels, torch path) batch makers over the check graph pinned for `device`, for as long as the block runs."""
+    from morphpipe.sampling import torch_sampler
+    from morphpipe.sampling.cpu_batcher import blocks_from_native
+    from morphpipe.sampling.pinning import HostPinning
+    from morphpipe.sampling.zero_copy import cuda_view
+
+    graph = graph if graph is not None else check_graph()
+    ops = native.ops()
+    parts = {"indptr": graph.indptr, "indices": graph.indices, "features": graph.features, "labels": graph.labels}
+    with torch.cuda.device(device), HostPinning(parts) as pinned:
+        views = torch_sampler.GraphTensors(**{name: cuda_view(pinned[name], device) for name in parts})
+
+        def kernels(seeds: torch.Tensor, fanouts: Sequence[int], seed: int) -> MiniBatch:
+            on_device = seeds.to(device)
+            input_nodes, indptrs, indices = ops.sample_neighbors(pinned["indptr"], pinned["indices"], on_device,
+                                                                 list(fanouts), seed)
+            x = ops.gather_rows(pinned["features"], input_nodes)
+            y = ops.gather_rows(pinned["labels"].view(-1, 1), on_device).view(-1)
+            return MiniBatch(on_device, input_nodes, blocks_from_native(input_nodes.numel(), indptrs, indices), x, y)
+
+        def reference(seeds: torch.Tensor, fanouts: Sequence[int], seed: int) -> MiniBatch:
+            return torch_sampler.make_batch(views, seeds.to(device), fanouts, seed)
+
+        yield kernels, reference
+        torch.cuda.synchronize(device)
+
+
+def host_maker(graph) -> BatchMaker:
+    """The torch path on host tensors: the reference the kernels are compared with, runnable anywhere."""
+    from morphpipe.sampling import torch_sampler
+
+    tensors = torch_sampler.GraphTensors(graph.indptr, graph.indices, graph.features, graph.labels)
+    return lambda seeds, fanouts, seed: torch_sampler.make_batch(tensors, seeds, fanouts, seed)
+
+
+def verdict_rows(path: Path | None = None) -> list[tuple[str, str]]:
+    """`morphpipe info` rows: every recorded self-check verdict, or a note that none ran yet."""
+    verdicts = recorded_verdicts(path)
+    if not verdicts:
+        return [("Route 1 self-check", "none recorded (runs on a GPU batcher's first use of a device)")]
+    current = _build_identity()
+    rows = []
+    for verdict in verdicts.values():
+        stale = "" if (verdict.source_hash, verdict.torch_version) == current else " [for an older build]"
+        rows.append(("Route 1 self-check", verdict.summary() + stale))
+    return rows
+
+
+__all__ = ["Verdict", "check_graph", "cuda_makers", "device_verdict", "host_maker", "ops_problem", "run_self_check",
+           "sampler_problem", "structure_problem", "verdict_rows"]
