@@ -7,11 +7,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from morphpipe.nn.base import check_blocks, check_dropout, check_model_args, layer_dims
+from morphpipe.ops.bias_act_dropout import bias_act_dropout
+from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import Block
 
 
 class MLP(nn.Module):
-    """`num_layers` Linear layers with ReLU + dropout between them, on `x[:blocks[-1].num_dst]`."""
+    """`num_layers` Linear layers with ReLU + dropout between them (fused with the bias), on `x[:blocks[-1].num_dst]`."""
 
     def __init__(self, in_dim: int, num_classes: int, num_layers: int = 3, hidden: int = 256, dropout: float = 0.5) -> None:
         super().__init__()
@@ -35,8 +37,12 @@ class MLP(nn.Module):
         """
         check_blocks(type(self).__name__, blocks, x, None)
         h = x[: blocks[-1].num_dst] if blocks else x
+        fused = current_step_variant().fused_activation
         for i, lin in enumerate(self.lins):
-            h = lin(h)
-            if i < self.num_layers - 1:
-                h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
+            if i == self.num_layers - 1:
+                h = lin(h)
+            elif fused:
+                h = bias_act_dropout(F.linear(h, lin.weight), lin.bias, "relu", self.dropout, self.training)
+            else:
+                h = F.dropout(F.relu(lin(h)), p=self.dropout, training=self.training)
         return h
