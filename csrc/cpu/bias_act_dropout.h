@@ -13,8 +13,8 @@ namespace morphpipe {
 // Parses the activation name; an error names the accepted ones.
 inline Activation parse_activation(const std::string& name, const char* op) {
   if (name == "relu") return Activation::kRelu;
-  if (name == "identity") return Activation::kIdentity;
-  TORCH_CHECK(false, op, ": activation must be 'relu' or 'identity', got '", name, "'");
+  TORCH_CHECK(name == "identity", op, ": activation must be 'relu' or 'identity', got '", name, "'");
+  return Activation::kIdentity;
 }
 
 // Shapes and dtypes shared by the CPU and CUDA entry points: x 2-D [rows, F], bias [F] of x's dtype, p in [0, 1).
