@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import MiniBatch
 
 OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
@@ -15,12 +16,14 @@ FUSED_ADAM_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
 
 
 def make_optimizer(params: Iterable[nn.Parameter], lr: float, device: torch.device | str,
-                   implementation: str = "fused") -> torch.optim.Optimizer:
-    """Adam(lr) in torch's `implementation` ("fused", "foreach" or "for-loop", today's default on CPU).
+                   implementation: str | None = None) -> torch.optim.Optimizer:
+    """Adam(lr) in torch's `implementation` ("fused", "foreach" or "for-loop", torch's default on CPU).
 
+    None takes the step variant's (`morphpipe.ops.step_variant`: "fused" unless the legacy step is selected).
     "fused" is one kernel over all parameters (CPU and CUDA since torch 2.4); on a device type torch
     has no fused Adam for, "foreach" runs instead (grouped per-op kernels, same arithmetic).
     """
+    implementation = implementation or current_step_variant().optimizer
     if implementation not in OPTIMIZER_IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {OPTIMIZER_IMPLEMENTATIONS}, got {implementation!r}")
     device_type = torch.device(device).type

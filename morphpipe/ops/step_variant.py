@@ -4,8 +4,10 @@
 (`morphpipe.ops.bias_act_dropout`) instead of an add, `F.relu` and `F.dropout`;
 `fused_projection` runs SAGE's self and neighbour projections as one GEMM accumulating into the
 other's output, or one GEMM over concatenations (`morphpipe.ops.sage_projection`), instead of two
-linears and an add. Both are on by default;
-`use_step_variant(LEGACY_STEP)` runs the step as it was before they existed.
+linears and an add; `optimizer` is the Adam implementation `make_optimizer` builds by default
+(torch's "fused", or "for-loop", torch's default on CPU). `set_step_variant` sets the process
+default (seen by every thread), `use_step_variant` overrides it in a scope;
+`LEGACY_STEP` runs the step as it was before these existed.
 """
 from __future__ import annotations
 
@@ -21,24 +23,27 @@ class StepVariant:
 
     fused_activation: bool = True
     fused_projection: bool = True
+    optimizer: str = "fused"
 
 
 FUSED_STEP = StepVariant()
-LEGACY_STEP = StepVariant(fused_activation=False, fused_projection=False)
+LEGACY_STEP = StepVariant(fused_activation=False, fused_projection=False, optimizer="for-loop")
 
-_variant: ContextVar[StepVariant] = ContextVar("morphpipe_step_variant", default=FUSED_STEP)
+_process_variant = FUSED_STEP
+_scoped: ContextVar[StepVariant | None] = ContextVar("morphpipe_step_variant", default=None)
 
 
 def current_step_variant() -> StepVariant:
-    """The variant in force for the current thread or task."""
-    return _variant.get()
+    """The scoped variant of the current thread or task, else the process default."""
+    return _scoped.get() or _process_variant
 
 
 def set_step_variant(variant: StepVariant) -> None:
-    """Sets the variant for the current context (the process default when called at start-up)."""
+    """Sets the process default variant (every thread sees it unless a `use_step_variant` scope overrides it)."""
+    global _process_variant
     if not isinstance(variant, StepVariant):
         raise TypeError(f"variant must be a StepVariant (e.g. FUSED_STEP, LEGACY_STEP), got {variant!r}")
-    _variant.set(variant)
+    _process_variant = variant
 
 
 @contextmanager
@@ -46,8 +51,8 @@ def use_step_variant(variant: StepVariant) -> Iterator[StepVariant]:
     """Runs the block with `variant`, restoring the previous one after."""
     if not isinstance(variant, StepVariant):
         raise TypeError(f"variant must be a StepVariant (e.g. FUSED_STEP, LEGACY_STEP), got {variant!r}")
-    token = _variant.set(variant)
+    token = _scoped.set(variant)
     try:
         yield variant
     finally:
-        _variant.reset(token)
+        _scoped.reset(token)
