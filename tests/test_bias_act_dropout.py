@@ -87,9 +87,9 @@ def test_mask_bits_are_independent_across_elements_and_calls() -> None:
         return float(torch.corrcoef(torch.stack([u, v]))[0, 1])
 
     assert abs(correlation(a, b)) < limit  # two calls (steps)
-    for lag in (1, 2, 31, 32, 33, 256):  # neighbours, pair halves, word and row boundaries
+    for lag in (1, 2, 3, 4, 31, 32, 33, 256):  # neighbours, elements of one 64-bit draw, word and row boundaries
         assert abs(correlation(a[:-lag], a[lag:])) < 5 / math.sqrt(n - lag)
-    # pairs of adjacent elements (two halves of one 64-bit draw) take all four patterns equally
+    # pairs of adjacent elements (drawn from one 64-bit output) take all four patterns equally
     pairs = (a[0::2] * 2 + a[1::2]).long()
     counts = torch.bincount(pairs, minlength=4).double()
     expected = counts.sum() / 4

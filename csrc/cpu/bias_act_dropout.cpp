@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -41,53 +42,80 @@ void run_team(int threads, const Body& body) {
   body(omp_get_thread_num(), omp_get_num_threads());
 }
 
-template <typename acc_t>
-inline acc_t activate(acc_t y, Activation activation) {
-  return activation == Activation::kRelu ? (y > acc_t(0) ? y : acc_t(0)) : y;
+// One contiguous run of a row: out[k] = keep_k * act(x[k] + bias[k]) * scale, specialised so the loop vectorises.
+template <typename scalar_t, Activation kAct, bool kBias, bool kDrop>
+inline void forward_run(const scalar_t* __restrict__ x, const scalar_t* __restrict__ bias, scalar_t* __restrict__ out,
+                        const uint16_t* __restrict__ uniform, int64_t run, uint16_t threshold,
+                        acc_type<scalar_t> scale) {
+  using acc_t = acc_type<scalar_t>;
+#pragma omp simd
+  for (int64_t k = 0; k < run; ++k) {
+    acc_t y = static_cast<acc_t>(x[k]);
+    if constexpr (kBias) y += static_cast<acc_t>(bias[k]);
+    if constexpr (kAct == Activation::kRelu) y = y > acc_t(0) ? y : acc_t(0);
+    if constexpr (kDrop) {
+      out[k] = static_cast<scalar_t>(uniform[k] <= threshold ? y * scale : acc_t(0));
+    } else {
+      out[k] = static_cast<scalar_t>(y);
+    }
+  }
 }
 
 // out = keep * act(x + bias) * scale for elements [begin, end) of the flat [rows, F] array; mask bits
-// for the words they cover (begin and end are multiples of 32 except at the array's end).
-template <typename scalar_t>
+// for the words they cover (begin is a multiple of 32, end too except at the array's end).
+template <typename scalar_t, Activation kAct, bool kBias, bool kDrop>
 void forward_range(const scalar_t* x, const scalar_t* bias, scalar_t* out, int32_t* mask, int64_t features,
-                   int64_t begin, int64_t end, Activation activation, uint64_t key, uint64_t threshold,
-                   double scale) {
-  using acc_t = acc_type<scalar_t>;
-  const acc_t s = static_cast<acc_t>(scale);
-  alignas(64) uint32_t uniform[kDrawChunk];
+                   int64_t begin, int64_t end, uint64_t key, uint16_t threshold, double scale) {
+  const acc_type<scalar_t> s = static_cast<acc_type<scalar_t>>(scale);
+  alignas(64) uint16_t uniform[kDrawChunk];
   for (int64_t chunk = begin; chunk < end; chunk += kDrawChunk) {
     const int64_t len = std::min(kDrawChunk, end - chunk);
-    if (mask) {
-      const int64_t first_pair = chunk >> 1;
-      for (int64_t k = 0; k < (len + 1) / 2; ++k) {
-        const uint64_t pair = dropout_pair(key, first_pair + k);
-        std::memcpy(uniform + 2 * k, &pair, sizeof(pair));  // low half: element 2k, high half: 2k + 1
+    if constexpr (kDrop) {
+      const int64_t first_quad = chunk >> 2;
+      for (int64_t k = 0; k < (len + 3) / 4; ++k) {
+        const uint64_t quad = dropout_quad(key, first_quad + k);
+        std::memcpy(uniform + 4 * k, &quad, sizeof(quad));  // little-endian: bits [16j, 16j + 16) are element 4k + j
       }
     }
     for (int64_t i = chunk; i < chunk + len;) {
-      const int64_t row = i / features, col = i - row * features;
+      const int64_t col = i % features;
       const int64_t run = std::min(features - col, chunk + len - i);
-      const scalar_t* xi = x + i;
-      const scalar_t* bi = bias ? bias + col : nullptr;
-      scalar_t* oi = out + i;
-      const uint32_t* ui = uniform + (i - chunk);
-#pragma omp simd
-      for (int64_t k = 0; k < run; ++k) {
-        const acc_t y = activate(static_cast<acc_t>(xi[k]) + (bi ? static_cast<acc_t>(bi[k]) : acc_t(0)), activation);
-        const bool keep = !mask || static_cast<uint64_t>(ui[k]) < threshold;
-        oi[k] = static_cast<scalar_t>(keep ? y * s : acc_t(0));
-      }
+      forward_run<scalar_t, kAct, kBias, kDrop>(x + i, bias + (kBias ? col : 0), out + i, uniform + (i - chunk), run,
+                                                threshold, s);
       i += run;
     }
-    if (mask) {
+    if constexpr (kDrop) {
       for (int64_t w = 0; w * kMaskWordBits < len; ++w) {
         uint32_t bits = 0;
         const int64_t n = std::min(kMaskWordBits, len - w * kMaskWordBits);
-        for (int64_t j = 0; j < n; ++j)
-          bits |= static_cast<uint32_t>(static_cast<uint64_t>(uniform[w * kMaskWordBits + j]) < threshold) << j;
+        for (int64_t j = 0; j < n; ++j) bits |= static_cast<uint32_t>(uniform[w * kMaskWordBits + j] <= threshold) << j;
         mask[(chunk >> 5) + w] = static_cast<int32_t>(bits);
       }
     }
+  }
+}
+
+// Calls `body` with the compile-time activation, bias and dropout switches.
+template <typename Body>
+void with_forward_variant(Activation activation, bool has_bias, bool drop, const Body& body) {
+  const auto with_drop = [&](auto act, auto bias) {
+    if (drop) {
+      body(act, bias, std::true_type{});
+    } else {
+      body(act, bias, std::false_type{});
+    }
+  };
+  const auto with_bias = [&](auto act) {
+    if (has_bias) {
+      with_drop(act, std::true_type{});
+    } else {
+      with_drop(act, std::false_type{});
+    }
+  };
+  if (activation == Activation::kRelu) {
+    with_bias(std::integral_constant<Activation, Activation::kRelu>{});
+  } else {
+    with_bias(std::integral_constant<Activation, Activation::kIdentity>{});
   }
 }
 
@@ -100,7 +128,8 @@ std::tuple<at::Tensor, at::Tensor> bias_act_dropout_cpu(const at::Tensor& x, con
   const int64_t n = x.numel(), features = std::max<int64_t>(x.size(1), 1);
   auto out = at::empty_like(x);
   auto mask = at::empty({p > 0.0 ? mask_words(n) : 0}, x.options().dtype(at::kInt));
-  const uint64_t key = dropout_key(seed), threshold = keep_threshold(p);
+  const uint64_t key = dropout_key(seed);
+  const uint16_t threshold = keep_threshold(p);
   const double scale = 1.0 / (1.0 - p);
   const int threads = at::get_num_threads();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_act_dropout_cpu", [&] {
@@ -109,10 +138,12 @@ std::tuple<at::Tensor, at::Tensor> bias_act_dropout_cpu(const at::Tensor& x, con
     scalar_t* op_ = out.data_ptr<scalar_t>();
     int32_t* mp = p > 0.0 ? mask.data_ptr<int32_t>() : nullptr;
     const int64_t words = mask_words(n);
-    run_team(threads > 1 && n > 32768 ? threads : 1, [&](int thread, int size) {
-      const auto [w0, w1] = thread_range(words, thread, size);
-      forward_range<scalar_t>(xp, bp, op_, mp, features, w0 * kMaskWordBits, std::min(n, w1 * kMaskWordBits),
-                              activation, key, threshold, scale);
+    with_forward_variant(activation, bp != nullptr, mp != nullptr, [&](auto act, auto has_bias, auto drop) {
+      run_team(threads > 1 && n > 32768 ? threads : 1, [&](int thread, int size) {
+        const auto [w0, w1] = thread_range(words, thread, size);
+        forward_range<scalar_t, decltype(act)::value, decltype(has_bias)::value, decltype(drop)::value>(
+            xp, bp, op_, mp, features, w0 * kMaskWordBits, std::min(n, w1 * kMaskWordBits), key, threshold, scale);
+      });
     });
   });
   return {out, mask};
