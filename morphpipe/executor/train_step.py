@@ -1,13 +1,36 @@
 """One training step on a MiniBatch, shared by the executor and the profiler's training phase."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 from torch.nn import functional
 
+from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import MiniBatch
+
+OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+# Device types with a fused Adam kernel in torch 2.11-2.13.
+FUSED_ADAM_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
+
+
+def make_optimizer(params: Iterable[nn.Parameter], lr: float, device: torch.device | str,
+                   implementation: str | None = None) -> torch.optim.Optimizer:
+    """Adam(lr) in torch's `implementation` ("fused", "foreach" or "for-loop", torch's default on CPU).
+
+    None takes the step variant's (`morphpipe.ops.step_variant`: "fused" unless the legacy step is selected).
+    "fused" is one kernel over all parameters (CPU and CUDA since torch 2.4); on a device type torch
+    has no fused Adam for, "foreach" runs instead (grouped per-op kernels, same arithmetic).
+    """
+    implementation = implementation or current_step_variant().optimizer
+    if implementation not in OPTIMIZER_IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {OPTIMIZER_IMPLEMENTATIONS}, got {implementation!r}")
+    device_type = torch.device(device).type
+    if implementation == "fused" and device_type not in FUSED_ADAM_DEVICES:
+        implementation = "foreach"
+    flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[implementation]
+    return torch.optim.Adam(params, lr=lr, **flags)
 
 
 class TrainStep:

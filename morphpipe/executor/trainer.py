@@ -32,7 +32,7 @@ from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.executor.stats import EpochStats
-from morphpipe.executor.train_step import TrainStep
+from morphpipe.executor.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
 from morphpipe.profiler.hardware import usable_cores
@@ -96,7 +96,7 @@ def check_eval_mode(mode: str) -> str:
 class Trainer:
     """Trains `model` on `graph` for epochs under `plan`, with validation, progress bars and checkpoints.
 
-    `optimizer` defaults to Adam(lr), `loss_fn` to cross entropy (any `(logits, labels) -> loss`).
+    `optimizer` defaults to torch's fused Adam(lr) (`make_optimizer`), `loss_fn` to cross entropy (any `(logits, labels) -> loss`).
     `gpu_batcher` makes the Route 1 batcher when the plan has GPU batches. With `checkpoint_dir`
     a checkpoint is written after every epoch and `fit` continues from the one found there;
     `model_spec` (build_model's arguments) is saved with it so `morphpipe evaluate` can rebuild the
@@ -124,7 +124,7 @@ class Trainer:
         self.seed = int(seed)
         self.device = training_device(plan, device)
         self.model = model.to(self.device)
-        self.optimizer = optimizer or torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.optimizer = optimizer or make_optimizer(self.model.parameters(), lr, self.device)
         self.step = TrainStep(self.model, self.optimizer, loss_fn or functional.cross_entropy)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress = progress

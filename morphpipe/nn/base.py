@@ -1,4 +1,4 @@
-"""What every block model shares: argument checks and the layer stack with ReLU + dropout between layers.
+"""What every block model shares: argument checks and the layer stack with bias + ReLU + dropout between layers.
 
 A model maps `(blocks, x)` to logits of the last block's destinations, `blocks` input layer
 first. Full-graph inference is the same call with one whole-graph Block (`num_src == num_dst ==
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn import functional as F
 
+from morphpipe.ops.bias_act_dropout import bias_act_dropout
+from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import Block
 
 
@@ -61,7 +63,12 @@ def check_blocks(model: str, blocks: Sequence[Block], x: Tensor, num_layers: int
 
 
 class BlockModel(nn.Module):
-    """A stack of `conv(block, h_src) -> h_dst` layers, ReLU + dropout between them, one block per layer."""
+    """A stack of `conv(block, h_src) -> h_dst` layers, ReLU + dropout between them, one block per layer.
+
+    Between layers a conv's output before its bias (`conv.propagate`) goes through the fused
+    bias + ReLU + dropout op (`morphpipe.ops.bias_act_dropout`); the last layer is `conv(...)` itself.
+    Under a step variant without the fused activation, `F.relu` and `F.dropout` of `conv(...)` run, as before it.
+    """
 
     reads_neighbours = True  # layer `i` reads the block's in-neighbours, not only the destinations' own rows
 
@@ -93,10 +100,12 @@ class BlockModel(nn.Module):
         The per-layer entry point: `forward` chains it over the blocks, layer-wise full-graph
         inference calls it on chunks of destinations.
         """
-        h = self.convs[i](block, h_src)
-        if i < self.num_layers - 1:
-            h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
-        return h
+        conv = self.convs[i]
+        if i == self.num_layers - 1:
+            return conv(block, h_src)
+        if current_step_variant().fused_activation:
+            return bias_act_dropout(conv.propagate(block, h_src), conv.bias, "relu", self.dropout, self.training)
+        return F.dropout(F.relu(conv(block, h_src)), p=self.dropout, training=self.training)
 
 
 def layer_dims(in_dim: int, hidden: int, num_classes: int, num_layers: int) -> list[tuple[int, int]]:

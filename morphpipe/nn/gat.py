@@ -55,6 +55,10 @@ class GATConv(nn.Module):
 
     def forward(self, block: Block, h_src: Tensor) -> Tensor:
         """`[num_src, in] -> [num_dst, heads * out]` when concatenating, `[num_dst, out]` when averaging."""
+        return self.propagate(block, h_src) + self.bias
+
+    def propagate(self, block: Block, h_src: Tensor) -> Tensor:
+        """The output before the bias is added (models fuse the bias into the activation that follows)."""
         density = self.input_density.measure(h_src)
         weight = self.lin.weight.view(self.heads, self.out_features, self.in_features)
         attention = torch.stack([self.att_src[0], self.att_dst[0]])  # [2 (source, destination), heads, out]
@@ -67,8 +71,7 @@ class GATConv(nn.Module):
             attended = gat_attention(block, h_src.unsqueeze(1), score_src, score_dst, self.negative_slope,
                                      add_self_loops=True)
             out = HeadwiseLinear.apply(attended, weight)
-        out = out.flatten(1) if self.concat else out.mean(1)
-        return out + self.bias
+        return out.flatten(1) if self.concat else out.mean(1)
 
 
 class HeadwiseLinear(torch.autograd.Function):

@@ -50,12 +50,14 @@ class GCNConv(nn.Module):
 
     def forward(self, block: Block, h_src: Tensor) -> Tensor:
         """`[num_src, in] -> [num_dst, out]`."""
+        return self.propagate(block, h_src) + self.bias
+
+    def propagate(self, block: Block, h_src: Tensor) -> Tensor:
+        """The output before the bias is added (models fuse the bias into the activation that follows)."""
         density = self.input_density.measure(h_src)
         if linear_layer_order("gcn", block, h_src, self.out_features, density, self_loops=True) == PROJECT_FIRST:
-            out = gcn_aggregate(block, sparse_aware_linear(h_src, self.lin.weight, None, density))
-        else:
-            out = self.lin(gcn_aggregate(block, h_src))
-        return out + self.bias
+            return gcn_aggregate(block, sparse_aware_linear(h_src, self.lin.weight, None, density))
+        return self.lin(gcn_aggregate(block, h_src))
 
 
 class GCN(BlockModel):

@@ -7,11 +7,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from morphpipe.nn.base import check_blocks, check_dropout, check_model_args, layer_dims
+from morphpipe.ops.bias_act_dropout import bias_act_dropout
+from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import Block
 
 
 class MLP(nn.Module):
-    """`num_layers` Linear layers with ReLU + dropout between them, on `x[:blocks[-1].num_dst]`."""
+    """`num_layers` Linear layers with ReLU + dropout between them (fused with the bias), on `x[:blocks[-1].num_dst]`."""
 
     reads_neighbours = False  # layer-wise inference needs no neighbour rows
 
@@ -44,7 +46,10 @@ class MLP(nn.Module):
     def layer(self, i: int, block: Block | None, h_src: Tensor) -> Tensor:
         """Layer `i` on the destinations' own rows (`h_src[:block.num_dst]`, all rows without a block),
         with ReLU + dropout after every layer but the last (the per-layer entry point, as `BlockModel.layer`)."""
-        h = self.lins[i](h_src if block is None else h_src[: block.num_dst])
-        if i < self.num_layers - 1:
-            h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
-        return h
+        lin = self.lins[i]
+        h = h_src if block is None else h_src[: block.num_dst]
+        if i == self.num_layers - 1:
+            return lin(h)
+        if current_step_variant().fused_activation:
+            return bias_act_dropout(F.linear(h, lin.weight), lin.bias, "relu", self.dropout, self.training)
+        return F.dropout(F.relu(lin(h)), p=self.dropout, training=self.training)

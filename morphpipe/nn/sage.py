@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
 from morphpipe.ops import aggregate
 from morphpipe.ops.reassociate import PROJECT_FIRST, linear_layer_order
-from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
+from morphpipe.ops.sage_projection import sage_projection
+from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear, transform_choice
+from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import Block
 
 
@@ -32,8 +35,19 @@ class SAGEConv(nn.Module):
         self.lin_neigh.reset_parameters()
         self.lin_self.reset_parameters()
 
+    @property
+    def bias(self) -> Tensor:
+        """The layer's bias (PyG's place for it: the neighbour projection's)."""
+        return self.lin_neigh.bias
+
     def forward(self, block: Block, h_src: Tensor) -> Tensor:
-        """`[num_src, in] -> [num_dst, out]`; destinations with no sampled neighbours see a zero mean."""
+        """`[num_src, in] -> [num_dst, out]`; destinations with no sampled neighbours see a zero mean.
+
+        Under a step variant without the fused projection: two linears (the bias in the neighbour's)
+        and an add, as before it.
+        """
+        if current_step_variant().fused_projection:
+            return self.propagate(block, h_src) + self.bias
         density = self.input_density.measure(h_src)
         if linear_layer_order("sage", block, h_src, self.out_features, density, self_loops=False) == PROJECT_FIRST:
             projected = sparse_aware_linear(h_src, self.lin_neigh.weight, None, density)
@@ -41,6 +55,29 @@ class SAGEConv(nn.Module):
         else:
             neigh = self.lin_neigh(aggregate(block, h_src, "mean"))
         return neigh + sparse_aware_linear(h_src[: block.num_dst], self.lin_self.weight, None, density)
+
+    def propagate(self, block: Block, h_src: Tensor) -> Tensor:
+        """The output before the bias is added (models fuse the bias into the activation that follows).
+
+        With the step's fused projection on and a dense self projection, the two projections run as
+        one step (`morphpipe.ops.sage_projection`), else as two linears and an add.
+        """
+        density = self.input_density.measure(h_src)
+        h_dst = h_src[: block.num_dst]
+        project_first = linear_layer_order("sage", block, h_src, self.out_features, density,
+                                           self_loops=False) == PROJECT_FIRST
+        fused = current_step_variant().fused_projection and transform_choice(h_dst, self.out_features,
+                                                                              density) == "dense"
+        if project_first:
+            neigh = aggregate(block, sparse_aware_linear(h_src, self.lin_neigh.weight, None, density), "mean")
+            if fused:
+                return sage_projection(neigh, h_dst, self.lin_neigh.weight, self.lin_self.weight, base=neigh)
+        else:
+            mean = aggregate(block, h_src, "mean")
+            if fused:
+                return sage_projection(mean, h_dst, self.lin_neigh.weight, self.lin_self.weight)
+            neigh = F.linear(mean, self.lin_neigh.weight)
+        return neigh + sparse_aware_linear(h_dst, self.lin_self.weight, None, density)
 
 
 class GraphSAGE(BlockModel):

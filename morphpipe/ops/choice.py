@@ -39,6 +39,8 @@ DECISIONS: dict[str, tuple[str, ...]] = {
     "sage.order": ("aggregate_first", "project_first"),
     "gcn.order": ("aggregate_first", "project_first"),
     "gat.order": ("aggregate_first", "project_first"),
+    # SAGE's self + neighbour projections: GEMM accumulating into the other's output vs one GEMM over concatenations
+    "sage.projection": ("addmm", "concat"),
     # Morphling: first-layer transform from measured input density
     "input.transform": ("dense", "sparse"),
 }

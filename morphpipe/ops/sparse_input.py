@@ -66,9 +66,9 @@ def _sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return out if bias is None else out + bias
 
 
-def sparse_aware_linear(x: Tensor, weight: Tensor, bias: Tensor | None, density: float) -> Tensor:
-    """`F.linear(x, weight, bias)`, as sparse-times-dense when `density` makes that cheaper on this machine."""
-    rows, in_features, out_features = x.shape[0], x.shape[1], weight.shape[0]
+def transform_choice(x: Tensor, out_features: int, density: float) -> str:
+    """"dense" or "sparse": how `x @ W^T` with `out_features` outputs runs at `density` on this machine."""
+    rows, in_features = x.shape[0], x.shape[1]
     step = round(density * DENSITY_STEPS) / DENSITY_STEPS
     signature = ("linear", x.device.type, str(x.dtype).removeprefix("torch."), choice.bucket(rows), in_features,
                  out_features, step)
@@ -78,7 +78,11 @@ def sparse_aware_linear(x: Tensor, weight: Tensor, bias: Tensor | None, density:
                 "sparse": calibration.sparse_linear(rows, in_features, out_features, density)}
 
     options = ("dense", "sparse") if not x.requires_grad and unavailable(x.device.type) is None else ("dense",)
-    transform = choice.choose("input.transform", signature, costs, options=options)
-    if transform == "sparse":
+    return choice.choose("input.transform", signature, costs, options=options)
+
+
+def sparse_aware_linear(x: Tensor, weight: Tensor, bias: Tensor | None, density: float) -> Tensor:
+    """`F.linear(x, weight, bias)`, as sparse-times-dense when `density` makes that cheaper on this machine."""
+    if transform_choice(x, weight.shape[0], density) == "sparse":
         return _sparse_linear(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from morphpipe.executor.train_step import TrainStep
+from morphpipe.executor.train_step import TrainStep, make_optimizer
 from morphpipe.nn import build_model
 from morphpipe.profiler.profile import PhaseTiming, ThreadScaling
 from morphpipe.sampling.cpu_batcher import CpuBatcher
@@ -50,7 +50,7 @@ class ProfilingSession:
         torch.manual_seed(self.seed)
         model = build_model(self.model_name, self.graph.feature_dim, self.graph.num_classes,
                             num_layers=len(self.fanouts), hidden=self.hidden).to(device)
-        return TrainStep(model, torch.optim.Adam(model.parameters(), lr=1e-3))
+        return TrainStep(model, make_optimizer(model.parameters(), 1e-3, device))
 
 
 Operator = Callable[[ProfilingSession], PhaseTiming | ThreadScaling]

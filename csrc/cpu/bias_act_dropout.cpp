@@ -1,0 +1,236 @@
+// Fused bias + activation + dropout between GNN layers, forward and backward, in one pass over
+// the activations each (instead of an add, a ReLU, a Bernoulli draw into a float mask and a
+// multiply, each a full pass). The mask is drawn by a counter-based generator
+// (dropout_mask.h), so any thread may draw any element's bit and the result does not depend
+// on the thread count; it is kept as bits. The backward of ReLU reads its derivative from the
+// output (out > 0 exactly where the element was kept and its input was positive), so ReLU's
+// backward needs no mask read at all.
+#include <torch/library.h>
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include <omp.h>
+
+#include <cstring>
+
+#include "aggregate_common.h"
+#include "bias_act_dropout.h"
+#include "dropout_mask.h"
+
+namespace morphpipe {
+
+// Elements per random-draw chunk: 32 mask words, whose uniforms stay in L1.
+constexpr int64_t kDrawChunk = 32 * kMaskWordBits;
+
+namespace {
+
+// The calling thread's share [begin, end) of `count` items split evenly across the team.
+inline std::pair<int64_t, int64_t> thread_range(int64_t count, int thread, int threads) {
+  const int64_t per = count / threads, extra = count % threads;
+  const int64_t begin = thread * per + std::min<int64_t>(thread, extra);
+  return {begin, begin + per + (thread < extra ? 1 : 0)};
+}
+
+// Runs `body(thread, team_size)` on an OpenMP team of at most `threads` threads (inline when 1).
+template <typename Body>
+void run_team(int threads, const Body& body) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  body(omp_get_thread_num(), omp_get_num_threads());
+}
+
+// One contiguous run of a row: out[k] = keep_k * act(x[k] + bias[k]) * scale, specialised so the loop vectorises.
+template <typename scalar_t, Activation kAct, bool kBias, bool kDrop>
+inline void forward_run(const scalar_t* __restrict__ x, const scalar_t* __restrict__ bias, scalar_t* __restrict__ out,
+                        const uint16_t* __restrict__ uniform, int64_t run, uint16_t threshold,
+                        acc_type<scalar_t> scale) {
+  using acc_t = acc_type<scalar_t>;
+#pragma omp simd
+  for (int64_t k = 0; k < run; ++k) {
+    acc_t y = static_cast<acc_t>(x[k]);
+    if constexpr (kBias) y += static_cast<acc_t>(bias[k]);
+    if constexpr (kAct == Activation::kRelu) y = y > acc_t(0) ? y : acc_t(0);
+    if constexpr (kDrop) {
+      out[k] = static_cast<scalar_t>(uniform[k] <= threshold ? y * scale : acc_t(0));
+    } else {
+      out[k] = static_cast<scalar_t>(y);
+    }
+  }
+}
+
+// out = keep * act(x + bias) * scale for elements [begin, end) of the flat [rows, F] array; mask bits
+// for the words they cover (begin is a multiple of 32, end too except at the array's end).
+template <typename scalar_t, Activation kAct, bool kBias, bool kDrop>
+void forward_range(const scalar_t* x, const scalar_t* bias, scalar_t* out, int32_t* mask, int64_t features,
+                   int64_t begin, int64_t end, uint64_t key, uint16_t threshold, double scale) {
+  const acc_type<scalar_t> s = static_cast<acc_type<scalar_t>>(scale);
+  alignas(64) uint16_t uniform[kDrawChunk];
+  for (int64_t chunk = begin; chunk < end; chunk += kDrawChunk) {
+    const int64_t len = std::min(kDrawChunk, end - chunk);
+    if constexpr (kDrop) {
+      const int64_t first_quad = chunk >> 2;
+      for (int64_t k = 0; k < (len + 3) / 4; ++k) {
+        const uint64_t quad = dropout_quad(key, first_quad + k);
+        std::memcpy(uniform + 4 * k, &quad, sizeof(quad));  // little-endian: bits [16j, 16j + 16) are element 4k + j
+      }
+    }
+    for (int64_t i = chunk; i < chunk + len;) {
+      const int64_t col = i % features;
+      const int64_t run = std::min(features - col, chunk + len - i);
+      forward_run<scalar_t, kAct, kBias, kDrop>(x + i, bias + (kBias ? col : 0), out + i, uniform + (i - chunk), run,
+                                                threshold, s);
+      i += run;
+    }
+    if constexpr (kDrop) {
+      for (int64_t w = 0; w * kMaskWordBits < len; ++w) {
+        uint32_t bits = 0;
+        const int64_t n = std::min(kMaskWordBits, len - w * kMaskWordBits);
+        for (int64_t j = 0; j < n; ++j) bits |= static_cast<uint32_t>(uniform[w * kMaskWordBits + j] <= threshold) << j;
+        mask[(chunk >> 5) + w] = static_cast<int32_t>(bits);
+      }
+    }
+  }
+}
+
+// Calls `body` with the compile-time activation, bias and dropout switches.
+template <typename Body>
+void with_forward_variant(Activation activation, bool has_bias, bool drop, const Body& body) {
+  const auto with_drop = [&](auto act, auto bias) {
+    if (drop) {
+      body(act, bias, std::true_type{});
+    } else {
+      body(act, bias, std::false_type{});
+    }
+  };
+  const auto with_bias = [&](auto act) {
+    if (has_bias) {
+      with_drop(act, std::true_type{});
+    } else {
+      with_drop(act, std::false_type{});
+    }
+  };
+  if (activation == Activation::kRelu) {
+    with_bias(std::integral_constant<Activation, Activation::kRelu>{});
+  } else {
+    with_bias(std::integral_constant<Activation, Activation::kIdentity>{});
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_dropout_cpu(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                                                        c10::string_view activation_name, double p, int64_t seed) {
+  constexpr const char* op = "morphpipe::bias_act_dropout";
+  TORCH_CHECK(x.device().is_cpu(), op, ": x must be a CPU tensor for the CPU kernel, got ", x.device());
+  check_bias_act_dropout(x, bias, p, op);
+  const Activation activation = parse_activation(std::string(activation_name), op);
+  const int64_t n = x.numel(), features = std::max<int64_t>(x.size(1), 1);
+  auto out = at::empty_like(x);
+  auto mask = at::empty({p > 0.0 ? mask_words(n) : 0}, x.options().dtype(at::kInt));
+  const uint64_t key = dropout_key(seed);
+  const uint16_t threshold = keep_threshold(p);
+  const double scale = 1.0 / (1.0 - p);
+  const int threads = at::get_num_threads();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_act_dropout_cpu", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* bp = bias.has_value() && bias->defined() ? bias->data_ptr<scalar_t>() : nullptr;
+    scalar_t* op_ = out.data_ptr<scalar_t>();
+    int32_t* mp = p > 0.0 ? mask.data_ptr<int32_t>() : nullptr;
+    const int64_t words = mask_words(n);
+    with_forward_variant(activation, bp != nullptr, mp != nullptr, [&](auto act, auto has_bias, auto drop) {
+      run_team(threads > 1 && n > 32768 ? threads : 1, [&](int thread, int size) {
+        const auto [w0, w1] = thread_range(words, thread, size);
+        forward_range<scalar_t, decltype(act)::value, decltype(has_bias)::value, decltype(drop)::value>(
+            xp, bp, op_, mp, features, w0 * kMaskWordBits, std::min(n, w1 * kMaskWordBits), key, threshold, scale);
+      });
+    });
+  });
+  return {out, mask};
+}
+
+// grad_x for rows [r0, r1) of the flat [rows, F] arrays, and their column sums added into `acc` (when given).
+template <typename scalar_t>
+void backward_rows(const scalar_t* grad, const scalar_t* out, const int32_t* mask, scalar_t* grad_x, double* acc,
+                   int64_t features, int64_t r0, int64_t r1, Activation activation, scalar_t scale) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t base = r * features;
+    const scalar_t* g = grad + base;
+    const scalar_t* o = out + base;
+    scalar_t* d = grad_x + base;
+    if (activation == Activation::kRelu) {
+#pragma omp simd
+      for (int64_t c = 0; c < features; ++c) d[c] = o[c] > scalar_t(0) ? static_cast<scalar_t>(g[c] * scale) : scalar_t(0);
+    } else if (mask) {
+      for (int64_t c = 0; c < features; ++c) {
+        const int64_t i = base + c;
+        const bool keep = (static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & 1u;
+        d[c] = keep ? static_cast<scalar_t>(g[c] * scale) : scalar_t(0);
+      }
+    } else {
+      std::memcpy(d, g, static_cast<size_t>(features) * sizeof(scalar_t));
+    }
+    if (acc) {
+#pragma omp simd
+      for (int64_t c = 0; c < features; ++c) acc[c] += static_cast<double>(d[c]);
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_dropout_backward_cpu(const at::Tensor& grad, const at::Tensor& out,
+                                                                 const at::Tensor& mask,
+                                                                 c10::string_view activation_name, double p,
+                                                                 bool need_bias_grad) {
+  constexpr const char* op = "morphpipe::bias_act_dropout_backward";
+  TORCH_CHECK(grad.sizes() == out.sizes() && grad.scalar_type() == out.scalar_type() && out.dim() == 2, op,
+              ": grad and out must be 2-D with one shape and dtype, got ", grad.sizes(), " ", grad.scalar_type(),
+              " and ", out.sizes(), " ", out.scalar_type());
+  check_rows(grad, out.size(0), op, "grad");
+  check_rows(out, grad.size(0), op, "out");
+  TORCH_CHECK(p >= 0.0 && p < 1.0, op, ": p must be in [0, 1), got ", p);
+  const Activation activation = parse_activation(std::string(activation_name), op);
+  const int64_t rows = out.size(0), features = out.size(1), n = out.numel();
+  const bool use_mask = activation == Activation::kIdentity && p > 0.0;
+  if (use_mask) {
+    check_rows(mask, mask_words(n), op, "mask");
+    TORCH_CHECK(mask.dim() == 1 && mask.scalar_type() == at::kInt, op, ": mask must be 1-D int32 [", mask_words(n),
+                "], got ", mask.scalar_type(), " ", mask.sizes());
+  }
+  auto grad_x = at::empty_like(out);
+  auto grad_bias = at::empty({need_bias_grad ? features : 0}, out.options());
+  const int threads = at::get_num_threads();
+  const int team = threads > 1 && n > 32768 ? threads : 1;
+  // Per-thread column sums in double, reduced in thread order: the bias gradient is deterministic.
+  std::vector<double> partial(need_bias_grad ? static_cast<size_t>(team * features) : 0, 0.0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "bias_act_dropout_backward_cpu", [&] {
+    const scalar_t* gp = grad.data_ptr<scalar_t>();
+    const scalar_t* op_ = out.data_ptr<scalar_t>();
+    const int32_t* mp = use_mask ? mask.data_ptr<int32_t>() : nullptr;
+    scalar_t* gx = grad_x.data_ptr<scalar_t>();
+    const scalar_t scale = static_cast<scalar_t>(p > 0.0 ? 1.0 / (1.0 - p) : 1.0);
+    double* acc = need_bias_grad ? partial.data() : nullptr;
+    run_team(team, [&](int thread, int size) {
+      const auto [r0, r1] = thread_range(rows, thread, size);
+      backward_rows<scalar_t>(gp, op_, mp, gx, acc ? acc + thread * features : nullptr, features, r0, r1, activation,
+                              scale);
+    });
+    if (need_bias_grad) {
+      scalar_t* gb = grad_bias.data_ptr<scalar_t>();
+      for (int64_t c = 0; c < features; ++c) {
+        double sum = 0.0;
+        for (int t = 0; t < team; ++t) sum += partial[t * features + c];
+        gb[c] = static_cast<scalar_t>(sum);
+      }
+    }
+  });
+  return {grad_x, grad_bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(morphpipe, CPU, m) {
+  m.impl("bias_act_dropout", &bias_act_dropout_cpu);
+  m.impl("bias_act_dropout_backward", &bias_act_dropout_backward_cpu);
+}
+
+}  // namespace morphpipe

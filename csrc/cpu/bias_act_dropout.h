@@ -1,0 +1,35 @@
+// Argument checks of the fused bias + activation + dropout op, shared by its CPU and CUDA entry points.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+
+#include "dropout_mask.h"
+
+namespace morphpipe {
+
+// Parses the activation name; an error names the accepted ones.
+inline Activation parse_activation(const std::string& name, const char* op) {
+  if (name == "relu") return Activation::kRelu;
+  TORCH_CHECK(name == "identity", op, ": activation must be 'relu' or 'identity', got '", name, "'");
+  return Activation::kIdentity;
+}
+
+// Shapes and dtypes shared by the CPU and CUDA entry points: x 2-D [rows, F], bias [F] of x's dtype, p in [0, 1).
+inline void check_bias_act_dropout(const at::Tensor& x, const std::optional<at::Tensor>& bias, double p,
+                                   const char* op) {
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [rows, features], got shape ", x.sizes());
+  TORCH_CHECK(x.is_contiguous(), op, ": x must be contiguous; call .contiguous()");
+  TORCH_CHECK(p >= 0.0 && p < 1.0, op, ": p must be in [0, 1), got ", p);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(1), op, ": bias must be 1-D [", x.size(1),
+                "] (x's feature count), got shape ", bias->sizes());
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->device() == x.device(), op,
+                ": bias must have x's dtype and device (", x.scalar_type(), ", ", x.device(), "), got ",
+                bias->scalar_type(), ", ", bias->device());
+  }
+}
+
+}  // namespace morphpipe

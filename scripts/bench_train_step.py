@@ -1,0 +1,186 @@
+"""Training-step benchmark: today's (legacy) step beside the fused one, in the same run (issue 13).
+
+For each preset (default, bench-1m), model (SAGE, GCN, GAT) and thread count (1, 2): the
+per-step time (median of the timed steps after one warm-up) and the step's peak memory of
+  legacy: F.relu + F.dropout, SAGE's separate projections + add, torch's for-loop Adam
+          (`morphpipe.ops.step_variant.LEGACY_STEP`, the step as it was), and
+  fused:  the fused bias + ReLU + dropout op, SAGE's projections in one GEMM pass, fused Adam
+          (`FUSED_STEP`, the default),
+both on the same pre-sampled batches; a torch.profiler per-op breakdown of one step of each
+(default preset, the largest thread count); and `morphpipe train <preset> --auto --epochs 2`
+epoch times with each variant (a fresh process each).
+
+Peak memory: the step's high-water mark of resident memory above what was resident before it
+(/proc/self/clear_refs resets the mark); the script re-runs itself with
+MALLOC_MMAP_THRESHOLD_=131072 so that freed tensors go back to the OS and each step's peak is its own.
+
+Usage: python scripts/bench_train_step.py [--presets default,bench-1m] [--models sage,gcn,gat]
+         [--threads 1,2] [--steps default=4,bench-1m=2] [--train-epochs 2] [--no-train] [--json out.json]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import morphpipe  # noqa: E402,F401  (sets the OpenMP wait policy before torch loads)
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from morphpipe.data import load_dataset  # noqa: E402
+from morphpipe.executor.train_step import TrainStep, make_optimizer  # noqa: E402
+from morphpipe.nn import build_model  # noqa: E402
+from morphpipe.openmp_env import wait_policy  # noqa: E402
+from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, StepVariant, use_step_variant  # noqa: E402
+from morphpipe.sampling import CpuBatcher  # noqa: E402
+
+VARIANTS: dict[str, StepVariant] = {"legacy": LEGACY_STEP, "fused": FUSED_STEP}
+FANOUTS = [15, 10, 5]
+BATCH_SIZE = 1024
+TOP_OPS = 8
+
+
+def status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS, VmHWM)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_peak() -> None:
+    """Resets the resident-memory high-water mark (VmHWM) to the current RSS."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def sample_batches(graph, count: int) -> list:
+    """The first `count` batches of epoch 0 (the same for every variant)."""
+    batches = []
+    with CpuBatcher(graph, FANOUTS, BATCH_SIZE, num_threads=2, seed=0) as batcher:
+        for batch in batcher:
+            batches.append(batch)
+            if len(batches) == count:
+                break
+    return batches
+
+
+def new_step(name: str, graph) -> TrainStep:
+    torch.manual_seed(0)
+    model = build_model(name, graph.feature_dim, graph.num_classes)
+    return TrainStep(model, make_optimizer(model.parameters(), 3e-3, "cpu"))
+
+
+def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int) -> dict[str, float]:
+    """Median seconds per step and the largest step peak (MiB above the RSS before it), after one warm-up step."""
+    with use_step_variant(variant):
+        step = new_step(name, graph)
+        step(batches[0])
+        seconds, peaks = [], []
+        for i in range(steps):
+            batch = batches[1 + i % (len(batches) - 1)]
+            gc.collect()
+            before = status_kib("VmRSS")
+            reset_peak()
+            start = time.perf_counter()
+            step(batch)
+            seconds.append(time.perf_counter() - start)
+            peaks.append((status_kib("VmHWM") - before) / 1024)
+    return {"step_s": statistics.median(seconds), "peak_mib": max(peaks)}
+
+
+def op_breakdown(name: str, graph, batches: list, variant: StepVariant) -> list[tuple[str, float]]:
+    """The top ops of one profiled step by self CPU time (ms)."""
+    with use_step_variant(variant):
+        step = new_step(name, graph)
+        step(batches[0])
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step(batches[1])
+    events = sorted(prof.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
+    return [(event.key, event.self_cpu_time_total / 1000) for event in events[:TOP_OPS]]
+
+
+TRAIN = ("import sys; from morphpipe.ops.step_variant import set_step_variant, {0}; set_step_variant({0}); "
+         "from morphpipe.cli import main; sys.exit(main(sys.argv[1:]))")
+EPOCH_LINE = re.compile(r"epoch (\d+)/\d+: ([0-9.]+) s")
+
+
+def train_epochs(preset: str, variant: str, epochs: int) -> dict[str, object]:
+    """`morphpipe train PRESET --auto --epochs N` with the variant as the process default; its epoch times."""
+    constant = "LEGACY_STEP" if variant == "legacy" else "FUSED_STEP"
+    command = [sys.executable, "-c", TRAIN.format(constant), "train", preset, "--auto", "--epochs", str(epochs)]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    epochs_s = [float(match.group(2)) for match in EPOCH_LINE.finditer(result.stdout + result.stderr)]
+    return {"epochs_s": epochs_s, "wall_s": time.perf_counter() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="default,bench-1m")
+    parser.add_argument("--models", default="sage,gcn,gat")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--steps", default="default=4,bench-1m=2", help="timed steps per preset")
+    parser.add_argument("--train-epochs", type=int, default=2)
+    parser.add_argument("--no-train", action="store_true", help="skip the `morphpipe train` runs")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    presets = args.presets.split(",")
+    models = args.models.split(",")
+    threads = [int(t) for t in args.threads.split(",")]
+    steps = {key: int(value) for key, value in (item.split("=") for item in args.steps.split(","))}
+    report: dict[str, object] = {
+        "machine": f"{platform.node()} {os.cpu_count()} cpus, torch {torch.__version__}",
+        "omp_wait_policy": wait_policy().line(), "steps": [], "ops": {}, "train": {}}
+    print(f"# {report['machine']}; OpenMP wait policy {report['omp_wait_policy']}")
+    print("| preset | model | threads | legacy step s | fused step s | speedup | legacy peak MiB | fused peak MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for preset in presets:
+        graph = load_dataset(preset)
+        count = steps.get(preset, 2)
+        batches = sample_batches(graph, count + 1)
+        for name in models:
+            for count_threads in threads:
+                torch.set_num_threads(count_threads)
+                row = {variant: time_steps(name, graph, batches, VARIANTS[variant], count) for variant in VARIANTS}
+                speedup = row["legacy"]["step_s"] / row["fused"]["step_s"]
+                report["steps"].append({"preset": preset, "model": name, "threads": count_threads, **row,
+                                        "speedup": speedup})
+                print(f"| {preset} | {name} | {count_threads} | {row['legacy']['step_s']:.3f} | "
+                      f"{row['fused']['step_s']:.3f} | {speedup:.2f}x | {row['legacy']['peak_mib']:.0f} | "
+                      f"{row['fused']['peak_mib']:.0f} |", flush=True)
+            if preset == presets[0]:
+                torch.set_num_threads(max(threads))
+                report["ops"][name] = {variant: op_breakdown(name, graph, batches, VARIANTS[variant])
+                                       for variant in VARIANTS}
+    for name, variants in report["ops"].items():
+        for variant, ops in variants.items():
+            listed = ", ".join(f"{op} {ms:.0f}" for op, ms in ops)
+            print(f"ops ms ({presets[0]}, {name}, {variant}, {max(threads)} threads): {listed}")
+    if not args.no_train:
+        torch.set_num_threads(max(threads))
+        for variant in VARIANTS:
+            report["train"][variant] = train_epochs(presets[0], variant, args.train_epochs)
+            epochs = ", ".join(f"{s:.2f}" for s in report["train"][variant]["epochs_s"])
+            print(f"morphpipe train {presets[0]} --auto --epochs {args.train_epochs} ({variant}): epochs {epochs} s",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
