@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from morphpipe.distributed import commands as distributed_commands
+from morphpipe.profiler.profile import Profile
 from morphpipe.profiler.profiler import DEVICES, Profiler
 from morphpipe.sampling.commands import parse_int_list
 from morphpipe.scheduler import Plan, plan_from_profile
@@ -25,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--plan", type=Path, help="plan JSON written by `morphpipe tune`")
     source.add_argument("--auto", action="store_true", help="profile this machine and plan first (as `morphpipe tune`)")
+    source.add_argument("--profile", type=Path, help="plan from this saved profile (distributed: each node's own)")
     parser.add_argument("--model", default=None, choices=["sage", "gcn", "gat", "mlp"],
                         help="model (default: the plan's, else sage)")
     parser.add_argument("--hidden", type=int, default=None, help="hidden width (default: the paper's per model)")
@@ -47,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stats-json", type=Path, default=None, help="write every epoch's stats and the test "
                                                                       "accuracy to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    distributed_commands.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -62,7 +66,9 @@ def workload_settings(args: argparse.Namespace, plan: Plan | None) -> dict[str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Loads the data, gets a plan, trains, reports test accuracy."""
+    """Loads the data, gets a plan, trains, reports test accuracy (as one rank when a launcher started us)."""
+    if distributed_commands.wants_distributed(args):
+        return distributed_commands.run(args)
     from morphpipe.data import load_dataset
     from morphpipe.executor.trainer import Trainer
     from morphpipe.nn import build_model
@@ -72,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features, "
           f"{graph.num_classes} classes, {len(graph.train_idx):,} training seeds")
     plan = Plan.load(args.plan) if args.plan is not None else None
+    if args.profile is not None:
+        plan = plan_from_profile(Profile.load(args.profile), gbs=args.gbs, seed=args.seed)
     settings = workload_settings(args, plan)
     if plan is None:
         plan = auto_plan(graph, args, settings)
