@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from morphpipe import native
+from morphpipe.distributed import commands as distributed_commands
 from morphpipe.executor.replan import REPLAN_MODES, Replanner
 from morphpipe.outputs import check_output_dir, check_output_file, write_text_atomic
 from morphpipe.profiler.profile import Profile
@@ -49,8 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="epoch (default): re-plan after every epoch from the measured phase times and switch "
                              "when the new plan is predicted clearly faster; off: keep the first plan")
     parser.add_argument("--profile", type=Path, default=None,
-                        help="the profile the plan was made from, where re-planning starts (default: profile.json "
-                             "beside the plan)")
+                        help="a saved profile: with --plan, the one the plan was made from, where re-planning starts "
+                             "(default: profile.json beside the plan); without, plan from it (distributed runs: each "
+                             "node's own)")
     parser.add_argument("--model", default=None, choices=["sage", "gcn", "gat", "mlp"],
                         help="model (default: the plan's, else sage)")
     parser.add_argument("--hidden", type=int, default=None, help="hidden width (default: the paper's per model)")
@@ -78,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stats-json", type=Path, default=None, help="write every epoch's stats and the test "
                                                                       "accuracy to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    distributed_commands.add_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -93,7 +96,9 @@ def workload_settings(args: argparse.Namespace, plan: Plan | None) -> dict[str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Loads the data, gets a plan, trains, reports test accuracy."""
+    """Loads the data, gets a plan, trains, reports test accuracy (as one rank when a launcher started us)."""
+    if distributed_commands.wants_distributed(args):
+        return distributed_commands.run(args)
     from morphpipe.data import load_dataset
     from morphpipe.executor.trainer import Trainer
     from morphpipe.nn import build_model
@@ -207,12 +212,17 @@ def choose_plan(graph, args: argparse.Namespace) -> tuple[Plan, Profile | None, 
     if args.auto:
         settings = workload_settings(args, None)
         return *auto_plan(graph, args, settings), settings
-    path = args.plan if args.plan is not None else DEFAULT_PLAN if DEFAULT_PLAN.exists() else None
+    given = args.plan if args.plan is not None else args.profile
+    path = given if given is not None else DEFAULT_PLAN if DEFAULT_PLAN.exists() else None
     if path is None:
         print("no --plan given and no ./plan.json here: profiling and planning first (as --auto)")
         settings = workload_settings(args, None)
         return *auto_plan(graph, args, settings), settings
-    plan = Plan.load(path)
+    if args.plan is None and args.profile is not None:
+        profile = Profile.load(args.profile)
+        plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed)
+    else:
+        plan = Plan.load(path)
     settings = workload_settings(args, plan)
     problems = plan_mismatches(plan.profile.get("workload", {}), graph, settings) + hardware_problems(plan)
     batches = math.ceil(len(graph.train_idx) / int(settings["batch_size"]))
@@ -220,12 +230,15 @@ def choose_plan(graph, args: argparse.Namespace) -> tuple[Plan, Profile | None, 
         problems.append(f"batches per epoch: plan {plan.num_batches}, now {batches}")
     if problems:
         differences = "; ".join(problems)
-        if args.plan is not None and args.plan_mismatch == "refuse":
+        if given is not None and args.plan_mismatch == "refuse":
             raise ValueError(f"{path}: the plan was made for another run ({differences}); re-plan with "
                              "`morphpipe train --auto` or `morphpipe tune`, or pass --plan-mismatch replan")
         print(f"{path} was made for another run ({differences}): profiling and planning first (as --auto)")
         settings = workload_settings(args, None)
         return *auto_plan(graph, args, settings), settings
+    if args.plan is None and args.profile is not None:
+        print(f"planned from {path} (made for this dataset and workload)")
+        return plan, profile, settings
     if args.plan is None:
         print(f"using {path} (made for this dataset and workload; --auto re-profiles)")
     return plan, saved_profile(args.profile or path.with_name("profile.json"), plan), settings

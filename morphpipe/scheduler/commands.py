@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from morphpipe.distributed import simulate as cluster_simulate
 from morphpipe.outputs import check_output_file, write_text_atomic
 from morphpipe.profiler.profile import Profile
 from morphpipe.scheduler import whatif
@@ -84,7 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("profile", type=Path, help="profile JSON written by `morphpipe tune`")
+    parser.add_argument("profile", type=Path, nargs="?", default=None,
+                        help="profile JSON written by `morphpipe tune` (or give a cluster with --node)")
     parser.add_argument("--cores", type=parse_cores, default=None,
                         help="core counts to predict, e.g. 2,4,8,16 or 2,4,...,16 (default: the profile's own)")
     parser.add_argument("--pcie-gbps", type=_positive_float, default=None,
@@ -95,14 +97,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gantt", type=Path, default=None,
                         help="write a Gantt chart PNG of the first batches of the plan at the last core count")
     parser.add_argument("--json", type=Path, default=None, help="write the plans as a JSON list")
+    cluster_simulate.add_arguments(parser)
     parser.set_defaults(func=run_simulate)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    """Runs the what-if sweep and prints the table."""
+    """Runs the what-if sweep (or, with --node, the cluster prediction) and prints the table."""
     for option, path in (("--plot", args.plot), ("--gantt", args.gantt), ("--json", args.json)):
         if path is not None:
             check_output_file(path, option)
+    if args.node:
+        return cluster_simulate.run_cluster(args)
+    if args.profile is None:
+        raise ValueError("give a profile (morphpipe simulate PROFILE.json) or a cluster (--node PROFILE:COUNT ...)")
     profile = Profile.load(args.profile)
     cores = args.cores or [profile.cores]
     if args.pcie_gbps is not None:

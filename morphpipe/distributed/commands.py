@@ -1,0 +1,155 @@
+"""`morphpipe train` as one rank of a distributed run (torchrun, mpirun) or as the `--nproc N` launcher.
+
+Every rank: joins the process group and takes its share of the node's cores; profiles that share
+(`--auto`) or reads the profile given (`--profile`, a path each node may fill with its own);
+the ranks exchange their predicted throughputs and split the seeds (`--split weighted` or
+`even`); each plans its local batch; rank 0 prints the table of every rank's plan; then they
+train data-parallel and evaluate together. `--batch-size` is the global batch (seeds per step
+over all ranks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from morphpipe.distributed import env as dist_env
+from morphpipe.distributed.runtime import DEFAULT_TIMEOUT_S, run_rank, start_rank
+from morphpipe.distributed.split import SPLIT_MODES
+from morphpipe.outputs import write_text_atomic
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The distributed options of `morphpipe train`."""
+    parser.add_argument("--nproc", type=int, default=None,
+                        help="start N ranks on this machine (data-parallel, gloo; the cores are split between them)")
+    parser.add_argument("--split", default="weighted", choices=SPLIT_MODES,
+                        help="distributed runs: seeds per rank in proportion to each rank's predicted throughput "
+                             "(weighted, default) or equal (even)")
+    parser.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"distributed runs: seconds a collective may wait for a peer (default {DEFAULT_TIMEOUT_S:g})")
+
+
+def wants_distributed(args: argparse.Namespace) -> bool:
+    """True under a launcher (torchrun, mpirun) or with --nproc."""
+    return args.nproc is not None or dist_env.detect() is not None
+
+
+def without_nproc(argv: list[str]) -> list[str]:
+    """The command line minus `--nproc N` (what each rank runs)."""
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == "--nproc":
+            skip = True
+        elif not item.startswith("--nproc="):
+            kept.append(item)
+    return kept
+
+
+def run(args: argparse.Namespace) -> int:
+    """Launches `--nproc` ranks, or runs this process as its launcher's rank."""
+    if args.nproc is not None:
+        if dist_env.detect() is not None:
+            raise ValueError("--nproc starts ranks itself; leave it out under torchrun or mpirun")
+        if args.nproc < 1:
+            raise ValueError(f"--nproc must be >= 1, got {args.nproc!r}")
+        from morphpipe.distributed.launcher import launch
+
+        return launch([sys.executable, "-m", "morphpipe", *without_nproc(sys.argv[1:])], args.nproc)
+    if args.plan is not None:
+        raise ValueError("a saved plan is for one process; a distributed run plans every rank for its own share: "
+                         "give --auto (each rank profiles) or --profile PROFILE.json")
+    env = dist_env.detect()
+    assert env is not None
+    return run_rank(lambda: train_rank(args, env), env)
+
+
+def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
+    """One rank: profile, plan, split, train, evaluate."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from morphpipe.data import load_dataset
+    from morphpipe.distributed.cluster import ClusterPrediction, local_profile, rank_table, throughput
+    from morphpipe.distributed.split import SeedSplit
+    from morphpipe.distributed.trainer import DistributedTrainer
+    from morphpipe.executor.commands import DEFAULTS
+    from morphpipe.nn import build_model
+    from morphpipe.profiler.profile import Profile
+    from morphpipe.profiler.profiler import Profiler
+    from morphpipe.sampling.commands import parse_int_list
+    from morphpipe.scheduler.planning import plan_from_profile
+    from morphpipe.tune import format_profile
+
+    cuda = args.device != "cpu" and torch.cuda.is_available()
+    cores = start_rank(env, cuda=cuda, timeout_s=args.dist_timeout)
+    rank, world = env.rank, env.world_size
+    say = print if rank == 0 else (lambda *_: None)
+    graph = load_dataset(args.dataset, progress=False)
+    say(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {len(graph.train_idx):,} "
+        f"training seeds; {world} ranks ({env.launcher})")
+    given = Profile.load(args.profile) if args.profile is not None else None
+    workload = given.workload if given is not None else {}
+    settings = {key: getattr(args, key) if getattr(args, key) is not None else workload.get(key, default)
+                for key, default in DEFAULTS.items()}
+    settings["fanouts"] = parse_int_list(str(settings["fanouts"]), "--fanouts")
+    global_batch = int(settings["batch_size"])
+    profile = given or Profiler(
+        graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=global_batch,
+        hidden=settings["hidden"], device=args.device,
+        thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
+        seed=args.seed, progress=False).run()
+    if rank == 0 and given is None:
+        print(format_profile(profile))
+    mine = (f"{socket.gethostname()}:{_core_list(cores)}", throughput(profile, args.gbs, args.seed))
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, mine)
+    labels, throughputs = [item[0] for item in everyone], [item[1] for item in everyone]
+    split = SeedSplit.make(len(graph.train_idx), global_batch, throughputs, args.split)
+    plan = plan_from_profile(local_profile(profile, split.local_batches[rank], split.steps), args.gbs, args.seed)
+    plans: list = [None] * world
+    dist.all_gather_object(plans, plan)
+    prediction = ClusterPrediction(split, tuple(plans), tuple(throughputs))
+    say("plans per rank:\n" + rank_table(prediction, labels))
+    torch.manual_seed(args.seed)
+    model = build_model(str(settings["model"]), graph.feature_dim, graph.num_classes,
+                        num_layers=len(settings["fanouts"]), hidden=settings["hidden"], heads=args.heads,
+                        dropout=args.dropout)
+    gpu_batcher = None
+    if plan.n_gpu:
+        from morphpipe.sampling.gpu_batcher import GpuBatcher
+
+        gpu_batcher = GpuBatcher
+    with DistributedTrainer(graph, model, plan, split, fanouts=settings["fanouts"],
+                            predicted_epoch_s=prediction.epoch_s, lr=args.lr, seed=args.seed,
+                            gpu_batcher=gpu_batcher, checkpoint_dir=args.checkpoint_dir,
+                            eval_batch_size=args.eval_batch_size) as trainer:
+        history = trainer.fit(args.epochs)
+        test_acc = trainer.evaluate("test")
+    say(f"test accuracy {test_acc:.4f}")
+    if history:
+        measured = sum(stats.epoch_s for stats in history) / len(history)
+        say(f"mean epoch {measured:.2f} s measured vs {prediction.epoch_s:.2f} s predicted "
+            f"({measured / prediction.epoch_s - 1:+.0%})")
+    if rank == 0 and args.stats_json is not None:
+        document = {"world_size": world, "launcher": env.launcher, "split": split.describe(),
+                    "local_batches": list(split.local_batches), "ranks": labels, "throughputs": throughputs,
+                    "plans": [p.to_dict() for p in plans], "predicted_epoch_s": prediction.epoch_s,
+                    "settings": {**settings, "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
+                                 "dataset": graph.name},
+                    "epochs": [vars(stats) for stats in history], "test_acc": test_acc}
+        write_text_atomic(Path(args.stats_json), json.dumps(document, indent=2) + "\n", "--stats-json")
+        print(f"wrote {args.stats_json}")
+    return 0
+
+
+def _core_list(cores: list[int]) -> str:
+    """'0-3' or '0,2': a compact core list for the table."""
+    if cores and cores == list(range(cores[0], cores[-1] + 1)) and len(cores) > 1:
+        return f"cores {cores[0]}-{cores[-1]}"
+    return "core" + ("s " if len(cores) > 1 else " ") + ",".join(str(c) for c in cores)

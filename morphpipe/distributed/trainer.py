@@ -1,0 +1,248 @@
+"""Data-parallel training on torch.distributed: one rank's Executor under its own plan, gradients all-reduced by DDP.
+
+Each rank runs the ordinary dual-buffer Executor over its share of every global step
+(`SeedSplit`), with a training step whose loss is normalised by the global step's seed count:
+rank r's mean loss over its n_r seeds is scaled by n_r * world / N_k, and DDP averages the
+gradients over the world, so the applied gradient is the gradient of the mean loss over the
+union of the ranks' step-k batches, exactly as one process training that union would get.
+After each epoch the ranks check, all-reduced, that every training seed was trained once;
+evaluation is split across ranks with the counts all-reduced; rank 0 writes the checkpoint
+(atomically) and every rank resumes from what rank 0 reads and broadcasts. Dropout masks are
+seeded per (epoch, rank), so a resumed run draws what an uninterrupted one does.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional
+from torch.nn.parallel import DistributedDataParallel
+
+from morphpipe.distributed.batcher import RankBatcher
+from morphpipe.distributed.split import SeedSplit, apportion, check_exactly_once
+from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_checkpoint, save_checkpoint
+from morphpipe.executor.devices import default_devices
+from morphpipe.executor.evaluate import accuracy
+from morphpipe.executor.executor import Executor
+from morphpipe.executor.trainer import GpuBatcherFactory, torch_threads, training_device
+from morphpipe.sampling.cpu_batcher import CpuBatcher
+from morphpipe.sampling.epochs import epoch_seed
+from morphpipe.sampling.minibatch import MiniBatch
+from morphpipe.sampling.validation import check_fanouts, check_positive
+from morphpipe.executor.serial_batcher import SerialBatcher
+from morphpipe.scheduler.plan import Plan
+
+
+class DistributedStep:
+    """Forward, loss normalised by the global step's seeds, backward (DDP all-reduces), optimizer step."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], split: SeedSplit, n_cpu: int) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.split = split
+        self.n_cpu = n_cpu
+        self.dtype = next(model.parameters()).dtype
+        self.trained: list[torch.Tensor] = []
+
+    def step_of(self, batch: MiniBatch) -> int:
+        """The global step a batch belongs to: Route 0 holds steps 0..n_cpu-1, Route 1 the rest."""
+        return batch.batch_index + (self.n_cpu if batch.route == 1 else 0)
+
+    def __call__(self, batch: MiniBatch) -> torch.Tensor:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.model(batch.blocks, batch.x.to(self.dtype))
+        loss = self.loss_fn(logits, batch.y)
+        scale = batch.num_seeds * self.split.world_size / self.split.step_total(self.step_of(batch))
+        (loss * scale).backward()
+        self.optimizer.step()
+        self.trained.append(batch.seeds.detach().to("cpu"))
+        return loss.detach()
+
+
+@dataclass
+class DistEpochStats:
+    """One epoch over all ranks: the slowest rank's time, every rank's, seeds, mean loss, validation accuracy."""
+
+    epoch: int
+    epoch_s: float
+    rank_epoch_s: list[float]
+    seeds: int
+    loss: float
+    val_acc: float | None
+    predicted_epoch_s: float
+
+    def line(self, epochs: int) -> str:
+        ranks = "/".join(f"{s:.2f}" for s in self.rank_epoch_s)
+        acc = f", val acc {self.val_acc:.4f}" if self.val_acc is not None else ""
+        return (f"epoch {self.epoch + 1}/{epochs}: {self.epoch_s:.2f} s (ranks {ranks} s), "
+                f"{self.seeds / self.epoch_s:,.0f} seeds/s, loss {self.loss:.4f}{acc}; predicted "
+                f"{self.predicted_epoch_s:.2f} s ({self.epoch_s / self.predicted_epoch_s - 1:+.0%})")
+
+
+class DistributedTrainer:
+    """Trains `model` data-parallel on this rank's share of each step under this rank's `plan`.
+
+    The process group must be initialised. `predicted_epoch_s` is the cluster's prediction (the
+    slowest rank's plan). `loss_fn` is a mean-reducing `(logits, labels) -> loss`.
+    """
+
+    def __init__(self, graph, model: nn.Module, plan: Plan, split: SeedSplit, *, fanouts: Sequence[int],
+                 predicted_epoch_s: float, optimizer: torch.optim.Optimizer | None = None,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, lr: float = 3e-3,
+                 device: str | torch.device | None = None, seed: int = 0,
+                 gpu_batcher: GpuBatcherFactory | None = None, checkpoint_dir: str | os.PathLike | None = None,
+                 eval_batch_size: int = 4096, log: Callable[[str], None] | None = None) -> None:
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if split.world_size != self.world:
+            raise ValueError(f"the split is for {split.world_size} ranks, the process group has {self.world}")
+        if plan.num_batches != split.steps:
+            raise ValueError(f"rank {self.rank}'s plan has {plan.num_batches} batches, the split {split.steps} steps; "
+                             "plan the rank for its local batch (morphpipe.distributed.cluster.rank_plan)")
+        self.graph = graph
+        self.plan = plan
+        self.split = split
+        self.fanouts = check_fanouts(fanouts)
+        self.eval_batch_size = check_positive("eval_batch_size", eval_batch_size)
+        self.predicted_epoch_s = predicted_epoch_s
+        self.seed = int(seed)
+        self.device = training_device(plan, device)
+        self.module = model.to(self.device)
+        self.model = DistributedDataParallel(self.module)
+        self.optimizer = optimizer or torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.step = DistributedStep(self.model, self.optimizer, loss_fn or functional.cross_entropy, split,
+                                    plan.n_cpu)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.log = log or print
+        self.history: list[DistEpochStats] = []
+        self.train_sorted = torch.sort(graph.train_idx).values
+        local = split.local_batches[self.rank]
+        cpu_route = gpu_route = None
+        if plan.n_cpu:
+            if plan.shares_cores:
+                inner = SerialBatcher(graph, self.fanouts, local, shuffle=False, seed=self._sampling_seed())
+            else:
+                inner = CpuBatcher(graph, self.fanouts, local, num_threads=plan.cpu_threads, shuffle=False,
+                                   seed=self._sampling_seed(), pin_memory=self.device.type == "cuda")
+            cpu_route = RankBatcher(inner, split, self.rank, graph.train_idx, self.seed, 0, plan.n_cpu)
+        if plan.n_gpu:
+            if gpu_batcher is None:
+                raise ValueError(f"rank {self.rank}'s plan puts {plan.n_gpu} batches on Route 1 and no GPU batcher "
+                                 "was given; pass gpu_batcher=<factory>")
+            inner = gpu_batcher(graph, self.fanouts, local, shuffle=False, seed=self._sampling_seed())
+            gpu_route = RankBatcher(inner, split, self.rank, graph.train_idx, self.seed, plan.n_cpu, plan.n_gpu)
+        self.executor = Executor(plan.split, default_devices(self.device), self.step, cpu_batcher=cpu_route,
+                                 gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
+
+    def _sampling_seed(self) -> int:
+        """Each rank samples neighbours from its own stream."""
+        return epoch_seed(self.seed, self.rank)
+
+    def fit(self, epochs: int, *, validate: bool = True) -> list[DistEpochStats]:
+        """Trains until `epochs` epochs are done (continuing from a checkpoint); every epoch's stats."""
+        check_positive("epochs", epochs)
+        first = self._resume()
+        train_threads = self.plan.train_threads if self.plan.kind == "cpu-only" else None
+        for epoch in range(first, epochs):
+            torch.manual_seed(epoch_seed(epoch_seed(self.seed, epoch), self.rank))
+            self.step.trained = []
+            with torch_threads(train_threads):
+                result = self.executor.run_epoch(epoch)
+                self._check_exactly_once(epoch)
+                val_acc = self.evaluate("val") if validate else None
+            times = torch.zeros(self.world, dtype=torch.float64)
+            times[self.rank] = result.epoch_s
+            totals = torch.tensor([result.loss * result.seeds, result.seeds], dtype=torch.float64)
+            dist.all_reduce(times)
+            dist.all_reduce(totals)
+            stats = DistEpochStats(epoch, float(times.max()), times.tolist(), int(totals[1]),
+                                   float(totals[0] / totals[1]), val_acc, self.predicted_epoch_s)
+            self.history.append(stats)
+            if self.rank == 0:
+                self.log(stats.line(epochs))
+            if self.checkpoint_dir is not None:
+                self.save(epoch + 1)
+        return self.history
+
+    def _check_exactly_once(self, epoch: int) -> None:
+        """All-reduces how often each training seed was trained this epoch and checks it is once each."""
+        trained = torch.cat(self.step.trained) if self.step.trained else torch.zeros(0, dtype=torch.long)
+        positions = torch.searchsorted(self.train_sorted, trained).clamp_(max=self.train_sorted.numel() - 1)
+        if not bool((self.train_sorted[positions] == trained).all()):
+            raise RuntimeError(f"epoch {epoch + 1}: rank {self.rank} trained seeds outside the training split")
+        counts = torch.bincount(positions, minlength=self.train_sorted.numel()).to(torch.int32)
+        dist.all_reduce(counts)
+        check_exactly_once(counts, epoch)
+
+    def evaluate(self, split: str = "val") -> float:
+        """Accuracy on a split: each rank infers its share of the seeds (by local batch), counts all-reduced."""
+        seeds = getattr(self.graph, f"{split}_idx")
+        if seeds.numel() < self.world:
+            raise ValueError(f"the {split} split has {seeds.numel()} seeds, fewer than the {self.world} ranks")
+        shares = apportion(seeds.numel(), self.split.local_batches)
+        start = sum(shares[:self.rank])
+        mine = seeds[start:start + shares[self.rank]]
+        share = accuracy(self.module, self.graph, mine, self.fanouts, batch_size=self.eval_batch_size,
+                         device=self.device, seed=self.seed)
+        counts = torch.tensor([round(share * mine.numel()), mine.numel()], dtype=torch.float64)
+        dist.all_reduce(counts)
+        return float(counts[0] / counts[1])
+
+    def meta(self) -> dict[str, Any]:
+        """What a checkpoint must agree with to be continued by this run."""
+        return {"dataset": getattr(self.graph, "name", "graph"), "num_nodes": int(self.graph.num_nodes),
+                "model": type(self.module).__name__, "fanouts": list(self.fanouts),
+                "batch_size": self.split.global_batch, "seed": self.seed, "world_size": self.world,
+                "local_batches": list(self.split.local_batches)}
+
+    def save(self, epochs_done: int) -> None:
+        """Rank 0 writes the checkpoint (atomically); every rank waits until it is on disk."""
+        if self.rank == 0:
+            assert self.checkpoint_dir is not None
+            state = TrainingState(epoch=epochs_done, model=self.module.state_dict(),
+                                  optimizer=self.optimizer.state_dict(), rng=capture_rng(),
+                                  history=[asdict(stats) for stats in self.history], meta=self.meta())
+            save_checkpoint(self.checkpoint_dir, state)
+        dist.barrier()
+
+    def _resume(self) -> int:
+        """Rank 0 reads the checkpoint and broadcasts it; every rank loads it; returns the epoch to continue from."""
+        if self.checkpoint_dir is None:
+            return len(self.history)
+        box: list[TrainingState | None] = [load_checkpoint(self.checkpoint_dir) if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        state = box[0]
+        if state is None:
+            return len(self.history)
+        different = {key: (state.meta.get(key), value) for key, value in self.meta().items()
+                     if state.meta.get(key) != value}
+        if different:
+            details = ", ".join(f"{key}: checkpoint {saved!r} vs now {now!r}" for key, (saved, now) in different.items())
+            raise ValueError(f"{self.checkpoint_dir}: the checkpoint is for another run ({details}); use another "
+                             "checkpoint directory or the same settings")
+        self.module.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.history = [DistEpochStats(**item) for item in state.history]
+        if self.rank == 0:
+            self.log(f"resumed from {self.checkpoint_dir} after epoch {state.epoch}")
+        return state.epoch
+
+    def close(self) -> None:
+        """Stops the batchers' threads."""
+        for batcher in (self.executor.cpu_batcher, self.executor.gpu_batcher):
+            if batcher is not None:
+                batcher.close()
+
+    def __enter__(self) -> DistributedTrainer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,76 @@
+"""One rank of the distributed tests (launched twice by tests/test_distributed_runs.py; not a test module).
+
+usage: distributed_worker.py DATASET OUTDIR SPLIT EPOCHS [--checkpoint DIR] [--fail-at STEP]
+
+GraphSAGE with every neighbour sampled (fanouts -1,-1) and no dropout, so a batch's gradient
+does not depend on how it is cut between ranks; weights 2:1 for the weighted split; a
+synthetic one-core CPU profile plans each rank. `--fail-at K` makes rank 1's loss raise on its
+K-th training step (counted from the start of this run). Each rank writes OUTDIR/rank{r}.pt:
+its parameters and the seeds of each step of its last epoch.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from morphpipe.data import GraphStore
+from morphpipe.distributed import SeedSplit, detect, local_profile
+from morphpipe.distributed.runtime import run_rank, start_rank
+from morphpipe.distributed.trainer import DistributedTrainer
+from morphpipe.nn import build_model
+from morphpipe.profiler import Profile
+from morphpipe.scheduler import plan_from_profile
+
+GLOBAL_BATCH = 256
+FANOUTS = [-1, -1]
+SEED = 5
+LR = 0.01
+WEIGHTS = [2.0, 1.0]
+
+
+def build(graph: GraphStore) -> torch.nn.Module:
+    """The model every rank and the single-process reference start from."""
+    torch.manual_seed(SEED)
+    return build_model("sage", graph.feature_dim, graph.num_classes, num_layers=len(FANOUTS), hidden=16, dropout=0.0)
+
+
+def main(args: argparse.Namespace) -> int:
+    env = detect()
+    start_rank(env, timeout_s=60)
+    graph = GraphStore.load(args.dataset)
+    split = SeedSplit.make(len(graph.train_idx), GLOBAL_BATCH, WEIGHTS, args.split)
+    profile = Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=split.steps, cores=1,
+                                workload={"batch_size": GLOBAL_BATCH})
+    plan = plan_from_profile(local_profile(profile, split.local_batches[env.rank], split.steps))
+    calls = [0]
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        if env.rank == 1 and calls[0] == args.fail_at:
+            (Path(args.outdir) / "failed_at").write_text(repr(time.time()))
+            raise RuntimeError(f"injected failure at step {calls[0]} on rank 1")
+        return torch.nn.functional.cross_entropy(logits, labels)
+
+    with DistributedTrainer(graph, build(graph), plan, split, fanouts=FANOUTS, predicted_epoch_s=1.0, lr=LR,
+                            seed=SEED, checkpoint_dir=args.checkpoint, loss_fn=loss_fn, log=print) as trainer:
+        trainer.fit(args.epochs, validate=args.epochs == 1)
+        accuracy = trainer.evaluate("test")
+        torch.save({"params": {k: v.detach().clone() for k, v in trainer.module.state_dict().items()},
+                    "steps": trainer.step.trained, "accuracy": accuracy, "history": len(trainer.history)},
+                   Path(args.outdir) / f"rank{env.rank}.pt")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dataset")
+    parser.add_argument("outdir")
+    parser.add_argument("split")
+    parser.add_argument("epochs", type=int)
+    parser.add_argument("--checkpoint", default=None)
+    parser.add_argument("--fail-at", type=int, default=0)
+    arguments = parser.parse_args()
+    raise SystemExit(run_rank(lambda: main(arguments), detect(), program="distributed_worker"))
