@@ -36,7 +36,7 @@ MUTANTS: list[dict] = [
             elif self.cpu_full():
                 self.flush()  # flushing: both buffers full
 """,
-         replace="""            elif self.cpu_full():
+         replace="""            elif self.gpu_buffer and self.cpu_full():
                 self.flush()  # flushing: both buffers full
             elif self.gpu_has_room():
                 self.gpu_batch()  # filling, or blocking on a full CPU buffer: take a GPU batch

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate", type=int, help="rotation index for --ci (default: today's date)")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant before it counts as killed")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds per mutant before it counts as killed")
     parser.add_argument("--build-prefix", default=None,
                         help="prefix of the C++ mutants' build dirs (default: $MORPHPIPE_BUILD_DIR-mut)")
     args = parser.parse_args(argv)
