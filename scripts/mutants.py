@@ -106,7 +106,7 @@ MUTANTS: list[dict] = [
     dict(name="eq6-drops-training", file="morphpipe/partitioner/bounds.py",
          find="max(t_dma / (1 + x), t_m, (t_cb - x * t_uva) / (1 + x))",
          replace="max(t_dma / (1 + x), (t_cb - x * t_uva) / (1 + x))",
-         tests=["tests/test_partitioner.py::test_eq6_by_hand"], ci=False),
+         tests=["tests/test_partitioner.py::test_eq6_by_hand", "tests/test_bounds_by_hand.py"], ci=False),
     dict(name="buffer-sizes-ratio-inverted", file="morphpipe/partitioner/partitioner.py",
          find="math.floor(gbs * n_cpu / n_gpu + 0.5)",
          replace="math.floor(gbs * n_gpu / n_cpu + 0.5)",
