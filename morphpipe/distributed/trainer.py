@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from morphpipe.distributed.batcher import RankBatcher
 from morphpipe.distributed.split import SeedSplit, apportion, check_exactly_once
-from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_checkpoint, save_checkpoint
+from morphpipe.executor.checkpoint import TrainingState, capture_rng, check_same_run, load_checkpoint, save_checkpoint
 from morphpipe.executor.devices import default_devices
 from morphpipe.executor.evaluate import accuracy
 from morphpipe.executor.executor import Executor
@@ -222,12 +222,7 @@ class DistributedTrainer:
         state = box[0]
         if state is None:
             return len(self.history)
-        different = {key: (state.meta.get(key), value) for key, value in self.meta().items()
-                     if state.meta.get(key) != value}
-        if different:
-            details = ", ".join(f"{key}: checkpoint {saved!r} vs now {now!r}" for key, (saved, now) in different.items())
-            raise ValueError(f"{self.checkpoint_dir}: the checkpoint is for another run ({details}); use another "
-                             "checkpoint directory or the same settings")
+        check_same_run(state, self.meta(), self.checkpoint_dir)
         self.module.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
         self.history = [DistEpochStats(**item) for item in state.history]

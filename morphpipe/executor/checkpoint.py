@@ -155,3 +155,13 @@ class CheckpointError(ValueError):
     def __init__(self, path: Path, problem: str, fix: str = "delete it to start over, or resume from a backup"):
         super().__init__(f"checkpoint {path}: {problem}; fix: {fix}")
         self.path = path
+
+
+def check_same_run(state: TrainingState, expected: dict[str, Any], directory: str | os.PathLike) -> None:
+    """Refuses to continue from a checkpoint whose run metadata (dataset, model, settings) differs from `expected`."""
+    different = {key: (state.meta.get(key), value) for key, value in expected.items() if state.meta.get(key) != value}
+    if different:
+        details = ", ".join(f"{key}: checkpoint {saved!r} vs now {now!r}" for key, (saved, now) in different.items())
+        raise ValueError(f"{directory}: the checkpoint is for another run ({details}); use another "
+                         "checkpoint directory or the same settings")
+

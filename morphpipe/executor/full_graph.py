@@ -19,7 +19,8 @@ from torch import nn
 from torch.nn import functional
 from tqdm.auto import tqdm
 
-from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from morphpipe.executor.checkpoint import (TrainingState, capture_rng, check_same_run, load_checkpoint, restore_rng,
+                                          save_checkpoint)
 from morphpipe.executor.evaluate import full_accuracy
 from morphpipe.executor.trainer import SPLITS, choice_counts_since
 from morphpipe.ops.choice import choice_counts
@@ -125,12 +126,7 @@ class FullGraphTrainer:
         state = load_checkpoint(self.checkpoint_dir) if self.checkpoint_dir is not None else None
         if state is None:
             return len(self.history)
-        different = {key: (state.meta.get(key), value) for key, value in self.meta().items()
-                     if state.meta.get(key) != value}
-        if different:
-            details = ", ".join(f"{key}: checkpoint {saved!r} vs now {now!r}" for key, (saved, now) in different.items())
-            raise ValueError(f"{self.checkpoint_dir}: the checkpoint is for another run ({details}); use another "
-                             "checkpoint directory or the same settings")
+        check_same_run(state, self.meta(), self.checkpoint_dir)
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
         restore_rng(state.rng)

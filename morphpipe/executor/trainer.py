@@ -24,7 +24,8 @@ from torch import nn
 from torch.nn import functional
 from tqdm.auto import tqdm
 
-from morphpipe.executor.checkpoint import TrainingState, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from morphpipe.executor.checkpoint import (TrainingState, capture_rng, check_same_run, load_checkpoint, restore_rng,
+                                          save_checkpoint)
 from morphpipe.executor.devices import InFlight, default_devices
 from morphpipe.executor.evaluate import EVAL_MODES, accuracy, full_accuracy
 from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
@@ -260,12 +261,7 @@ class Trainer:
         state = load_checkpoint(self.checkpoint_dir)
         if state is None:
             return len(self.history)
-        expected = self.meta()
-        different = {key: (state.meta.get(key), value) for key, value in expected.items() if state.meta.get(key) != value}
-        if different:
-            details = ", ".join(f"{key}: checkpoint {saved!r} vs now {now!r}" for key, (saved, now) in different.items())
-            raise ValueError(f"{self.checkpoint_dir}: the checkpoint is for another run ({details}); use another "
-                             "checkpoint directory or the same settings")
+        check_same_run(state, self.meta(), self.checkpoint_dir)
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
         restore_rng(state.rng)
