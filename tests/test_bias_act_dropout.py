@@ -87,13 +87,50 @@ def test_mask_bits_are_independent_across_elements_and_calls() -> None:
         return float(torch.corrcoef(torch.stack([u, v]))[0, 1])
 
     assert abs(correlation(a, b)) < limit  # two calls (steps)
-    for lag in (1, 2, 3, 4, 31, 32, 33, 256):  # neighbours, elements of one 64-bit draw, word and row boundaries
+    for lag in (1, 2, 3, 4, 31, 32, 33, 256):  # neighbours, word and row boundaries
         assert abs(correlation(a[:-lag], a[lag:])) < 5 / math.sqrt(n - lag)
-    # pairs of adjacent elements (drawn from one 64-bit output) take all four patterns equally
+    # pairs of adjacent elements (consecutive counters of the hash) take all four patterns equally
     pairs = (a[0::2] * 2 + a[1::2]).long()
     counts = torch.bincount(pairs, minlength=4).double()
     expected = counts.sum() / 4
     assert float(((counts - expected) ** 2 / expected).sum()) < 16.3  # chi-square, 3 dof, p ~ 0.001
+
+
+MASK32 = (1 << 32) - 1
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def mix32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & MASK32
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & MASK32
+    return x ^ (x >> 15)
+
+
+def specified_keep(seed: int, index: int, p: float) -> bool:
+    """csrc/cpu/dropout_mask.h's definition, written out: element `index` is kept when its keyed hash is below
+    round((1 - p) * 2^32)."""
+    key = splitmix64(seed)
+    round_key = (key >> 32) ^ (((index >> 32) * 0x9E3779B9) & MASK32)
+    bits = mix32(mix32((index & MASK32) ^ (key & MASK32)) ^ round_key)
+    return bits < round((1 - p) * 2**32)
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**62 + 12345])
+def test_the_mask_is_the_specified_counter_based_hash(seed: int) -> None:
+    """Pins the generator, so the CPU kernel, the CUDA kernel and saved runs keep drawing the same bits."""
+    x = torch.ones(37, 41)
+    _, mask = op().bias_act_dropout(x, None, "identity", 0.3, seed)
+    keep = unpack_mask(mask, x.shape).flatten().tolist()
+    assert keep == [specified_keep(seed, i, 0.3) for i in range(x.numel())]
 
 
 def test_torch_manual_seed_reproduces_the_mask_and_calls_differ() -> None:

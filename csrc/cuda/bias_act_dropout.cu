@@ -18,7 +18,7 @@ namespace {
 template <typename scalar_t>
 __global__ void bias_act_dropout_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ bias,
                                         scalar_t* __restrict__ out, int32_t* __restrict__ mask, int64_t n,
-                                        int64_t features, bool relu, uint64_t key, uint16_t threshold,
+                                        int64_t features, bool relu, uint64_t key, uint32_t threshold,
                                         acc_type<scalar_t> scale) {
   using acc_t = acc_type<scalar_t>;
   const int lane = threadIdx.x % kWarp;
@@ -33,7 +33,7 @@ __global__ void bias_act_dropout_kernel(const scalar_t* __restrict__ x, const sc
       if (i < n) {
         acc_t y = static_cast<acc_t>(x[i]) + (bias ? static_cast<acc_t>(bias[i % features]) : acc_t(0));
         if (relu && !(y > acc_t(0))) y = acc_t(0);
-        keep = !mask || dropout_uniform(key, i) <= threshold;
+        keep = !mask || dropout_bits(key, i) < threshold;
         out[i] = static_cast<scalar_t>(keep ? y * scale : acc_t(0));
       }
       if (mask) {
