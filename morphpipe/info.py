@@ -9,6 +9,7 @@ import torch
 
 import morphpipe
 from morphpipe import native
+from morphpipe.huge_pages import huge_pages
 from morphpipe.openmp_env import wait_policy
 from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.sampling.backend_check import verdict_rows
@@ -33,6 +34,7 @@ def native_status(verbose: bool = False) -> list[tuple[str, str]]:
         ("CUDA kernels", "built" if module.built_with_cuda() else f"not built: {config.cuda_skip_reason}"),
         ("OpenMP threads", str(openmp) if openmp else "built without OpenMP"),
         ("OpenMP wait policy", wait_policy().line()),
+        ("huge pages for large tensors", huge_pages().line()),
     ]
 
 
