@@ -8,11 +8,16 @@ per-step time (median of the timed steps after one warm-up) and the step's peak 
           (`FUSED_STEP`, the default),
 both on the same pre-sampled batches; a torch.profiler per-op breakdown of one step of each
 (default preset, the largest thread count); and `morphpipe train <preset> --auto --epochs 2`
-epoch times with each variant (a fresh process each).
+epoch times before and after (a fresh process each): "legacy" is the product as it was (the legacy
+step, torch's allocator without huge pages), "fused" as it is (`morphpipe.huge_pages`). The
+per-step table runs both variants in this process, under its own environment: run it once more
+with THP_MEM_ALLOC_ENABLE=0 to time both without huge pages.
 
 Peak memory: the step's high-water mark of resident memory above what was resident before it
-(/proc/self/clear_refs resets the mark); the script re-runs itself with
+(/proc/self/clear_refs resets the mark), taken in a child process of this script run with
 MALLOC_MMAP_THRESHOLD_=131072 so that freed tensors go back to the OS and each step's peak is its own.
+Step times are taken here, with glibc's own thresholds, as in a `morphpipe train` process (under that
+setting every tensor of 128 KiB or more would be fresh memory, and page faults would inflate the times).
 
 Usage: python scripts/bench_train_step.py [--presets default,bench-1m] [--models sage,gcn,gat]
          [--threads 1,2] [--steps default=4,bench-1m=2] [--train-epochs 2] [--no-train] [--json out.json]
@@ -22,9 +27,8 @@ from __future__ import annotations
 import os
 import sys
 
-if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"
-    os.execv(sys.executable, [sys.executable, *sys.argv])
+# What the user set, before `import morphpipe` adds its defaults (the `morphpipe train` runs start from it).
+USER_ENVIRONMENT = dict(os.environ)
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
@@ -33,6 +37,7 @@ import platform  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import morphpipe  # noqa: E402,F401  (sets the OpenMP wait policy before torch loads)
@@ -42,6 +47,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from morphpipe.data import load_dataset  # noqa: E402
 from morphpipe.executor.train_step import TrainStep, make_optimizer  # noqa: E402
 from morphpipe.nn import build_model  # noqa: E402
+from morphpipe.huge_pages import HUGE_PAGES_ENV, huge_pages  # noqa: E402
 from morphpipe.openmp_env import wait_policy  # noqa: E402
 from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, StepVariant, use_step_variant  # noqa: E402
 from morphpipe.sampling import CpuBatcher  # noqa: E402
@@ -119,13 +125,52 @@ EPOCH_LINE = re.compile(r"epoch (\d+)/\d+: ([0-9.]+) s")
 
 
 def train_epochs(preset: str, variant: str, epochs: int) -> dict[str, object]:
-    """`morphpipe train PRESET --auto --epochs N` with the variant as the process default; its epoch times."""
+    """`morphpipe train PRESET --auto --epochs N` in a fresh process, as a user runs it (glibc's own malloc
+    thresholds); "legacy" is the product before issue 13 (the legacy step, no huge pages), "fused" as it is now."""
     constant = "LEGACY_STEP" if variant == "legacy" else "FUSED_STEP"
     command = [sys.executable, "-c", TRAIN.format(constant), "train", preset, "--auto", "--epochs", str(epochs)]
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("MALLOC_MMAP_THRESHOLD_", HUGE_PAGES_ENV)}
+    if HUGE_PAGES_ENV in USER_ENVIRONMENT:
+        environment[HUGE_PAGES_ENV] = USER_ENVIRONMENT[HUGE_PAGES_ENV]
+    elif variant == "legacy":
+        environment[HUGE_PAGES_ENV] = "0"
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = subprocess.run(command, capture_output=True, text=True, check=True, env=environment)
     epochs_s = [float(match.group(2)) for match in EPOCH_LINE.finditer(result.stdout + result.stderr)]
-    return {"epochs_s": epochs_s, "wall_s": time.perf_counter() - start}
+    return {"epochs_s": epochs_s, "wall_s": time.perf_counter() - start,
+            "huge_pages": environment.get(HUGE_PAGES_ENV, "unset: morphpipe sets 1")}
+
+
+def measure_steps(presets: list[str], models: list[str], threads: list[int], steps: dict[str, int],
+                  report: dict[str, object] | None = None):
+    """Yields (preset, model, threads, variant, time_steps result) for every combination; with `report`, also
+    the per-op breakdown of each model on the first preset at the largest thread count."""
+    for preset in presets:
+        graph = load_dataset(preset)
+        count = steps.get(preset, 2)
+        batches = sample_batches(graph, count + 1)
+        for name in models:
+            for count_threads in threads:
+                torch.set_num_threads(count_threads)
+                for variant in VARIANTS:
+                    yield preset, name, count_threads, variant, time_steps(name, graph, batches, VARIANTS[variant],
+                                                                           count)
+            if report is not None and preset == presets[0]:
+                torch.set_num_threads(max(threads))
+                report["ops"][name] = {variant: op_breakdown(name, graph, batches, VARIANTS[variant])
+                                       for variant in VARIANTS}
+
+
+def measure_peaks(args: argparse.Namespace) -> dict[str, float]:
+    """Step peaks from a child process in which freed tensors go back to the OS (MALLOC_MMAP_THRESHOLD_)."""
+    with tempfile.TemporaryDirectory() as directory:
+        out = os.path.join(directory, "peaks.json")
+        command = [sys.executable, __file__, "--presets", args.presets, "--models", args.models, "--threads",
+                   args.threads, "--steps", args.steps, "--peaks-only", "--json", out]
+        subprocess.run(command, check=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
+        with open(out) as peaks:
+            return json.load(peaks)
 
 
 def main() -> None:
@@ -137,35 +182,39 @@ def main() -> None:
     parser.add_argument("--train-epochs", type=int, default=2)
     parser.add_argument("--no-train", action="store_true", help="skip the `morphpipe train` runs")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     presets = args.presets.split(",")
     models = args.models.split(",")
     threads = [int(t) for t in args.threads.split(",")]
     steps = {key: int(value) for key, value in (item.split("=") for item in args.steps.split(","))}
+    if args.peaks_only:
+        peaks = {f"{preset} {name} {count} {variant}": result["peak_mib"]
+                 for preset, name, count, variant, result in measure_steps(presets, models, threads, steps)}
+        with open(args.json, "w") as out:
+            json.dump(peaks, out)
+        return
+    peaks = measure_peaks(args)
     report: dict[str, object] = {
         "machine": f"{platform.node()} {os.cpu_count()} cpus, torch {torch.__version__}",
-        "omp_wait_policy": wait_policy().line(), "steps": [], "ops": {}, "train": {}}
-    print(f"# {report['machine']}; OpenMP wait policy {report['omp_wait_policy']}")
+        "omp_wait_policy": wait_policy().line(), "huge_pages": huge_pages().line(), "steps": [], "ops": {},
+        "train": {}}
+    print(f"# {report['machine']}; OpenMP wait policy {report['omp_wait_policy']}; "
+          f"huge pages for large tensors {report['huge_pages']}")
     print("| preset | model | threads | legacy step s | fused step s | speedup | legacy peak MiB | fused peak MiB |")
     print("|---|---|---|---|---|---|---|---|")
-    for preset in presets:
-        graph = load_dataset(preset)
-        count = steps.get(preset, 2)
-        batches = sample_batches(graph, count + 1)
-        for name in models:
-            for count_threads in threads:
-                torch.set_num_threads(count_threads)
-                row = {variant: time_steps(name, graph, batches, VARIANTS[variant], count) for variant in VARIANTS}
-                speedup = row["legacy"]["step_s"] / row["fused"]["step_s"]
-                report["steps"].append({"preset": preset, "model": name, "threads": count_threads, **row,
-                                        "speedup": speedup})
-                print(f"| {preset} | {name} | {count_threads} | {row['legacy']['step_s']:.3f} | "
-                      f"{row['fused']['step_s']:.3f} | {speedup:.2f}x | {row['legacy']['peak_mib']:.0f} | "
-                      f"{row['fused']['peak_mib']:.0f} |", flush=True)
-            if preset == presets[0]:
-                torch.set_num_threads(max(threads))
-                report["ops"][name] = {variant: op_breakdown(name, graph, batches, VARIANTS[variant])
-                                       for variant in VARIANTS}
+    rows: dict[tuple[str, str, int], dict[str, dict[str, float]]] = {}
+    for preset, name, count_threads, variant, result in measure_steps(presets, models, threads, steps, report):
+        result["peak_mib"] = peaks[f"{preset} {name} {count_threads} {variant}"]
+        row = rows.setdefault((preset, name, count_threads), {})
+        row[variant] = result
+        if len(row) < len(VARIANTS):
+            continue
+        speedup = row["legacy"]["step_s"] / row["fused"]["step_s"]
+        report["steps"].append({"preset": preset, "model": name, "threads": count_threads, **row, "speedup": speedup})
+        print(f"| {preset} | {name} | {count_threads} | {row['legacy']['step_s']:.3f} | "
+              f"{row['fused']['step_s']:.3f} | {speedup:.2f}x | {row['legacy']['peak_mib']:.0f} | "
+              f"{row['fused']['peak_mib']:.0f} |", flush=True)
     for name, variants in report["ops"].items():
         for variant, ops in variants.items():
             listed = ", ".join(f"{op} {ms:.0f}" for op, ms in ops)
