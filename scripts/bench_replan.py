@@ -1,8 +1,9 @@
 """Re-planning while training: a co-tenant arrives after the first epoch and leaves later; --replan off vs epoch.
 
-Real part: `morphpipe train`'s Trainer on the default preset under the plan profiled on the quiet
-machine; after epoch `--arrive` a co-tenant (one busy-looping process per usable core) starts, after
-epoch `--leave` it stops. The same run with re-planning off and on, side by side; per-epoch times
+Real part: `morphpipe train`'s Trainer on the default preset under the plan profiled at the start
+(on the quiet machine); after epoch `--arrive` a co-tenant (one busy-looping process per usable core) starts, after
+epoch `--leave` it stops (`--arrive 0`: it runs while the profile is taken and from the first epoch,
+the profile-on-a-busy-machine case). The same run with re-planning off and on, side by side; per-epoch times
 and the plan each epoch ran. Virtual part: the real Executor on virtual devices whose phase times
 change (co-tenant: CPU batching 3x slower; GPU 2x slower), measured epochs vs the best static plan.
 
@@ -70,6 +71,8 @@ def real_run(graph, profile: Profile, args: argparse.Namespace, replan: bool) ->
 
     replanner = Replanner(profile) if replan else None
     records = []
+    if args.arrive == 0:
+        tenant.start()
     try:
         with Trainer(graph, model, plan, fanouts=[15, 10, 5], batch_size=1024, progress=False, log=after_epoch,
                      replanner=replanner) as trainer:
@@ -123,7 +126,8 @@ def virtual_scenarios() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--arrive", type=int, default=1, help="the co-tenant starts after this many epochs")
+    parser.add_argument("--arrive", type=int, default=1,
+                        help="the co-tenant starts after this many epochs (0: it is there from the profiling on)")
     parser.add_argument("--leave", type=int, default=4, help="and stops after this many")
     parser.add_argument("--skip-real", action="store_true", help="only the virtual-device scenarios")
     parser.add_argument("--out", type=Path, default=Path("bench_out/bench_replan.json"))
@@ -137,8 +141,14 @@ def main() -> None:
         native.prepare()
         graph = load_dataset("default", progress=False)
         started = time.perf_counter()
-        profile = Profiler(graph, model="sage", fanouts=[15, 10, 5], batch_size=1024, device="cpu",
-                           progress=False).run()
+        profiling_tenant = CoTenant()
+        if args.arrive == 0:
+            profiling_tenant.start()
+        try:
+            profile = Profiler(graph, model="sage", fanouts=[15, 10, 5], batch_size=1024, device="cpu",
+                               progress=False).run()
+        finally:
+            profiling_tenant.stop()
         print(f"profiled in {time.perf_counter() - started:.0f} s: {profile.contention}")
         report["real"] = {mode: real_run(graph, profile, args, replan=mode == "epoch") for mode in ("off", "epoch")}
         report["real"]["profile_contention"] = profile.contention
