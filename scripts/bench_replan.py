@@ -69,7 +69,8 @@ def real_run(graph, profile: Profile, args: argparse.Namespace, replan: bool) ->
         if len(epochs_done) == args.leave:
             tenant.stop()
 
-    replanner = Replanner(profile) if replan else None
+    replanner = Replanner(profile, reprofile=lambda: Profiler(graph, model="sage", fanouts=[15, 10, 5], batch_size=1024,
+                                                              device="cpu", progress=False).run()) if replan else None
     records = []
     if args.arrive == 0:
         tenant.start()

@@ -133,3 +133,51 @@ def test_replanner_rejects_meaningless_settings() -> None:
         Replanner(profile_of(**BEFORE), shift=0.0)
     with pytest.raises(ValueError, match="threshold"):
         Replanner(profile_of(**BEFORE), threshold=1.5)
+
+
+def busy_and_quiet_profiles() -> tuple[Profile, Profile]:
+    """A CPU machine profiled while a co-tenant held a core (a second thread looked useless, every phase slow),
+    and the same machine quiet (batching and training both scale to 2 threads)."""
+    busy = Profile.synthetic(t_cb=0.010, t_m=0.080, cores=2, device="cpu", cpu_efficiency=0.0, training_efficiency=0.0,
+                             num_batches=BATCHES, cv=CV)
+    quiet = Profile.synthetic(t_cb=0.005, t_m=0.040, cores=2, device="cpu", cpu_efficiency=0.9, training_efficiency=0.9,
+                              num_batches=BATCHES, cv=CV)
+    return busy.replaced(contention={"busy": True}), quiet
+
+
+@pytest.mark.parametrize("reprofile", [True, False])
+def test_a_profile_from_a_busy_machine_is_taken_again_once_the_machine_is_quiet(reprofile: bool) -> None:
+    busy, quiet = busy_and_quiet_profiles()
+    calls = []
+
+    def profile_again() -> Profile:
+        calls.append(1)
+        return quiet
+
+    plan = plan_from_profile(busy, engine="fast")
+    replanner = Replanner(busy, reprofile=profile_again if reprofile else None)
+    plans = []
+    for epoch in range(4):
+        plans.append(plan)
+        decision = replanner.observe(run_epoch(quiet, plan, epoch), plan)
+        if decision.switched:
+            plan = decision.candidate
+    best = plan_from_profile(quiet, engine="fast")
+    if reprofile:
+        assert calls == [1]  # once, after the first quiet epoch, never again
+        assert replanner.decisions[0].reprofiled and "busy machine" in replanner.decisions[0].reason
+        assert replanner.profile is quiet
+        assert same_schedule(plans[1], best)
+        assert run_epoch(quiet, plans[-1], 9).epoch_s < 1.1 * best.predicted_epoch_s
+    else:
+        assert not any(decision.reprofiled for decision in replanner.decisions)
+        assert not same_schedule(plans[-1], best)
+
+
+def test_a_quiet_profile_is_never_taken_again() -> None:
+    _, quiet = busy_and_quiet_profiles()
+    slow = Profile.synthetic(t_cb=0.020, t_m=0.160, cores=2, device="cpu", cpu_efficiency=0.9, training_efficiency=0.9,
+                             num_batches=BATCHES, cv=CV)  # profiled quiet, then it ran 4x faster: no re-profile
+    replanner = Replanner(slow, reprofile=lambda: pytest.fail("a profile from a quiet machine was taken again"))
+    plan = plan_from_profile(slow, engine="fast")
+    assert not replanner.observe(run_epoch(quiet, plan, 0), plan).reprofiled

@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         if profile is None:
             print("re-planning off: no profile for this plan (pass --profile, or train with --auto)")
         else:
-            replanner = Replanner(profile, gbs=max(plan.gbs, 1) if plan.n_gpu else args.gbs, seed=args.seed)
+            replanner = Replanner(profile, gbs=max(plan.gbs, 1) if plan.n_gpu else args.gbs, seed=args.seed,
+                                  reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run())
     torch.manual_seed(args.seed)
     model = build_model(str(settings["model"]), graph.feature_dim, graph.num_classes,
                         num_layers=len(settings["fanouts"]), hidden=settings["hidden"], heads=args.heads,
@@ -255,14 +256,19 @@ def saved_profile(path: Path, plan: Plan) -> Profile | None:
     return profile
 
 
-def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> tuple[Plan, Profile]:
-    """Profiles this machine on the workload and plans it (what `morphpipe tune` does, without its files)."""
-    profiler = Profiler(
+def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, object], progress: bool) -> Profiler:
+    """The Profiler of this machine on the run's workload (model, fanouts, batch size, hidden width)."""
+    return Profiler(
         graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]),
         hidden=settings["hidden"], device=args.device,
         thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
-        seed=args.seed, progress=not args.no_progress,
+        seed=args.seed, progress=progress,
     )
+
+
+def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> tuple[Plan, Profile]:
+    """Profiles this machine on the workload and plans it (what `morphpipe tune` does, without its files)."""
+    profiler = workload_profiler(graph, args, settings, progress=not args.no_progress)
     native.prepare()
     profile = profiler.run()
     print(format_profile(profile))

@@ -9,12 +9,19 @@ under a second). The new plan replaces the current one only when, under the same
 is predicted to be faster by more than `threshold`, so noise of the size the profiler reports
 does not flip plans back and forth. The rescaling keeps each phase's measured thread scaling and
 only changes its level: a co-tenant that slows every thread count alike is modelled exactly, one
-that changes the shape of the scaling only approximately.
+that changes the shape of the scaling only approximately. A profile taken on a busy machine has
+the worst such shape (more threads looked useless while others held the cores), so when its run
+turns out clearly faster than it predicted (the co-tenant has gone), the re-planner profiles the
+machine again, once, given a way to (`reprofile`), and plans from the new profile.
 """
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from morphpipe.executor.executor import EpochResult
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
@@ -103,6 +110,7 @@ class ReplanDecision:
     candidate: Plan  # the planner's plan under the estimate
     switched: bool
     reason: str
+    reprofiled: bool = False  # the profile was taken again before planning
 
     @property
     def gain(self) -> float:
@@ -117,7 +125,9 @@ class Replanner:
     `smoothing` is the weight of the newest epoch in the estimate (1: only the last epoch
     counts); a newest ratio more than `shift` (relative) away from the estimate replaces it (the
     machine changed: waiting for the average to catch up would run epochs under a stale plan);
-    `threshold` is the predicted gain a new plan needs to replace the running one.
+    `threshold` is the predicted gain a new plan needs to replace the running one. `reprofile`
+    takes a new profile of this machine and workload; it is called at most once, when the profile
+    was taken on a busy machine and a CPU phase then ran more than `shift` faster than it said.
     """
 
     profile: Profile
@@ -128,6 +138,8 @@ class Replanner:
     shift: float = 0.25
     factors: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 1.0))
     decisions: list[ReplanDecision] = field(default_factory=list)
+    reprofile: Callable[[], Profile] | None = None
+    reprofiled: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.smoothing <= 1.0:
@@ -152,20 +164,37 @@ class Replanner:
                 self.factors[phase] = ratio
             else:
                 self.factors[phase] += self.smoothing * (ratio - self.factors[phase])
+        note = self._reprofile_if_contention_left()
         estimate = rescaled_profile(self.profile, self.factors)
         current_s = simulate_plan(estimate, plan, engine="fast").epoch_s
         candidate = plan_from_profile(estimate, gbs=self.gbs, seed=self.seed)
         switched = candidate.predicted_epoch_s < current_s * (1.0 - self.threshold) and not same_schedule(candidate, plan)
-        changed = ", ".join(f"{phase} x{factor:.2f}" for phase, factor in self.factors.items()
-                            if abs(factor - 1.0) >= 0.05) or "phases as profiled"
+        changed = note or ", ".join(f"{phase} x{factor:.2f}" for phase, factor in self.factors.items()
+                                    if abs(factor - 1.0) >= 0.05) or "phases as profiled"
         if switched:
             reason = (f"re-planned ({changed}): {describe_schedule(plan)} -> {describe_schedule(candidate)}, "
                       f"predicted {current_s:.2f} s -> {candidate.predicted_epoch_s:.2f} s")
         else:
             reason = f"plan kept ({changed}; best alternative {1.0 - candidate.predicted_epoch_s / current_s:+.1%})"
-        decision = ReplanDecision(result.epoch, dict(self.factors), current_s, candidate, switched, reason)
+        decision = ReplanDecision(result.epoch, dict(self.factors), current_s, candidate, switched, reason,
+                                  reprofiled=bool(note))
         self.decisions.append(decision)
         return decision
+
+    def _reprofile_if_contention_left(self) -> str:
+        """Profiles again (once) when the profile saw a busy machine and the CPU phases now run clearly faster;
+        then the new profile is the reference and the estimate starts afresh. Returns what was done, or ""."""
+        faster = [phase for phase in ("cpu_batch", "train") if self.factors[phase] < 1.0 - self.shift]
+        if self.reprofile is None or self.reprofiled or not self.profile.taken_on_busy_machine or not faster:
+            return ""
+        started = time.perf_counter()
+        speedups = ", ".join(f"{phase} x{self.factors[phase]:.2f}" for phase in faster)
+        with torch.random.fork_rng():  # profiling draws random numbers; the training run's stream stays as it was
+            self.profile = self.reprofile()
+        self.reprofiled = True
+        self.factors = dict.fromkeys(PHASES, 1.0)
+        return (f"the profile was taken on a busy machine and this epoch ran faster ({speedups}): "
+                f"profiled again in {time.perf_counter() - started:.0f} s")
 
 
 def same_schedule(first: Plan, second: Plan) -> bool:
