@@ -133,6 +133,8 @@ def test_replanner_rejects_meaningless_settings() -> None:
         Replanner(profile_of(**BEFORE), shift=0.0)
     with pytest.raises(ValueError, match="threshold"):
         Replanner(profile_of(**BEFORE), threshold=1.5)
+    with pytest.raises(ValueError, match="reprofile_gain"):
+        Replanner(profile_of(**BEFORE), reprofile_gain=0.0)
 
 
 def busy_and_quiet_profiles() -> tuple[Profile, Profile]:

@@ -11,8 +11,9 @@ does not flip plans back and forth. The rescaling keeps each phase's measured th
 only changes its level: a co-tenant that slows every thread count alike is modelled exactly, one
 that changes the shape of the scaling only approximately. A profile taken on a busy machine has
 the worst such shape (more threads looked useless while others held the cores), so when its run
-turns out clearly faster than it predicted (the co-tenant has gone), the re-planner profiles the
-machine again, once, given a way to (`reprofile`), and plans from the new profile.
+turns out clearly faster than it predicted (by `reprofile_gain`: the co-tenant has gone), the
+re-planner profiles the machine again, once, given a way to (`reprofile`), and plans from the new
+profile.
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ class Replanner:
     machine changed: waiting for the average to catch up would run epochs under a stale plan);
     `threshold` is the predicted gain a new plan needs to replace the running one. `reprofile`
     takes a new profile of this machine and workload; it is called at most once, when the profile
-    was taken on a busy machine and a CPU phase then ran more than `shift` faster than it said.
+    was taken on a busy machine and a CPU phase then ran more than `reprofile_gain` faster than it said.
     """
 
     profile: Profile
@@ -136,6 +137,7 @@ class Replanner:
     threshold: float = 0.05
     smoothing: float = 0.5
     shift: float = 0.25
+    reprofile_gain: float = 0.15
     factors: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 1.0))
     decisions: list[ReplanDecision] = field(default_factory=list)
     reprofile: Callable[[], Profile] | None = None
@@ -146,6 +148,8 @@ class Replanner:
             raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing!r}")
         if not self.shift > 0.0:
             raise ValueError(f"shift must be > 0, got {self.shift!r} (0.25: a 25% change is a level shift)")
+        if not 0.0 < self.reprofile_gain < 1.0:
+            raise ValueError(f"reprofile_gain must be in (0, 1), got {self.reprofile_gain!r} (0.15: 15% faster)")
         if not 0.0 <= self.threshold < 1.0:
             raise ValueError(f"threshold must be in [0, 1), got {self.threshold!r} (0.05: a 5% predicted gain)")
 
@@ -184,7 +188,7 @@ class Replanner:
     def _reprofile_if_contention_left(self) -> str:
         """Profiles again (once) when the profile saw a busy machine and the CPU phases now run clearly faster;
         then the new profile is the reference and the estimate starts afresh. Returns what was done, or ""."""
-        faster = [phase for phase in ("cpu_batch", "train") if self.factors[phase] < 1.0 - self.shift]
+        faster = [phase for phase in ("cpu_batch", "train") if self.factors[phase] < 1.0 - self.reprofile_gain]
         if self.reprofile is None or self.reprofiled or not self.profile.taken_on_busy_machine or not faster:
             return ""
         started = time.perf_counter()
