@@ -175,7 +175,21 @@ MUTANTS: list[dict] = [
          find="values.max() >= num_classes",
          replace="values.max() > num_classes",
          tests=["tests/test_data_validation.py"], ci=False),
+    dict(name="huge-pages-overrides-the-user", file="morphpipe/huge_pages.py",
+         find="""    if user is not None:
+        return HugePages(user.strip() not in ("", "0"), "user", mode)""",
+         replace="""    if user is not None and False:
+        return HugePages(user.strip() not in ("", "0"), "user", mode)""",
+         tests=["tests/test_huge_pages.py::test_the_users_setting_wins_and_is_not_touched"], ci=False),
+    dict(name="replan-reprofiles-quiet-profiles", file="morphpipe/executor/replan.py",
+         find="if self.reprofile is None or self.reprofiled or not self.profile.taken_on_busy_machine or not faster:",
+         replace="if self.reprofile is None or self.reprofiled or not faster:",
+         tests=["tests/test_replan.py::test_a_quiet_profile_is_never_taken_again"], ci=False),
     # --- C++ kernels (csrc/cpu; --all only) -----------------------------------------------------------------
+    dict(name="cpp-dropout-mask-bits-packed-reversed", file="csrc/cpu/bias_act_dropout.cpp",
+         find="word |= static_cast<uint32_t>((bytes * 0x0102040810204080ULL) >> 56) << (8 * part);",
+         replace="word |= static_cast<uint32_t>((bytes * 0x8040201008040201ULL) >> 56) << (8 * part);",
+         tests=["tests/test_bias_act_dropout.py::test_the_mask_is_the_specified_counter_based_hash"], ci=False),
     dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate.cpp",
          find="""      std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
