@@ -125,7 +125,8 @@ def test_failure_while_replacing_keeps_the_previous_result(case, tmp_path, graph
 # Runs every case in one child process (the CLI turns SIGINT into exit status 130 and the child goes on
 # with the next case); before each, it points the stall hook at a fresh marker and reports the status.
 SIGINT_CHILD = """
-import json, os, sys, torch
+import json, os, signal, sys, torch
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of a script starts with SIGINT ignored
 from morphpipe import outputs
 from morphpipe.cli import main
 from morphpipe.executor.checkpoint import TrainingState, capture_rng, save_checkpoint

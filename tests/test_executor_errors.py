@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 import traceback
@@ -98,7 +99,16 @@ def test_a_training_step_that_raises_on_the_compute_stream(no_leaked_threads) ->
     assert "__call__" in frames(caught.value)
 
 
-def test_a_keyboard_interrupt_stops_everything_and_the_next_epoch_runs(no_leaked_threads) -> None:
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler for the test: pytest started as a background job of a script inherits SIGINT
+    ignored, and then `interrupt_main` does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_keyboard_interrupt_stops_everything_and_the_next_epoch_runs(no_leaked_threads, sigint_raises) -> None:
     executor, trainer = virtual()
     timer = threading.Timer(0.05, _thread.interrupt_main)
     timer.start()
