@@ -27,9 +27,8 @@ from morphpipe.executor.trainer import Trainer
 from morphpipe.executor.virtual import virtual_executor
 from morphpipe.nn import build_model
 from morphpipe.partitioner import PhaseTimes
-from morphpipe.profiler import Profile
+from morphpipe.profiler import Profile, Profiler
 from morphpipe.profiler.hardware import usable_cores
-from morphpipe.profiler import Profiler
 from morphpipe.scheduler import plan_from_profile
 from morphpipe.scheduler.durations import Durations
 from morphpipe.scheduler.simulate_plan import simulate_plan
@@ -51,6 +50,11 @@ class CoTenant:
         self.processes = []
 
 
+def profile_machine(graph) -> Profile:
+    """This machine's profile for the benchmark's workload (SAGE, fanouts 15,10,5, batch 1024, CPU)."""
+    return Profiler(graph, model="sage", fanouts=[15, 10, 5], batch_size=1024, device="cpu", progress=False).run()
+
+
 def real_run(graph, profile: Profile, args: argparse.Namespace, replan: bool) -> list[dict]:
     """Trains args.epochs epochs with the co-tenant present during (arrive, leave]; per-epoch records."""
     plan = plan_from_profile(profile, seed=0)
@@ -69,8 +73,7 @@ def real_run(graph, profile: Profile, args: argparse.Namespace, replan: bool) ->
         if len(epochs_done) == args.leave:
             tenant.stop()
 
-    replanner = Replanner(profile, reprofile=lambda: Profiler(graph, model="sage", fanouts=[15, 10, 5], batch_size=1024,
-                                                              device="cpu", progress=False).run()) if replan else None
+    replanner = Replanner(profile, reprofile=lambda: profile_machine(graph)) if replan else None
     records = []
     if args.arrive == 0:
         tenant.start()
@@ -108,9 +111,7 @@ def virtual_scenarios() -> list[dict]:
                 try:
                     result = executor.run_epoch(epoch)
                 finally:
-                    for batcher in (executor.cpu_batcher, executor.gpu_batcher):
-                        if batcher is not None:
-                            batcher.close()
+                    executor.close_batchers()
                 epochs.append({"epoch_s": result.epoch_s, "plan": describe_schedule(plan)})
                 if mode == "epoch":
                     decision = replanner.observe(result, plan)
@@ -146,8 +147,7 @@ def main() -> None:
         if args.arrive == 0:
             profiling_tenant.start()
         try:
-            profile = Profiler(graph, model="sage", fanouts=[15, 10, 5], batch_size=1024, device="cpu",
-                               progress=False).run()
+            profile = profile_machine(graph)
         finally:
             profiling_tenant.stop()
         print(f"profiled in {time.perf_counter() - started:.0f} s: {profile.contention}")

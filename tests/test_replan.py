@@ -34,9 +34,7 @@ def run_epoch(truth: Profile, plan: Plan, epoch: int) -> EpochResult:
     try:
         return executor.run_epoch(epoch)
     finally:
-        for batcher in (executor.cpu_batcher, executor.gpu_batcher):
-            if batcher is not None:
-                batcher.close()
+        executor.close_batchers()
 
 
 def train(truths: list[Profile], replan: bool, threshold: float = 0.05) -> tuple[list[EpochResult], list[Plan]]:

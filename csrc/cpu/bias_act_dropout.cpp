@@ -213,20 +213,12 @@ std::tuple<at::Tensor, at::Tensor> bias_act_dropout_backward_cpu(const at::Tenso
                                                                  c10::string_view activation_name, double p,
                                                                  bool need_bias_grad) {
   constexpr const char* op = "morphpipe::bias_act_dropout_backward";
-  TORCH_CHECK(grad.sizes() == out.sizes() && grad.scalar_type() == out.scalar_type() && out.dim() == 2, op,
-              ": grad and out must be 2-D with one shape and dtype, got ", grad.sizes(), " ", grad.scalar_type(),
-              " and ", out.sizes(), " ", out.scalar_type());
+  const Activation activation = parse_activation(std::string(activation_name), op);
+  const bool use_mask = check_bias_act_dropout_backward(grad, out, mask, activation, p, op);
   check_rows(grad, out.size(0), op, "grad");
   check_rows(out, grad.size(0), op, "out");
-  TORCH_CHECK(p >= 0.0 && p < 1.0, op, ": p must be in [0, 1), got ", p);
-  const Activation activation = parse_activation(std::string(activation_name), op);
+  if (use_mask) check_rows(mask, mask_words(out.numel()), op, "mask");
   const int64_t rows = out.size(0), features = out.size(1), n = out.numel();
-  const bool use_mask = activation == Activation::kIdentity && p > 0.0;
-  if (use_mask) {
-    check_rows(mask, mask_words(n), op, "mask");
-    TORCH_CHECK(mask.dim() == 1 && mask.scalar_type() == at::kInt, op, ": mask must be 1-D int32 [", mask_words(n),
-                "], got ", mask.scalar_type(), " ", mask.sizes());
-  }
   auto grad_x = at::empty_like(out);
   auto grad_bias = at::empty({need_bias_grad ? features : 0}, out.options());
   const int threads = at::get_num_threads();

@@ -94,20 +94,12 @@ std::tuple<at::Tensor, at::Tensor> bias_act_dropout_backward_cuda(const at::Tens
                                                                   c10::string_view activation_name, double p,
                                                                   bool need_bias_grad) {
   constexpr const char* op = "morphpipe::bias_act_dropout_backward";
-  TORCH_CHECK(grad.sizes() == out.sizes() && grad.scalar_type() == out.scalar_type() && out.dim() == 2, op,
-              ": grad and out must be 2-D with one shape and dtype, got ", grad.sizes(), " ", grad.scalar_type(),
-              " and ", out.sizes(), " ", out.scalar_type());
-  TORCH_CHECK(p >= 0.0 && p < 1.0, op, ": p must be in [0, 1), got ", p);
+  const Activation activation = parse_activation(std::string(activation_name), op);
+  const bool use_mask = check_bias_act_dropout_backward(grad, out, mask, activation, p, op);
   check_cuda(out, out.device(), op, "out");
   check_cuda(grad, out.device(), op, "grad");
-  const Activation activation = parse_activation(std::string(activation_name), op);
+  if (use_mask) check_cuda(mask, out.device(), op, "mask");
   const int64_t n = out.numel();
-  const bool use_mask = activation == Activation::kIdentity && p > 0.0;
-  if (use_mask) {
-    check_cuda(mask, out.device(), op, "mask");
-    TORCH_CHECK(mask.dim() == 1 && mask.numel() == mask_words(n) && mask.scalar_type() == at::kInt, op,
-                ": mask must be 1-D int32 [", mask_words(n), "], got ", mask.scalar_type(), " ", mask.sizes());
-  }
   const c10::cuda::CUDAGuard guard(out.device());
   auto grad_x = at::empty_like(out);
   if (n > 0) {

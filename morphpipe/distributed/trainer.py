@@ -232,9 +232,7 @@ class DistributedTrainer:
 
     def close(self) -> None:
         """Stops the batchers' threads."""
-        for batcher in (self.executor.cpu_batcher, self.executor.gpu_batcher):
-            if batcher is not None:
-                batcher.close()
+        self.executor.close_batchers()
 
     def __enter__(self) -> DistributedTrainer:
         return self

@@ -105,6 +105,12 @@ class Executor:
         self.cpu_batcher = cpu_batcher if split.n_cpu else None
         self.gpu_batcher = gpu_batcher if split.n_gpu else None
 
+    def close_batchers(self) -> None:
+        """Stops both routes' batchers (their threads); the executor runs no epoch after this."""
+        for batcher in (self.cpu_batcher, self.gpu_batcher):
+            if batcher is not None:
+                batcher.close()
+
     def run_epoch(self, epoch: int, on_step: Callable[[InFlight], None] | None = None) -> EpochResult:
         """Trains one epoch (batchers replay epoch `epoch`); `on_step` is called after each step ends."""
         group = ThreadGroup(f"executor-epoch{epoch}")
