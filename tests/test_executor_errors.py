@@ -99,24 +99,53 @@ def test_a_training_step_that_raises_on_the_compute_stream(no_leaked_threads) ->
     assert "__call__" in frames(caught.value)
 
 
+class Interrupter:
+    """Interrupts the main thread (as Ctrl-C would) 0.05 s after `start` and every 0.05 s after that, until `caught`:
+    an interrupt that lands inside a gc callback is swallowed there, so one is not enough. Its SIGINT handler
+    raises only until then; it is installed for the test, because pytest started as a background job of a
+    script inherits SIGINT ignored, and then `interrupt_main` does nothing."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._interrupt, name="test-interrupter")
+        self.previous = signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        if not self.done.is_set():
+            raise KeyboardInterrupt
+
+    def _interrupt(self) -> None:
+        while not self.done.wait(0.05):
+            _thread.interrupt_main()
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def caught(self) -> None:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def restore(self) -> None:
+        self.caught()
+        signal.signal(signal.SIGINT, self.previous)
+
+
 @pytest.fixture
-def sigint_raises():
-    """Python's own SIGINT handler for the test: pytest started as a background job of a script inherits SIGINT
-    ignored, and then `interrupt_main` does nothing."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+def interrupter():
+    interrupter = Interrupter()
+    yield interrupter
+    interrupter.restore()
 
 
-def test_a_keyboard_interrupt_stops_everything_and_the_next_epoch_runs(no_leaked_threads, sigint_raises) -> None:
+def test_a_keyboard_interrupt_stops_everything_and_the_next_epoch_runs(no_leaked_threads, interrupter) -> None:
     executor, trainer = virtual()
-    timer = threading.Timer(0.05, _thread.interrupt_main)
-    timer.start()
+    interrupter.start()
     started = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         executor.run_epoch(0)
+    interrupter.caught()
     assert time.perf_counter() - started < 1.05
-    timer.join()
     trainer.trained.clear()
     result = executor.run_epoch(1)
     executor.cpu_batcher.close()
