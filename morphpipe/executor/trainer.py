@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional
 from tqdm.auto import tqdm
 
+from morphpipe.cores import usable_cores
 from morphpipe.executor.checkpoint import (TrainingState, capture_rng, check_same_run, load_checkpoint, restore_rng,
                                           save_checkpoint)
 from morphpipe.executor.devices import InFlight, default_devices
@@ -36,7 +37,6 @@ from morphpipe.executor.stats import EpochStats
 from morphpipe.executor.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
-from morphpipe.profiler.hardware import usable_cores
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan

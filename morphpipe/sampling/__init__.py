@@ -1,9 +1,9 @@
 """Mini-batch types and the batchers that produce them (Route 0: CPU, Route 1: GPU over UVA)."""
-from morphpipe.sampling.cpu_batcher import CpuBatcher, sample_neighbors, usable_cores
+from morphpipe.sampling.cpu_batcher import CpuBatcher, sample_neighbors
 from morphpipe.sampling.epochs import batches_per_epoch, epoch_order, epoch_seed
 from morphpipe.sampling.gpu_batcher import GpuBatcher
 from morphpipe.sampling.gpu_cache import CacheConfig, CachePlan
 from morphpipe.sampling.minibatch import Block, MiniBatch
 
 __all__ = ["Block", "CacheConfig", "CachePlan", "CpuBatcher", "GpuBatcher", "MiniBatch", "batches_per_epoch",
-           "epoch_order", "epoch_seed", "sample_neighbors", "usable_cores"]
+           "epoch_order", "epoch_seed", "sample_neighbors"]

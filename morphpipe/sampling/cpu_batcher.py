@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe import native
-from morphpipe.profiler.hardware import usable_cores
+from morphpipe.cores import usable_cores
 from morphpipe.sampling.epochs import SeedBatcher, check_files, epoch_seed, note_first_use
 from morphpipe.sampling.minibatch import Block, MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from morphpipe.profiler.hardware import usable_cores
+from morphpipe.cores import usable_cores
 
 SAMPLED_ENTRIES = 4096
 
