@@ -34,7 +34,7 @@ from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.executor.stats import EpochStats
-from morphpipe.executor.train_step import TrainStep, make_optimizer
+from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.cpu_batcher import CpuBatcher
