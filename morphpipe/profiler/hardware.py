@@ -10,14 +10,12 @@ import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
 from morphpipe.cores import usable_cores_with_notes
-
-if TYPE_CHECKING:
-    from morphpipe.profiler.profile import FieldReader
+from morphpipe.documents import FieldReader
 
 # Usable bandwidth of one PCIe lane in one direction, GB/s (10^9 bytes/s), after line encoding:
 # gen1/2 8b/10b, gen3-5 128b/130b, gen6 PAM4 with 242/256 FLIT encoding.
