@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.distributed import SeedSplit, check_exactly_once, detect, local_profile, predict_cluster
 from morphpipe.distributed.affinity import rank_cores
-from morphpipe.distributed.commands import without_nproc
-from morphpipe.distributed.simulate import parse_node
+from morphpipe.commands.train_distributed import without_nproc
+from morphpipe.commands.simulate import parse_node
 from morphpipe.distributed.split import apportion
 from morphpipe.distributed.virtual import run_virtual_cluster
 from morphpipe.profiler import Profile

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.data import load_dataset
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.trainer import Trainer
