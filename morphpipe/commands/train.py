@@ -191,8 +191,9 @@ def choose_plan(graph, args: argparse.Namespace) -> tuple[Plan, Profile | None, 
         plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed)
     else:
         plan = Plan.load(path)
-    settings = workload_settings(args, plan.profile.get("workload", {}))
-    problems = plan_mismatches(plan.profile.get("workload", {}), graph, settings) + hardware_problems(plan)
+    workload = plan.profile.get("workload", {})
+    settings = workload_settings(args, workload)
+    problems = plan_mismatches(workload, graph, settings) + hardware_problems(plan)
     batches = math.ceil(len(graph.train_idx) / int(settings["batch_size"]))
     if batches != plan.num_batches:
         problems.append(f"batches per epoch: plan {plan.num_batches}, now {batches}")
