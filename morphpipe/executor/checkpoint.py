@@ -169,7 +169,6 @@ def check_same_run(state: TrainingState, expected: dict[str, Any], directory: st
                          "checkpoint directory or the same settings")
 
 
-
 def run_meta(graph: Any, model: nn.Module) -> dict[str, Any]:
     """The dataset and model a run trains, with which every trainer's checkpoint metadata starts."""
     return {"dataset": getattr(graph, "name", "graph"), "num_nodes": int(graph.num_nodes),
