@@ -47,7 +47,9 @@ def test_every_seed_once_per_epoch_and_step_k_is_the_single_process_batch(num_se
         assert split.step_total(k) == sum(s[k] for s in sizes)
     if mode == "weighted":
         ideal = [batch * w / sum(weights) for w in weights]
-        assert all(abs(b - q) < 1.0 + 1e-9 or b == 1 for b, q in zip(split.local_batches, ideal))
+        # Ranks raised to the 1-seed minimum take their shortfall from the others: that much more slack.
+        raised = sum(1.0 - q for q in ideal if q < 1.0)
+        assert all(abs(b - q) < 1.0 + raised + 1e-9 or b == 1 for b, q in zip(split.local_batches, ideal))
     else:
         assert max(split.local_batches) - min(split.local_batches) <= 1
 
