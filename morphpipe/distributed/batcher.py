@@ -3,7 +3,8 @@
 It keeps the batcher contract (`morphpipe.sampling.batcher`) by wrapping an ordinary batcher
 (CpuBatcher, SerialBatcher or GpuBatcher, built with shuffle=False) and handing it, before each
 epoch, the seeds of this rank's batches on its route: Route 0 takes the rank's first `n_cpu`
-steps, Route 1 the rest (the short last step included), as `route_seeds` does in one process. Its batches are therefore steps `first`, `first + 1`, ...
+steps, Route 1 the rest (the short last step included), as `route_seeds` does in one process.
+Its batches are therefore steps `first`, `first + 1`, ...
 """
 from __future__ import annotations
 

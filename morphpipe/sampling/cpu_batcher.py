@@ -48,8 +48,9 @@ def blocks_from_native(num_input_nodes: int, block_indptrs: list, block_indices:
 class CpuBatcher(SeedBatcher):
     """Epoch iterator over mini-batches of `seeds` (default: the graph's train split), per the batcher contract.
 
-    The last batch of an epoch may be short unless `drop_last`. `fanouts[h]` is the neighbour count at hop h from the seeds (PyG's
-    num_neighbors order), -1 for all neighbours; blocks come out input layer first.
+    The last batch of an epoch may be short unless `drop_last`. `fanouts[h]` is the neighbour count at
+    hop h from the seeds (PyG's num_neighbors order), -1 for all neighbours; blocks come out input
+    layer first.
     """
 
     route = 0

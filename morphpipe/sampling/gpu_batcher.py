@@ -9,8 +9,9 @@ in plain PyTorch ops over zero-copy views, `morphpipe.sampling.torch_sampler`, w
 CPU tensors). "auto" takes the kernels only where a short self-check on the device passed
 (`morphpipe.sampling.backend_check`). It keeps the batcher contract (`morphpipe.sampling.batcher`).
 An epoch visits the same seeds in the same batches as a CpuBatcher with the same seed; the sampled
-neighbours differ (another random generator) but follow the same distribution. On a GPU, batches are made on the batcher's own
-stream and each carries a `Handoff` (its stream and events) for whoever uses it on another.
+neighbours differ (another random generator) but follow the same distribution. On a GPU, batches
+are made on the batcher's own stream and each carries a `Handoff` (its stream and events) for
+whoever uses it on another.
 """
 from __future__ import annotations
 
