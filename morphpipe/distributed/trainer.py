@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn import functional
 from torch.nn.parallel import DistributedDataParallel
 
+from morphpipe.data import GraphStore
 from morphpipe.distributed.batcher import RankBatcher
 from morphpipe.distributed.split import SeedSplit, apportion, check_exactly_once
 from morphpipe.executor.checkpoint import Checkpointing, TrainingState, run_meta
@@ -33,8 +34,8 @@ from morphpipe.executor.trainer import GpuBatcherFactory, torch_threads, trainin
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.epochs import epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
+from morphpipe.sampling.serial_batcher import SerialBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
-from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.scheduler.plan import Plan
 
 
@@ -94,7 +95,7 @@ class DistributedTrainer:
     slowest rank's plan). `loss_fn` is a mean-reducing `(logits, labels) -> loss`.
     """
 
-    def __init__(self, graph, model: nn.Module, plan: Plan, split: SeedSplit, *, fanouts: Sequence[int],
+    def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, split: SeedSplit, *, fanouts: Sequence[int],
                  predicted_epoch_s: float, optimizer: torch.optim.Optimizer | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, lr: float = 3e-3,
                  device: str | torch.device | None = None, seed: int = 0,

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional
 from tqdm.auto import tqdm
 
+from morphpipe.data import GraphStore
 from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.evaluate import full_accuracy
 from morphpipe.executor.trainer import LogOnce, check_split, choice_counts_since
@@ -48,7 +49,7 @@ class FullGraphEpoch:
 class FullGraphTrainer:
     """Trains `model` on the whole `graph` at once: forward over every node, loss on the training nodes, one step."""
 
-    def __init__(self, graph, model: nn.Module, *, lr: float = 3e-3, device: str | torch.device = "cpu",
+    def __init__(self, graph: GraphStore, model: nn.Module, *, lr: float = 3e-3, device: str | torch.device = "cpu",
                  checkpoint_dir: str | os.PathLike | None = None, model_spec: dict[str, Any] | None = None,
                  progress: bool = True, log: Callable[[str], None] | None = None) -> None:
         self.graph = graph

@@ -24,25 +24,27 @@ from torch import nn
 from torch.nn import functional
 from tqdm.auto import tqdm
 
+from morphpipe.data import GraphStore
 from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.devices import InFlight, default_devices
 from morphpipe.executor.evaluate import EVAL_MODES, accuracy, full_accuracy
-from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
+from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
-from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.executor.stats import EpochStats
 from morphpipe.executor.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
 from morphpipe.profiler.hardware import usable_cores
+from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.cpu_batcher import CpuBatcher
+from morphpipe.sampling.serial_batcher import SerialBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan
 
 # Makes a Route 1 batcher over `seeds` on the training device: factory(graph, fanouts, batch_size, seeds=..., seed=...,
 # device=...).
-GpuBatcherFactory = Callable[..., EpochBatcher]
+GpuBatcherFactory = Callable[..., Batcher]
 SPLITS = ("train", "val", "test")
 
 
@@ -130,7 +132,7 @@ class Trainer:
     plan it switches to (`self.plan` is always the plan in force).
     """
 
-    def __init__(self, graph, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
+    def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
                  optimizer: torch.optim.Optimizer | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, lr: float = 3e-3,
                  device: str | torch.device | None = None, seed: int = 0, gpu_batcher: GpuBatcherFactory | None = None,
@@ -163,7 +165,7 @@ class Trainer:
     def _executor(self, plan: Plan) -> Executor:
         """The batchers of both routes and the Executor that runs `plan`'s epochs."""
         routes = route_seeds(self.graph.train_idx, self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
-        cpu_batcher: EpochBatcher | None = None
+        cpu_batcher: Batcher | None = None
         if plan.n_cpu and plan.shares_cores:
             cpu_batcher = SerialBatcher(self.graph, self.fanouts, self.batch_size, seeds=routes.cpu, seed=self.seed)
         elif plan.n_cpu:
