@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 from morphpipe.data import load_dataset
-from morphpipe.distributed.cluster import predict_cluster
-from morphpipe.distributed.simulate import NodeType, format_cluster
+from morphpipe.commands.simulate import format_cluster
+from morphpipe.distributed.cluster import NodeType, predict_cluster
 from morphpipe.distributed.virtual import run_virtual_cluster
 from morphpipe.profiler import Profile
 from morphpipe.profiler.profiler import Profiler

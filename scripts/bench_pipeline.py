@@ -53,7 +53,7 @@ from morphpipe.profiler import Profile  # noqa: E402
 from morphpipe.profiler.profiler import Profiler  # noqa: E402
 from morphpipe.scheduler import Plan, Scheduler, plan_from_profile  # noqa: E402
 from morphpipe.sampling import GpuBatcher  # noqa: E402
-from morphpipe.sampling.commands import parse_int_list  # noqa: E402
+from morphpipe.commands.workload import parse_int_list  # noqa: E402
 from morphpipe.scheduler.whatif import what_if  # noqa: E402
 
 PARTS = ("cpu", "gpu", "virtual")

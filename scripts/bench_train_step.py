@@ -120,7 +120,7 @@ def op_breakdown(name: str, graph, batches: list, variant: StepVariant) -> list[
 
 
 TRAIN = ("import sys; from morphpipe.ops.step_variant import set_step_variant, {0}; set_step_variant({0}); "
-         "from morphpipe.cli import main; sys.exit(main(sys.argv[1:]))")
+         "from morphpipe.commands.cli import main; sys.exit(main(sys.argv[1:]))")
 EPOCH_LINE = re.compile(r"epoch (\d+)/\d+: ([0-9.]+) s")
 
 

@@ -29,6 +29,7 @@ TAIL_CHARS = 4000
 SELF_CHECK = """
 import json, torch
 from dataclasses import asdict
+import morphpipe.ops  # registers the fused ops' self-check
 from morphpipe.sampling import backend_check as check
 device = torch.device("cuda", torch.cuda.current_device())
 with check.cuda_makers(device) as (kernels, reference):

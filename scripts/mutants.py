@@ -81,7 +81,7 @@ MUTANTS: list[dict] = [
          find="self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))",
          replace="self.batch_size, self.drop_last, epoch_seed(self.seed, 0))",
          tests=[RANDOM], ci=True),
-    dict(name="serial-batcher-same-neighbourhoods-every-epoch", file="morphpipe/executor/serial_batcher.py",
+    dict(name="serial-batcher-same-neighbourhoods-every-epoch", file="morphpipe/sampling/serial_batcher.py",
          find="seed=epoch_seed(sampling_seed, index)",
          replace="seed=epoch_seed(self.seed, index)",
          tests=[RANDOM], ci=False),

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from morphpipe import ops
+from morphpipe.ops.self_check import ops_problem
 from morphpipe.sampling import GpuBatcher
 from morphpipe.sampling import backend_check as check
 from morphpipe.sampling.minibatch import Block, MiniBatch
@@ -104,7 +105,7 @@ def broken_sum(block, h_src, reduce, edge_weight):
 def test_ops_that_differ_from_the_reference_fail_the_check():
     ops.register_backend(aggregate.Backend("broken-for-test", broken_sum, aggregate.REFERENCE.gcn_aggregate,
                                            aggregate.REFERENCE.gat_attention), replace=True)
-    problem = check.ops_problem(CPU, candidate="broken-for-test")
+    problem = ops_problem(CPU, candidate="broken-for-test")
     assert problem is not None and "sum forward differs" in problem
 
 

@@ -1,7 +1,7 @@
 """Bad input on the command line: one line on stderr naming the problem, exit status 2, files left as they were.
 
 Nothing here can crash the interpreter (the native paths are covered in test_bad_input_native.py),
-so the CLI runs in-process through `morphpipe.cli.main`.
+so the CLI runs in-process through `morphpipe.commands.cli.main`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.data import GeneratorSpec, SplitFractions, generate
 from morphpipe.profiler.profile import Profile
 from tests.test_bad_input_outputs import SyntheticProfiler, snapshot
@@ -136,7 +136,7 @@ def test_meta_format_version_must_match_exactly(version, tmp_path, graph_dir, ca
 
 
 def test_damaged_checkpoint_is_refused_with_one_line(tmp_path, graph_dir, monkeypatch, capsys):
-    monkeypatch.setattr("morphpipe.executor.commands.Profiler", SyntheticProfiler)
+    monkeypatch.setattr("morphpipe.commands.workload.Profiler", SyntheticProfiler)
     checkpoints = tmp_path / "ckpt"
     argv = ["train", str(graph_dir), "--auto", "--epochs", "1", *SMALL, "--hidden", "8", "--no-progress",
             "--checkpoint-dir", str(checkpoints)]
@@ -152,7 +152,7 @@ def test_damaged_checkpoint_is_refused_with_one_line(tmp_path, graph_dir, monkey
 
 
 def test_empty_validation_split_is_announced_and_skipped(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("morphpipe.executor.commands.Profiler", SyntheticProfiler)
+    monkeypatch.setattr("morphpipe.commands.workload.Profiler", SyntheticProfiler)
     graph = tmp_path / "graph"
     generate(GeneratorSpec(kind="community", num_nodes=240, avg_degree=4, feature_dim=8,
                            split=SplitFractions(0.8, 0.0, 0.2)), graph, progress=False)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from morphpipe import outputs
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.data import GeneratorSpec, generate
 from morphpipe.executor.checkpoint import CHECKPOINT_FILE, TrainingState, capture_rng, save_checkpoint
 from morphpipe.profiler.profile import Profile
@@ -112,8 +112,7 @@ def test_failure_while_replacing_keeps_the_previous_result(case, tmp_path, graph
         raise OSError(28, "No space left on device (injected)")
 
     monkeypatch.setattr(outputs, "_fsync", disk_full)
-    monkeypatch.setattr("morphpipe.tune.Profiler", SyntheticProfiler)
-    monkeypatch.setattr("morphpipe.executor.commands.Profiler", SyntheticProfiler)
+    monkeypatch.setattr("morphpipe.commands.workload.Profiler", SyntheticProfiler)
     assert main(argv) == 2
     error = capsys.readouterr().err
     assert "Traceback" not in error
@@ -128,11 +127,10 @@ SIGINT_CHILD = """
 import json, os, signal, sys, torch
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job of a script starts with SIGINT ignored
 from morphpipe import outputs
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.executor.checkpoint import TrainingState, capture_rng, save_checkpoint
 from morphpipe.profiler.profile import Profile
-import morphpipe.executor.commands
-import morphpipe.tune
+import morphpipe.commands.workload
 
 class SyntheticProfiler:
     def __init__(self, *args, **kwargs):
@@ -141,7 +139,7 @@ class SyntheticProfiler:
     def run(self):
         return Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=3, cores=2)
 
-morphpipe.tune.Profiler = morphpipe.executor.commands.Profiler = SyntheticProfiler
+morphpipe.commands.workload.Profiler = SyntheticProfiler
 
 def save_new_checkpoint(directory):
     try:

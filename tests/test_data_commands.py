@@ -11,7 +11,7 @@ import scipy.sparse
 import torch
 
 from morphpipe.data import GraphStore
-from morphpipe.data.commands import register
+from morphpipe.commands.data import register
 
 
 def run(*argv: str) -> int:

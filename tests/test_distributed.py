@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.distributed import SeedSplit, check_exactly_once, detect, local_profile, predict_cluster
 from morphpipe.distributed.affinity import rank_cores
-from morphpipe.distributed.commands import without_nproc
-from morphpipe.distributed.simulate import parse_node
+from morphpipe.commands.train_distributed import without_nproc
+from morphpipe.commands.simulate import parse_node
 from morphpipe.distributed.split import apportion
 from morphpipe.distributed.virtual import run_virtual_cluster
 from morphpipe.profiler import Profile
@@ -47,7 +47,9 @@ def test_every_seed_once_per_epoch_and_step_k_is_the_single_process_batch(num_se
         assert split.step_total(k) == sum(s[k] for s in sizes)
     if mode == "weighted":
         ideal = [batch * w / sum(weights) for w in weights]
-        assert all(abs(b - q) < 1.0 + 1e-9 or b == 1 for b, q in zip(split.local_batches, ideal))
+        # Ranks raised to the 1-seed minimum take their shortfall from the others: that much more slack.
+        raised = sum(1.0 - q for q in ideal if q < 1.0)
+        assert all(abs(b - q) < 1.0 + raised + 1e-9 or b == 1 for b, q in zip(split.local_batches, ideal))
     else:
         assert max(split.local_batches) - min(split.local_batches) <= 1
 

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from morphpipe.executor.serial_batcher import SerialBatcher
-from morphpipe.sampling import CpuBatcher
+from morphpipe.sampling import CpuBatcher, SerialBatcher
 from morphpipe.sampling.epochs import epoch_seed
 
 FANOUTS = [3, 2]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from morphpipe import ops
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.data import load_dataset
 from morphpipe.executor import (CpuDevices, Executor, Trainer, load_checkpoint, route_seeds, save_checkpoint,
                                 training_device)

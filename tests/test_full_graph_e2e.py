@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.data import PRESETS, GraphStore, generate
 from morphpipe.executor import FullGraphTrainer, Trainer
 from morphpipe.executor.layerwise import layerwise_inference

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from morphpipe import native, ops
 from morphpipe.ops import fused
-from morphpipe.ops.sparse_input import InputDensity, dense_to_csr, sparse_aware_linear
+from morphpipe.ops.dense_to_csr import dense_to_csr
+from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
 from morphpipe.sampling import sample_neighbors
 from morphpipe.sampling.minibatch import Block
 

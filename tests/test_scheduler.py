@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.partitioner import Partitioner, PhaseTimes, Split
 from morphpipe.profiler import Profile
 from morphpipe.scheduler import PLAN_SCHEMA_VERSION, Plan, Scheduler, draw_plan, plan_from_profile, simulate_plan
-from morphpipe.scheduler.commands import parse_cores
+from morphpipe.commands.simulate import parse_cores
 from morphpipe.scheduler.plots import plot_cores_sweep, plot_gantt
 from morphpipe.scheduler.whatif import sweep, what_if
 

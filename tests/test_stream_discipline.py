@@ -18,10 +18,9 @@ from morphpipe import ops
 from morphpipe.executor.devices import CudaDevices, InFlight, Launched
 from morphpipe.executor.executor import Executor
 from morphpipe.executor.routes import route_seeds
-from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.nn.train_step import TrainStep
 from morphpipe.partitioner.partitioner import Split
-from morphpipe.sampling import CpuBatcher, GpuBatcher
+from morphpipe.sampling import CpuBatcher, GpuBatcher, SerialBatcher
 
 FANOUTS = [3, 2]
 BATCH = 32

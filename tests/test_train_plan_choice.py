@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from morphpipe.cli import main
+from morphpipe.commands.cli import main
 from morphpipe.data import load_dataset
 from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.executor.replan import Replanner

@@ -1,9 +1,10 @@
 """A rank's batcher for one route: each epoch, this rank's share of the global steps, in step order.
 
-It wraps an ordinary batcher (CpuBatcher, SerialBatcher or GpuBatcher, built with shuffle=False)
-and hands it, before each epoch, the seeds of this rank's batches on its route: Route 0 takes
-the rank's first `n_cpu` steps, Route 1 the rest (the short last step included), as
-`route_seeds` does in one process. Its batches are therefore steps `first`, `first + 1`, ...
+It keeps the batcher contract (`morphpipe.sampling.batcher`) by wrapping an ordinary batcher
+(CpuBatcher, SerialBatcher or GpuBatcher, built with shuffle=False) and handing it, before each
+epoch, the seeds of this rank's batches on its route: Route 0 takes the rank's first `n_cpu`
+steps, Route 1 the rest (the short last step included), as `route_seeds` does in one process.
+Its batches are therefore steps `first`, `first + 1`, ...
 """
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from collections.abc import Iterator
 import torch
 
 from morphpipe.distributed.split import SeedSplit
+from morphpipe.sampling.batcher import Batcher, SeedBatcher
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.sampling.validation import check_seed_ids
 
 
-class RankBatcher:
+class RankBatcher(Batcher):
     """Steps [first, first + count) of rank `rank`'s epochs, built by `inner` (a shuffle=False batcher)."""
 
-    def __init__(self, inner, split: SeedSplit, rank: int, train_seeds: torch.Tensor, seed: int, first: int,
-                 count: int) -> None:
+    def __init__(self, inner: SeedBatcher, split: SeedSplit, rank: int, train_seeds: torch.Tensor, seed: int,
+                 first: int, count: int) -> None:
         if inner.shuffle:
             raise ValueError("RankBatcher needs an inner batcher built with shuffle=False (the split shuffles)")
         if inner.batch_size != split.local_batches[rank]:

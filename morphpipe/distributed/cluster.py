@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from morphpipe.distributed.split import SeedSplit
 from morphpipe.profiler.profile import Profile, ThreadScaling
 from morphpipe.scheduler.plan import Plan, count_of
 from morphpipe.scheduler.planning import plan_from_profile
+from morphpipe.scheduler.whatif import what_if
 
 
 def profiled_batch_size(profile: Profile) -> int:
@@ -107,3 +109,28 @@ def rank_table(prediction: ClusterPrediction, labels: Sequence[str]) -> str:
     ]
     return "\n".join([header, *rows, f"{split.describe()}; predicted epoch {prediction.epoch_s:.3f} s "
                                      "(slowest rank; all-reduce not modelled)"])
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """`count` nodes measured by `profile` (re-read for `cores` cores when given)."""
+
+    path: Path
+    count: int
+    cores: int | None
+
+    @property
+    def label(self) -> str:
+        return self.path.name + (f" @{self.cores} cores" if self.cores is not None else "")
+
+
+def cluster_profiles(nodes: list[NodeType]) -> tuple[list[Profile], list[str]]:
+    """One profile per rank (node), and a label per rank."""
+    profiles, labels = [], []
+    for node in nodes:
+        profile = Profile.load(node.path)
+        if node.cores is not None:
+            profile = what_if(profile, node.cores).profile
+        profiles += [profile] * node.count
+        labels += [node.label] * node.count
+    return profiles, labels

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,18 +23,19 @@ from torch import nn
 from torch.nn import functional
 from torch.nn.parallel import DistributedDataParallel
 
+from morphpipe.data import GraphStore
 from morphpipe.distributed.batcher import RankBatcher
 from morphpipe.distributed.split import SeedSplit, apportion, check_exactly_once
-from morphpipe.executor.checkpoint import TrainingState, capture_rng, check_same_run, load_checkpoint, save_checkpoint
+from morphpipe.executor.checkpoint import Checkpointing, TrainingState, run_meta
 from morphpipe.executor.devices import default_devices
 from morphpipe.executor.evaluate import accuracy
 from morphpipe.executor.executor import Executor
-from morphpipe.executor.trainer import GpuBatcherFactory, torch_threads, training_device
+from morphpipe.executor.trainer import GpuBatcherFactory, torch_threads, training_device, training_threads
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.epochs import epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
+from morphpipe.sampling.serial_batcher import SerialBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
-from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.scheduler.plan import Plan
 
 
@@ -95,7 +95,7 @@ class DistributedTrainer:
     slowest rank's plan). `loss_fn` is a mean-reducing `(logits, labels) -> loss`.
     """
 
-    def __init__(self, graph, model: nn.Module, plan: Plan, split: SeedSplit, *, fanouts: Sequence[int],
+    def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, split: SeedSplit, *, fanouts: Sequence[int],
                  predicted_epoch_s: float, optimizer: torch.optim.Optimizer | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, lr: float = 3e-3,
                  device: str | torch.device | None = None, seed: int = 0,
@@ -120,8 +120,9 @@ class DistributedTrainer:
         self.optimizer = optimizer or torch.optim.Adam(self.model.parameters(), lr=lr)
         self.step = DistributedStep(self.model, self.optimizer, loss_fn or functional.cross_entropy, split,
                                     plan.n_cpu)
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.log = log or print
+        self.checkpoints = (Checkpointing(checkpoint_dir, self.module, self.optimizer, log=self.log)
+                            if checkpoint_dir is not None else None)
         self.history: list[DistEpochStats] = []
         self.train_sorted = torch.sort(graph.train_idx).values
         local = split.local_batches[self.rank]
@@ -150,7 +151,7 @@ class DistributedTrainer:
         """Trains until `epochs` epochs are done (continuing from a checkpoint); every epoch's stats."""
         check_positive("epochs", epochs)
         first = self._resume()
-        train_threads = self.plan.train_threads if self.plan.kind == "cpu-only" else None
+        train_threads = training_threads(self.plan)
         for epoch in range(first, epochs):
             torch.manual_seed(epoch_seed(epoch_seed(self.seed, epoch), self.rank))
             self.step.trained = []
@@ -168,7 +169,7 @@ class DistributedTrainer:
             self.history.append(stats)
             if self.rank == 0:
                 self.log(stats.line(epochs))
-            if self.checkpoint_dir is not None:
+            if self.checkpoints is not None:
                 self.save(epoch + 1)
         return self.history
 
@@ -198,36 +199,28 @@ class DistributedTrainer:
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must agree with to be continued by this run."""
-        return {"dataset": getattr(self.graph, "name", "graph"), "num_nodes": int(self.graph.num_nodes),
-                "model": type(self.module).__name__, "fanouts": list(self.fanouts),
+        return {**run_meta(self.graph, self.module), "fanouts": list(self.fanouts),
                 "batch_size": self.split.global_batch, "seed": self.seed, "world_size": self.world,
                 "local_batches": list(self.split.local_batches)}
 
     def save(self, epochs_done: int) -> None:
         """Rank 0 writes the checkpoint (atomically); every rank waits until it is on disk."""
         if self.rank == 0:
-            assert self.checkpoint_dir is not None
-            state = TrainingState(epoch=epochs_done, model=self.module.state_dict(),
-                                  optimizer=self.optimizer.state_dict(), rng=capture_rng(),
-                                  history=[asdict(stats) for stats in self.history], meta=self.meta())
-            save_checkpoint(self.checkpoint_dir, state)
+            assert self.checkpoints is not None
+            self.checkpoints.save(epochs_done, [asdict(stats) for stats in self.history], self.meta())
         dist.barrier()
 
     def _resume(self) -> int:
         """Rank 0 reads the checkpoint and broadcasts it; every rank loads it; returns the epoch to continue from."""
-        if self.checkpoint_dir is None:
+        if self.checkpoints is None:
             return len(self.history)
-        box: list[TrainingState | None] = [load_checkpoint(self.checkpoint_dir) if self.rank == 0 else None]
+        box: list[TrainingState | None] = [self.checkpoints.load() if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
-        state = box[0]
+        # The RNG states stay as they are: dropout masks are seeded per (epoch, rank) in `fit`.
+        state = self.checkpoints.restore(box[0], self.meta(), rng=False, announce=self.rank == 0)
         if state is None:
             return len(self.history)
-        check_same_run(state, self.meta(), self.checkpoint_dir)
-        self.module.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
         self.history = [DistEpochStats(**item) for item in state.history]
-        if self.rank == 0:
-            self.log(f"resumed from {self.checkpoint_dir} after epoch {state.epoch}")
         return state.epoch
 
     def close(self) -> None:

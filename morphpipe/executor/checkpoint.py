@@ -6,7 +6,8 @@ kill leaves either the old checkpoint or the new one, never half of one. A JSON 
 (format, version, size and SHA-256 of the rest) comes first: a damaged file is refused, not
 resumed. The RNG states (torch CPU and CUDA, numpy, Python) make the resumed run draw the same dropout masks as an
 uninterrupted one; the batchers need no state beyond the epoch number (they replay epoch k).
-Files load with `weights_only=True`: plain containers and tensors only.
+Files load with `weights_only=True`: plain containers and tensors only. `Checkpointing` is how the
+trainers save after each epoch and resume a run; each adds only its history's form and run metadata.
 """
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ import io
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from morphpipe.outputs import check_output_dir, replacing_file
 
@@ -165,3 +168,56 @@ def check_same_run(state: TrainingState, expected: dict[str, Any], directory: st
         raise ValueError(f"{directory}: the checkpoint is for another run ({details}); use another "
                          "checkpoint directory or the same settings")
 
+
+def run_meta(graph: Any, model: nn.Module) -> dict[str, Any]:
+    """The dataset and model a run trains, with which every trainer's checkpoint metadata starts."""
+    return {"dataset": getattr(graph, "name", "graph"), "num_nodes": int(graph.num_nodes),
+            "model": type(model).__name__}
+
+
+class Checkpointing:
+    """A run's checkpoints in `directory`: `save` writes one after an epoch, `resume` continues from the one there.
+
+    It saves and restores what every trainer keeps the same way: the model's and the optimizer's
+    state, the RNG states, and `model_spec` (build_model's arguments, for `morphpipe evaluate`);
+    the trainer gives its history as dicts and the run metadata a resumed run must agree with.
+    """
+
+    def __init__(self, directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 log: Callable[[str], None], model_spec: dict[str, Any] | None = None) -> None:
+        self.directory = Path(directory)
+        self.model = model
+        self.optimizer = optimizer
+        self.log = log
+        self.model_spec = model_spec
+
+    def save(self, epochs_done: int, history: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
+        """Writes a checkpoint after `epochs_done` completed epochs (atomically); returns its path."""
+        if self.model_spec is not None:
+            meta = {**meta, "model_spec": self.model_spec}
+        state = TrainingState(epoch=epochs_done, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                              rng=capture_rng(), history=history, meta=meta)
+        return save_checkpoint(self.directory, state)
+
+    def load(self) -> TrainingState | None:
+        """The checkpoint in the directory, or None when there is none yet."""
+        return load_checkpoint(self.directory)
+
+    def resume(self, meta: dict[str, Any]) -> TrainingState | None:
+        """Continues from the checkpoint in the directory, if any (see `restore`); None: start afresh."""
+        return self.restore(self.load(), meta)
+
+    def restore(self, state: TrainingState | None, meta: dict[str, Any], *, rng: bool = True,
+                announce: bool = True) -> TrainingState | None:
+        """Checks `state` is of this run (`meta`), loads its model and optimizer state and, with `rng`, its RNG
+        states; with `announce`, logs where it resumed. Returns `state`, whose history the trainer takes back."""
+        if state is None:
+            return None
+        check_same_run(state, meta, self.directory)
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        if rng:
+            restore_rng(state.rng)
+        if announce:
+            self.log(f"resumed from {self.directory} after epoch {state.epoch}")
+        return state

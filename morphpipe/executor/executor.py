@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
@@ -33,19 +32,10 @@ from morphpipe.executor.devices import Devices, InFlight, Launched, Step
 from morphpipe.executor.threads import Stopped, ThreadGroup
 from morphpipe.executor.trace import Trace
 from morphpipe.partitioner.partitioner import Split
+from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.scheduler.model import cpu_side_full
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES, BlockRecord, TraceRecord, idle_seconds
-
-
-class EpochBatcher(Protocol):
-    """What the executor needs of a batcher (CpuBatcher's contract): its length, an epoch's batches, close()."""
-
-    def __len__(self) -> int: ...
-
-    def epoch(self, epoch: int) -> Iterator[MiniBatch]: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -82,8 +72,8 @@ class EpochResult:
 class Executor:
     """Runs training epochs under `split` (n_cpu, n_gpu, cbs, gbs) on `devices` with `step`."""
 
-    def __init__(self, split: Split, devices: Devices, step: Step, *, cpu_batcher: EpochBatcher | None = None,
-                 gpu_batcher: EpochBatcher | None = None, shares_cores: bool = False) -> None:
+    def __init__(self, split: Split, devices: Devices, step: Step, *, cpu_batcher: Batcher | None = None,
+                 gpu_batcher: Batcher | None = None, shares_cores: bool = False) -> None:
         for route, name, count, batcher, buffer, buffer_name in (
             (0, "cpu_batcher", split.n_cpu, cpu_batcher, split.cbs, "cbs"),
             (1, "gpu_batcher", split.n_gpu, gpu_batcher, split.gbs, "gbs"),
@@ -145,7 +135,7 @@ class Executor:
         return loop.result(epoch, epoch_s, {**self.devices.lanes, **(cpu.lanes if cpu is not None else {})})
 
 
-def _close_after(closer: EpochBatcher | Devices, error: BaseException) -> None:
+def _close_after(closer: Batcher | Devices, error: BaseException) -> None:
     """Closes `closer` while `error` propagates; a second failure is noted on the first, not raised."""
     try:
         closer.close()

@@ -19,10 +19,10 @@ from torch import nn
 from torch.nn import functional
 from tqdm.auto import tqdm
 
-from morphpipe.executor.checkpoint import (TrainingState, capture_rng, check_same_run, load_checkpoint, restore_rng,
-                                          save_checkpoint)
+from morphpipe.data import GraphStore
+from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.evaluate import full_accuracy
-from morphpipe.executor.trainer import SPLITS, choice_counts_since
+from morphpipe.executor.trainer import LogOnce, check_split, choice_counts_since
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.validation import check_positive
@@ -49,7 +49,7 @@ class FullGraphEpoch:
 class FullGraphTrainer:
     """Trains `model` on the whole `graph` at once: forward over every node, loss on the training nodes, one step."""
 
-    def __init__(self, graph, model: nn.Module, *, lr: float = 3e-3, device: str | torch.device = "cpu",
+    def __init__(self, graph: GraphStore, model: nn.Module, *, lr: float = 3e-3, device: str | torch.device = "cpu",
                  checkpoint_dir: str | os.PathLike | None = None, model_spec: dict[str, Any] | None = None,
                  progress: bool = True, log: Callable[[str], None] | None = None) -> None:
         self.graph = graph
@@ -57,16 +57,16 @@ class FullGraphTrainer:
         self.model = model.to(self.device)
         self.dtype = next(self.model.parameters()).dtype
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        self.model_spec = model_spec
         self.progress = progress
         self.log = log or tqdm.write
+        self.checkpoints = (Checkpointing(checkpoint_dir, self.model, self.optimizer, log=self.log,
+                                          model_spec=model_spec) if checkpoint_dir is not None else None)
         self.block = GraphBlock.of(graph.indptr, graph.indices).to(self.device)
         self.features = torch.as_tensor(graph.features).to(device=self.device, dtype=self.dtype)
         self.train_idx = graph.train_idx.to(self.device)
         self.train_labels = graph.labels[graph.train_idx].to(self.device)
         self.history: list[FullGraphEpoch] = []
-        self._said: set[str] = set()
+        self._say_once = LogOnce(self.log)
 
     def step(self) -> float:
         """One full-graph training step; returns the loss."""
@@ -92,44 +92,28 @@ class FullGraphTrainer:
             stats = FullGraphEpoch(epoch, epoch_s, loss, val_acc, choices)
             self.history.append(stats)
             self.log(stats.line(epochs))
-            if self.checkpoint_dir is not None:
+            if self.checkpoints is not None:
                 self.save(epoch + 1)
         return self.history
 
     def evaluate(self, split: str = "val") -> float:
         """Exact accuracy on the 'train', 'val' or 'test' nodes (layer-wise inference on the whole-graph block)."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        return full_accuracy(self.model, self.graph, getattr(self.graph, f"{split}_idx"), device=self.device,
-                             graph_block=self.block, progress=self.progress, log=self._say_once)
-
-    def _say_once(self, message: str) -> None:
-        if message not in self._said:
-            self._said.add(message)
-            self.log(message)
+        return full_accuracy(self.model, self.graph, getattr(self.graph, f"{check_split(split)}_idx"),
+                             device=self.device, graph_block=self.block, progress=self.progress, log=self._say_once)
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must agree with to be continued by this trainer."""
-        return {"dataset": getattr(self.graph, "name", "graph"), "num_nodes": int(self.graph.num_nodes),
-                "model": type(self.model).__name__, "full_graph": True}
+        return {**run_meta(self.graph, self.model), "full_graph": True}
 
     def save(self, epochs_done: int) -> Path:
         """Writes a checkpoint after `epochs_done` completed epochs."""
-        assert self.checkpoint_dir is not None
-        meta = self.meta() if self.model_spec is None else {**self.meta(), "model_spec": self.model_spec}
-        state = TrainingState(epoch=epochs_done, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                              rng=capture_rng(), history=[asdict(stats) for stats in self.history], meta=meta)
-        return save_checkpoint(self.checkpoint_dir, state)
+        assert self.checkpoints is not None
+        return self.checkpoints.save(epochs_done, [asdict(stats) for stats in self.history], self.meta())
 
     def _resume(self) -> int:
-        """Loads the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from."""
-        state = load_checkpoint(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        """Continues from the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from."""
+        state = self.checkpoints.resume(self.meta()) if self.checkpoints is not None else None
         if state is None:
             return len(self.history)
-        check_same_run(state, self.meta(), self.checkpoint_dir)
-        self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
-        restore_rng(state.rng)
         self.history = [FullGraphEpoch(**item) for item in state.history]
-        self.log(f"resumed from {self.checkpoint_dir} after epoch {state.epoch}")
         return state.epoch

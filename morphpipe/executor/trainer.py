@@ -25,25 +25,26 @@ from torch.nn import functional
 from tqdm.auto import tqdm
 
 from morphpipe.cores import usable_cores
-from morphpipe.executor.checkpoint import (TrainingState, capture_rng, check_same_run, load_checkpoint, restore_rng,
-                                          save_checkpoint)
+from morphpipe.data import GraphStore
+from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.devices import InFlight, default_devices
 from morphpipe.executor.evaluate import EVAL_MODES, accuracy, full_accuracy
-from morphpipe.executor.executor import EpochBatcher, EpochResult, Executor
+from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
-from morphpipe.executor.serial_batcher import SerialBatcher
 from morphpipe.executor.stats import EpochStats
 from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
+from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.cpu_batcher import CpuBatcher
+from morphpipe.sampling.serial_batcher import SerialBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan
 
 # Makes a Route 1 batcher over `seeds` on the training device: factory(graph, fanouts, batch_size, seeds=..., seed=...,
 # device=...).
-GpuBatcherFactory = Callable[..., EpochBatcher]
+GpuBatcherFactory = Callable[..., Batcher]
 SPLITS = ("train", "val", "test")
 
 
@@ -62,6 +63,11 @@ def training_device(plan: Plan, device: str | torch.device | None = None) -> tor
         raise ValueError(f"device={str(device)!r}, but the plan (schedule {plan.kind!r}) trains on a GPU; use "
                          "device='cuda' or plan for the CPU")
     return requested or torch.device("cuda")
+
+
+def training_threads(plan: Plan) -> int | None:
+    """The intra-op threads a training step runs with: a CPU-only plan's training threads; None (unchanged) on a GPU."""
+    return plan.train_threads if plan.kind == "cpu-only" else None
 
 
 @contextlib.contextmanager
@@ -94,6 +100,26 @@ def check_eval_mode(mode: str) -> str:
     return mode
 
 
+def check_split(split: str) -> str:
+    """`split` if it names one of the graph's seed splits, else a ValueError naming the choices."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return split
+
+
+class LogOnce:
+    """Logs each message the first time only (layer-wise inference says where its tables live on every call)."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.said: set[str] = set()
+
+    def __call__(self, message: str) -> None:
+        if message not in self.said:
+            self.said.add(message)
+            self.log(message)
+
+
 class Trainer:
     """Trains `model` on `graph` for epochs under `plan`, with validation, progress bars and checkpoints.
 
@@ -106,7 +132,7 @@ class Trainer:
     plan it switches to (`self.plan` is always the plan in force).
     """
 
-    def __init__(self, graph, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
+    def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
                  optimizer: torch.optim.Optimizer | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, lr: float = 3e-3,
                  device: str | torch.device | None = None, seed: int = 0, gpu_batcher: GpuBatcherFactory | None = None,
@@ -119,17 +145,17 @@ class Trainer:
         self.batch_size = check_positive("batch_size", batch_size)
         self.eval_batch_size = check_positive("eval_batch_size", eval_batch_size)
         self.eval_mode = check_eval_mode(eval_mode)
-        self.model_spec = model_spec
         self._graph_block: GraphBlock | None = None
-        self._said: set[str] = set()
         self.seed = int(seed)
         self.device = training_device(plan, device)
         self.model = model.to(self.device)
         self.optimizer = optimizer or make_optimizer(self.model.parameters(), lr, self.device)
         self.step = TrainStep(self.model, self.optimizer, loss_fn or functional.cross_entropy)
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress = progress
         self.log = log or tqdm.write
+        self._say_once = LogOnce(self.log)
+        self.checkpoints = (Checkpointing(checkpoint_dir, self.model, self.optimizer, log=self.log,
+                                          model_spec=model_spec) if checkpoint_dir is not None else None)
         self.history: list[EpochStats] = []
         self.cores = usable_cores()
         self.gpu_batcher = gpu_batcher
@@ -139,7 +165,7 @@ class Trainer:
     def _executor(self, plan: Plan) -> Executor:
         """The batchers of both routes and the Executor that runs `plan`'s epochs."""
         routes = route_seeds(self.graph.train_idx, self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
-        cpu_batcher: EpochBatcher | None = None
+        cpu_batcher: Batcher | None = None
         if plan.n_cpu and plan.shares_cores:
             cpu_batcher = SerialBatcher(self.graph, self.fanouts, self.batch_size, seeds=routes.cpu, seed=self.seed)
         elif plan.n_cpu:
@@ -176,8 +202,7 @@ class Trainer:
             validate = False
         first = self._resume()
         for epoch in range(first, epochs):
-            train_threads = self.plan.train_threads if self.plan.kind == "cpu-only" else None
-            with torch_threads(train_threads):
+            with torch_threads(training_threads(self.plan)):
                 result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
                 val_acc = self.evaluate("val") if validate else None
             stats = self._stats(result, val_acc, cpu_share, op_choices)
@@ -188,7 +213,7 @@ class Trainer:
                     self.use_plan(decision.candidate)
             self.history.append(stats)
             self.log(stats.line(epochs))
-            if self.checkpoint_dir is not None:
+            if self.checkpoints is not None:
                 self.save(epoch + 1)
         return self.history
 
@@ -222,10 +247,8 @@ class Trainer:
     def evaluate(self, split: str = "val", mode: str | None = None) -> float:
         """Accuracy on the 'train', 'val' or 'test' seeds: `mode` "sampled" (mini-batch inference with the
         training fanouts) or "full" (exact layer-wise inference); None: the trainer's `eval_mode`."""
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         mode = self.eval_mode if mode is None else check_eval_mode(mode)
-        seeds = getattr(self.graph, f"{split}_idx")
+        seeds = getattr(self.graph, f"{check_split(split)}_idx")
         if mode == "full":
             if self._graph_block is None:
                 self._graph_block = GraphBlock.of(self.graph.indptr, self.graph.indices)
@@ -234,39 +257,22 @@ class Trainer:
         return accuracy(self.model, self.graph, seeds, self.fanouts, batch_size=self.eval_batch_size,
                         device=self.device, seed=self.seed)
 
-    def _say_once(self, message: str) -> None:
-        """Logs `message` the first time only (layer-wise inference says where its tables live on every call)."""
-        if message not in self._said:
-            self._said.add(message)
-            self.log(message)
-
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must agree with to be continued by this trainer."""
-        return {"dataset": getattr(self.graph, "name", "graph"), "num_nodes": int(self.graph.num_nodes),
-                "model": type(self.model).__name__, "fanouts": list(self.fanouts), "batch_size": self.batch_size,
+        return {**run_meta(self.graph, self.model), "fanouts": list(self.fanouts), "batch_size": self.batch_size,
                 "seed": self.seed, "num_batches": self.plan.num_batches}
 
     def save(self, epochs_done: int) -> Path:
         """Writes a checkpoint after `epochs_done` completed epochs."""
-        assert self.checkpoint_dir is not None
-        meta = self.meta() if self.model_spec is None else {**self.meta(), "model_spec": self.model_spec}
-        state = TrainingState(epoch=epochs_done, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                              rng=capture_rng(), history=[stats.to_dict() for stats in self.history], meta=meta)
-        return save_checkpoint(self.checkpoint_dir, state)
+        assert self.checkpoints is not None
+        return self.checkpoints.save(epochs_done, [stats.to_dict() for stats in self.history], self.meta())
 
     def _resume(self) -> int:
-        """Loads the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from."""
-        if self.checkpoint_dir is None:
-            return len(self.history)
-        state = load_checkpoint(self.checkpoint_dir)
+        """Continues from the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from."""
+        state = self.checkpoints.resume(self.meta()) if self.checkpoints is not None else None
         if state is None:
             return len(self.history)
-        check_same_run(state, self.meta(), self.checkpoint_dir)
-        self.model.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
-        restore_rng(state.rng)
         self.history = [EpochStats.from_dict(item) for item in state.history]
-        self.log(f"resumed from {self.checkpoint_dir} after epoch {state.epoch}")
         return state.epoch
 
     def close(self) -> None:

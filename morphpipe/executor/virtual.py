@@ -32,6 +32,7 @@ from morphpipe.executor.threads import POLL_S, Stopped, ThreadGroup
 from morphpipe.executor.trace import Trace
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.partitioner.times import PhaseTimes
+from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.epochs import batch_seeds, batches_per_epoch, epoch_order
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.scheduler.durations import Durations
@@ -216,8 +217,9 @@ class _VirtualCpuEpoch:
             thread.join()
 
 
-class _VirtualRoute:
-    """What every virtual batcher shares: its machine, seeds, batch size and run seed, and the batch count."""
+class _VirtualRoute(Batcher):
+    """What every virtual batcher (each keeps the batcher contract) shares: its machine, seeds, batch size and run
+    seed, and the batch count."""
 
     def __init__(self, machine: VirtualMachine, seeds: torch.Tensor, batch_size: int, *, seed: int = 0) -> None:
         self.machine = machine
@@ -233,7 +235,7 @@ class _VirtualRoute:
 
 
 class VirtualCpuBatcher(_VirtualRoute):
-    """Route 0 stand-in with the CpuBatcher contract: P threads, in-order delivery, a window of `queue_size`."""
+    """Route 0 stand-in that delivers as CpuBatcher does: P threads, in-order delivery, a window of `queue_size`."""
 
     route = 0
 

@@ -4,9 +4,10 @@ Models call `aggregate`, `gcn_aggregate` and `gat_attention`; the active `Backen
 by default (`"auto"`) the `fused` native kernels where they are built, else the plain-PyTorch
 `reference`. Choose with `set_backend` (process default) or `use_backend` (scoped, e.g. to force
 one). Input-sensitive choices (kernel variant, re-association, sparse first layer) are forced
-with `force_choices` and reported by `recorded_choices` / `choice_counts`.
+with `force_choices` and reported by `recorded_choices` / `choice_counts`. Importing the package
+registers the fused backend and its self-check (run on a device's first Route 1 use).
 """
-from morphpipe.ops import fused
+from morphpipe.ops import fused, self_check
 from morphpipe.ops.aggregate import (
     AUTO,
     REDUCTIONS,
@@ -30,6 +31,7 @@ from morphpipe.ops.choice import (
     set_forced_choices,
 )
 from morphpipe.ops.reference import gcn_scales
+from morphpipe.sampling.backend_check import register_self_check
 
 register_backend(
     Backend(
@@ -42,6 +44,7 @@ register_backend(
     ),
     preferred=True,
 )
+register_self_check(self_check.NAME, self_check.ops_problem, self_check.leave_auto)
 
 __all__ = [
     "AUTO",

@@ -150,7 +150,7 @@ def calibrate(device: torch.device | str = "cpu") -> Calibration:
 def _measure(device: torch.device) -> Calibration:
     """Seconds per unit of work of each kernel on the current thread count."""
     from morphpipe import native
-    from morphpipe.ops.sparse_input import dense_to_csr
+    from morphpipe.ops.dense_to_csr import dense_to_csr
 
     ops = native.ops()
     generator = torch.Generator().manual_seed(0)

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from morphpipe import native
 from morphpipe.ops import choice
 from morphpipe.ops.cost_model import current_calibration
+from morphpipe.ops.dense_to_csr import dense_to_csr
 from morphpipe.ops.fused import WeightedSum, unavailable
-from morphpipe.sampling.minibatch import Block
 
 # Rows sampled to estimate the density: enough for a stable fraction, cheap on any input.
 DENSITY_SAMPLE_ROWS = 4096
@@ -45,18 +43,6 @@ class InputDensity:
     def reset(self) -> None:
         """Measure again on the next input (e.g. after switching datasets)."""
         self.density = None
-
-
-def dense_to_csr(x: Tensor) -> tuple[Block, Tensor]:
-    """The non-zeros of 2-D `x` (no gradient) as a Block (rows = x's rows, sources = its columns) and their values."""
-    if x.device.type == "cpu":
-        indptr, cols, values = native.ops().dense_to_csr(x.contiguous())
-        return Block(indptr, cols, x.shape[1], x.shape[0]), values
-    mask = x != 0
-    indptr = torch.zeros(x.shape[0] + 1, dtype=torch.int64, device=x.device)
-    torch.cumsum(mask.sum(1), 0, out=indptr[1:])
-    rows, cols = mask.nonzero(as_tuple=True)
-    return Block(indptr, cols, x.shape[1], x.shape[0]), x[rows, cols]
 
 
 def _sparse_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

@@ -3,12 +3,13 @@
 On the first use of a device (GpuBatcher backend "auto"), a small generated graph is batched by
 both backends: the kernels' batches must pass every structure check (edges exist, no repeats,
 fanout respected, prefix convention, features and labels), and their neighbour draws must agree
-in distribution with the torch path (chi-square, Floyd and large-fanout paths); the fused ops must
-match the reference ops, forward and backward, within tolerance. Whatever fails or raises makes
-morphpipe use the torch path (and the reference ops on that device type), said once with the
-reason. The verdict is recorded per device in the native build directory
-(`route1_self_check.json`, keyed by the device and invalidated by source or torch changes) and
-shown by `morphpipe info`.
+in distribution with the torch path (chi-square, Floyd and large-fanout paths). Packages that
+compute on the batches register their own checks with `register_self_check` (`morphpipe.ops`
+does, on import: its fused ops must match the reference ops); they form the verdict's ops part.
+Whatever fails or raises makes morphpipe use the torch path (and, through the registered
+failure action, the reference ops on that device type), said once with the reason. The verdict
+is recorded per device in the native build directory (`route1_self_check.json`, keyed by the
+device and invalidated by source, torch or registered-check changes) and shown by `morphpipe info`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from scipy import stats
 
 from morphpipe import native
 from morphpipe.sampling.minibatch import Block, MiniBatch
@@ -34,15 +34,19 @@ P_VALUE_FLOOR = 1e-4  # a correct sampler fails one of the chi-square tests abou
 HUB = 5
 HUB_DEGREE = 120
 TRIALS = 240
-OPS_ATOL, OPS_RTOL = 1e-4, 1e-3
 
 # Makes one batch of `seeds` (host int64) over the check graph with `fanouts`, deterministic for `seed`.
 BatchMaker = Callable[[torch.Tensor, Sequence[int], int], MiniBatch]
+# A registered check of what computes on the batches: the problem it finds on a device, or None.
+DeviceCheck = Callable[[torch.device], str | None]
+# What the registering package does when its check failed: called with the device type and the problem.
+FailureAction = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """One device's self-check: whether the kernels and the fused ops may be used there, and why not."""
+    """One device's self-check: whether the sampler kernels and the ops (the registered checks, named in
+    `ops_checked`) may be used there, and why not."""
 
     device: str
     kernels_ok: bool
@@ -51,12 +55,44 @@ class Verdict:
     ops_reason: str
     source_hash: str = ""
     torch_version: str = ""
+    ops_checked: str = ""
 
     def summary(self) -> str:
         """One line for logs and `morphpipe info`."""
         kernels = "kernels passed" if self.kernels_ok else f"kernels FAILED ({self.kernels_reason}): torch path used"
-        ops = "fused ops passed" if self.ops_ok else f"fused ops FAILED ({self.ops_reason}): reference ops used"
+        if not self.ops_ok:
+            ops = f"{self.ops_checked or 'ops'} FAILED ({self.ops_reason}): reference ops used"
+        else:
+            ops = f"{self.ops_checked} passed" if self.ops_checked else "no ops check registered"
         return f"self-check on {self.device}: {kernels}; {ops}"
+
+
+@dataclass(frozen=True)
+class RegisteredCheck:
+    """A check another package runs in every device's self-check, and what it does when the check fails."""
+
+    check: DeviceCheck
+    on_failure: FailureAction
+
+
+_registered: dict[str, RegisteredCheck] = {}
+
+
+def register_self_check(name: str, check: DeviceCheck, on_failure: FailureAction) -> None:
+    """Runs `check` in every device's self-check from now on, beside the sampler's (the verdict's ops part);
+    `on_failure(device_type, problem)` acts when a verdict's ops part failed. Registering a name again replaces it."""
+    _registered[name] = RegisteredCheck(check, on_failure)
+
+
+def registered_names() -> str:
+    """The registered checks' names, as a verdict records them in `ops_checked`."""
+    return ", ".join(_registered)
+
+
+def registered_problem(device: torch.device) -> str | None:
+    """What the registered checks find wrong on `device` (each one's problem, joined), or None."""
+    problems = [problem for registered in _registered.values() if (problem := registered.check(device)) is not None]
+    return "; ".join(problems) if problems else None
 
 
 def check_graph(num_nodes: int = 300, seed: int = 0, index_dtype: torch.dtype = torch.int32) -> SimpleNamespace:
@@ -135,6 +171,8 @@ def hub_counts(make: BatchMaker, graph, fanout: int, trials: int = TRIALS) -> to
 
 def distribution_problem(candidate: BatchMaker, reference: BatchMaker, graph) -> str | None:
     """Whether `candidate` draws the hub's neighbours uniformly and like `reference`, by chi-square tests."""
+    from scipy import stats  # a heavy import, needed only when a device is checked
+
     for fanout in (5, 60):
         ours, theirs = hub_counts(candidate, graph, fanout), hub_counts(reference, graph, fanout)
         if int(ours.sum()) != TRIALS * fanout:
@@ -163,70 +201,12 @@ def sampler_problem(candidate: BatchMaker, reference: BatchMaker, graph=None) ->
         return f"raised {type(error).__name__}: {error}"
 
 
-def _random_block(device: torch.device, num_dst: int = 40, num_src: int = 100, seed: int = 0) -> Block:
-    generator = torch.Generator().manual_seed(seed)
-    degrees = torch.randint(0, 9, (num_dst,), generator=generator)
-    degrees[3] = 0
-    indptr = torch.zeros(num_dst + 1, dtype=torch.int64)
-    torch.cumsum(degrees, 0, out=indptr[1:])
-    indices = torch.randint(0, num_src, (int(indptr[-1]),), generator=generator)
-    return Block(indptr.to(device), indices.to(device), num_src, num_dst)
-
-
-def _op_outputs(backend: str, block: Block, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every op's forward output and input gradients under `backend`, on fresh leaves of `inputs`."""
-    from morphpipe import ops
-
-    results: dict[str, torch.Tensor] = {}
-    with ops.use_backend(backend):
-        for name, run in (
-            ("sum", lambda t: ops.aggregate(block, t["h"], "sum", t["w"])),
-            ("mean", lambda t: ops.aggregate(block, t["h"], "mean")),
-            ("max", lambda t: ops.aggregate(block, t["h"], "max")),
-            ("gcn", lambda t: ops.gcn_aggregate(block, t["h"])),
-            ("gat", lambda t: ops.gat_attention(block, t["h3"], t["s_src"], t["s_dst"])),
-        ):
-            leaves = {key: value.detach().clone().requires_grad_(True) for key, value in inputs.items()}
-            out = run(leaves)
-            out.backward(torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out))
-            results[f"{name} forward"] = out.detach()
-            for key, leaf in leaves.items():
-                if leaf.grad is not None:
-                    results[f"{name} grad {key}"] = leaf.grad
-    return results
-
-
-def ops_problem(device: torch.device, candidate: str = "fused", reference: str = "reference") -> str | None:
-    """Where the `candidate` ops backend differs from `reference` on `device` beyond tolerance, or None."""
-    try:
-        block = _random_block(device)
-        generator = torch.Generator().manual_seed(1)
-
-        def draw(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=generator).to(device)
-
-        inputs = {"h": draw(block.num_src, 16), "w": draw(block.nnz), "h3": draw(block.num_src, 2, 8),
-                  "s_src": draw(block.num_src, 2), "s_dst": draw(block.num_dst, 2)}
-        ours, theirs = _op_outputs(candidate, block, inputs), _op_outputs(reference, block, inputs)
-        for key, expected in theirs.items():
-            got = ours.get(key)
-            if got is None or got.shape != expected.shape:
-                return f"{key}: missing or shaped {None if got is None else tuple(got.shape)}"
-            if not torch.allclose(got.float(), expected.float(), atol=OPS_ATOL, rtol=OPS_RTOL):
-                worst = float((got.float() - expected.float()).abs().max())
-                return f"{key} differs from the {reference} backend by up to {worst:.3g}"
-        return None
-    except Exception as error:  # noqa: BLE001 - any failure of the candidate is the verdict
-        return f"raised {type(error).__name__}: {error}"
-
-
-def run_self_check(device: torch.device, kernels: BatchMaker, reference: BatchMaker, graph=None,
-                   ops_candidate: str = "fused") -> Verdict:
-    """Checks the kernels' batches against the torch path and `ops_candidate` against the reference ops."""
+def run_self_check(device: torch.device, kernels: BatchMaker, reference: BatchMaker, graph=None) -> Verdict:
+    """Checks the kernels' batches against the torch path, and runs the registered checks on `device`."""
     sampler = sampler_problem(kernels, reference, graph)
-    ops_reason = ops_problem(device, ops_candidate)
+    ops_reason = registered_problem(device)
     return Verdict(device_key(device), sampler is None, sampler or "", ops_reason is None, ops_reason or "",
-                   *_build_identity())
+                   *_build_identity(), registered_names())
 
 
 def device_key(device: torch.device) -> str:
@@ -268,11 +248,10 @@ def record_verdict(verdict: Verdict, path: Path | None = None) -> None:
 
 
 def apply_verdict(verdict: Verdict, device_type: str) -> None:
-    """Acts on a verdict: failed fused ops leave the automatic ops backend for `device_type`; says so once."""
-    from morphpipe.ops.aggregate import exclude_from_auto
-
+    """Acts on a verdict: a failed ops part calls every registered check's failure action; says so once."""
     if not verdict.ops_ok:
-        exclude_from_auto("fused", device_type, f"the self-check failed: {verdict.ops_reason}")
+        for registered in _registered.values():
+            registered.on_failure(device_type, verdict.ops_reason)
     if not (verdict.kernels_ok and verdict.ops_ok):
         log.warning("morphpipe Route 1 %s", verdict.summary())
 
@@ -283,14 +262,16 @@ _lock = threading.Lock()
 
 def device_verdict(device: torch.device, path: Path | None = None,
                    makers: Callable[[torch.device], contextlib.AbstractContextManager] | None = None) -> Verdict:
-    """The verdict for `device`: this process's, the recorded one if it judged this build, else a fresh check
-    with the backends `makers(device)` yields (default: the CUDA kernels and the torch path on the device)."""
+    """The verdict for `device`: this process's, the recorded one if it judged this build with the checks registered
+    now, else a fresh check with the backends `makers(device)` yields (default: the CUDA kernels and the torch path
+    on the device)."""
     key = device_key(device)
     with _lock:
         if key in _verdicts:
             return _verdicts[key]
         verdict = recorded_verdicts(path).get(key)
-        if verdict is None or (verdict.source_hash, verdict.torch_version) != _build_identity():
+        if verdict is None or (verdict.source_hash, verdict.torch_version, verdict.ops_checked) != (
+                *_build_identity(), registered_names()):
             with (makers or cuda_makers)(device) as (kernels, reference):
                 verdict = run_self_check(device, kernels, reference)
             record_verdict(verdict, path)
@@ -349,5 +330,5 @@ def verdict_rows(path: Path | None = None) -> list[tuple[str, str]]:
     return rows
 
 
-__all__ = ["Verdict", "check_graph", "cuda_makers", "device_verdict", "host_maker", "ops_problem", "run_self_check",
-           "sampler_problem", "structure_problem", "verdict_rows"]
+__all__ = ["Verdict", "check_graph", "cuda_makers", "device_verdict", "host_maker", "register_self_check",
+           "run_self_check", "sampler_problem", "structure_problem", "verdict_rows"]

@@ -12,7 +12,9 @@ import torch
 
 from morphpipe import native
 from morphpipe.cores import usable_cores
-from morphpipe.sampling.epochs import SeedBatcher, check_files, epoch_seed, note_first_use
+from morphpipe.data import GraphStore
+from morphpipe.sampling.batcher import SeedBatcher
+from morphpipe.sampling.epochs import check_files, epoch_seed, note_first_use
 from morphpipe.sampling.minibatch import Block, MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
@@ -44,19 +46,18 @@ def blocks_from_native(num_input_nodes: int, block_indptrs: list, block_indices:
 
 
 class CpuBatcher(SeedBatcher):
-    """Epoch iterator over mini-batches of `seeds` (default: the graph's train split).
+    """Epoch iterator over mini-batches of `seeds` (default: the graph's train split), per the batcher contract.
 
-    `iter(batcher)` starts the next epoch; `batcher.epoch(k)` replays epoch k exactly.
-    Every seed lands in exactly one batch per epoch (the last batch may be short unless
-    `drop_last`). `fanouts[h]` is the neighbour count at hop h from the seeds (PyG's
-    num_neighbors order), -1 for all neighbours; blocks come out input layer first.
+    The last batch of an epoch may be short unless `drop_last`. `fanouts[h]` is the neighbour count at
+    hop h from the seeds (PyG's num_neighbors order), -1 for all neighbours; blocks come out input
+    layer first.
     """
 
     route = 0
 
     def __init__(
         self,
-        graph,
+        graph: GraphStore,
         fanouts: Sequence[int],
         batch_size: int,
         *,

@@ -6,12 +6,9 @@ batches whichever batcher builds them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-
-from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -52,49 +49,3 @@ def check_files(graph: Any) -> None:
     if check is not None:
         check()
 
-
-class SeedBatcher:
-    """The contract CpuBatcher, GpuBatcher and SerialBatcher share: validated seeds and sizes, `len` (batches per
-    epoch), `iter` (starts the next epoch), `epoch_order`, and closing as a context manager.
-
-    Subclasses implement `epoch(k)` (yield epoch k's batches) and `close()`.
-    """
-
-    def __init__(self, graph: Any, fanouts: Sequence[int], batch_size: int, seeds: torch.Tensor | None,
-                 shuffle: bool, drop_last: bool, seed: int) -> None:
-        self.graph = graph
-        note_first_use(graph)
-        self.fanouts = check_fanouts(fanouts)
-        self.batch_size = check_positive("batch_size", batch_size)
-        self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = int(seed)
-        self._next_epoch = 0
-
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        return batches_per_epoch(self.seeds.numel(), self.batch_size, self.drop_last)
-
-    def __iter__(self) -> Iterator:
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        return self.epoch(epoch)
-
-    def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The seeds in the order epoch `epoch` visits them (every batcher's order for the same seed); called at the
-        start of every epoch, it first checks that no memory-mapped file of the graph shrank."""
-        check_files(self.graph)
-        return epoch_order(self.seeds, self.seed, epoch, self.shuffle)
-
-    def epoch(self, epoch: int) -> Iterator:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

@@ -7,11 +7,11 @@ PyTorch-Direct), so graphs far larger than device memory are batched on the GPU;
 make the batches: "kernels" (our fused CUDA sampler and gather) and "torch" (the same algorithm
 in plain PyTorch ops over zero-copy views, `morphpipe.sampling.torch_sampler`, which also runs on
 CPU tensors). "auto" takes the kernels only where a short self-check on the device passed
-(`morphpipe.sampling.backend_check`). The iterator contract is CpuBatcher's: `len()`, `iter()` for
-the next epoch, `epoch(k)` to replay epoch k, `close()`. An epoch visits the same seeds in the same
-batches as a CpuBatcher with the same seed; the sampled neighbours differ (another random
-generator) but follow the same distribution. On a GPU, batches are made on the batcher's own
-stream and each carries a `Handoff` (its stream and events) for whoever uses it on another.
+(`morphpipe.sampling.backend_check`). It keeps the batcher contract (`morphpipe.sampling.batcher`).
+An epoch visits the same seeds in the same batches as a CpuBatcher with the same seed; the sampled
+neighbours differ (another random generator) but follow the same distribution. On a GPU, batches
+are made on the batcher's own stream and each carries a `Handoff` (its stream and events) for
+whoever uses it on another.
 """
 from __future__ import annotations
 
@@ -22,10 +22,12 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe import native
+from morphpipe.data import GraphStore
 from morphpipe.sampling import torch_sampler
 from morphpipe.sampling.cpu_batcher import blocks_from_native
 from morphpipe.sampling.cuda_support import require_cuda
-from morphpipe.sampling.epochs import SeedBatcher, batch_seeds, epoch_seed
+from morphpipe.sampling.batcher import SeedBatcher
+from morphpipe.sampling.epochs import batch_seeds, epoch_seed
 from morphpipe.sampling.gpu_cache import CacheConfig, CachePlan, GpuCache, batch_hotness, degree_hotness, plan_cache
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.sampling.pinning import HostPinning
@@ -75,7 +77,7 @@ class GpuBatcher(SeedBatcher):
 
     def __init__(
         self,
-        graph,
+        graph: GraphStore,
         fanouts: Sequence[int],
         batch_size: int,
         *,

@@ -7,26 +7,30 @@ epoch (the default) the plan follows the phase times each epoch measures.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import torch
 
 from morphpipe import native
-from morphpipe.distributed import commands as distributed_commands
+from morphpipe.commands import train_distributed
+from morphpipe.commands.train_report import print_epoch_summary, run_settings, write_stats
+from morphpipe.commands.workload import (
+    add_workload_arguments,
+    format_profile,
+    model_from_spec,
+    model_spec,
+    workload_profiler,
+    workload_settings,
+)
 from morphpipe.executor.replan import REPLAN_MODES, Replanner
-from morphpipe.outputs import check_output_dir, check_output_file, write_text_atomic
+from morphpipe.outputs import check_output_dir, check_output_file
 from morphpipe.profiler.profile import Profile
-from morphpipe.profiler.profiler import DEVICES, Profiler
-from morphpipe.sampling.commands import parse_int_list
+from morphpipe.profiler.profiler import DEVICES
 from morphpipe.scheduler import Plan, plan_from_profile
 from morphpipe.scheduler.provenance import hardware_problems, plan_mismatches
-from morphpipe.tune import format_profile
 
 DEFAULT_PLAN = Path("plan.json")
-
-DEFAULTS = {"model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train", help="train a GNN with the dual-buffer executor under a plan",
         description="Train GraphSAGE / GCN / GAT / MLP with the dual-buffer executor. With --plan, the model, "
                     "fanouts, batch size and hidden width default to the ones the plan was made for.")
-    parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--plan", type=Path, help="plan JSON written by `morphpipe tune` (default: ./plan.json when it "
                                                   "was made for this dataset and workload, else as --auto)")
@@ -53,14 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a saved profile: with --plan, the one the plan was made from, where re-planning starts "
                              "(default: profile.json beside the plan); without, plan from it (distributed runs: each "
                              "node's own)")
-    parser.add_argument("--model", default=None, choices=["sage", "gcn", "gat", "mlp"],
-                        help="model (default: the plan's, else sage)")
-    parser.add_argument("--hidden", type=int, default=None, help="hidden width (default: the paper's per model)")
+    add_workload_arguments(parser, from_plan=True)
     parser.add_argument("--heads", type=int, default=None, help="GAT attention heads (default 4)")
     parser.add_argument("--dropout", type=float, default=0.5)
-    parser.add_argument("--fanouts", default=None, help="neighbours per hop from the seeds (default: the plan's, "
-                                                         "else 15,10,5); one layer per hop")
-    parser.add_argument("--batch-size", type=int, default=None, help="seeds per batch (default: the plan's, else 1024)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 0.003)")
     parser.add_argument("--seed", type=int, default=0)
@@ -80,28 +78,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stats-json", type=Path, default=None, help="write every epoch's stats and the test "
                                                                       "accuracy to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    distributed_commands.add_arguments(parser)
+    train_distributed.add_arguments(parser)
     parser.set_defaults(func=run)
-
-
-def workload_settings(args: argparse.Namespace, plan: Plan | None) -> dict[str, object]:
-    """Model, fanouts, batch size and hidden width: the command line's, else the plan's, else the defaults."""
-    workload = plan.profile.get("workload", {}) if plan is not None else {}
-    chosen = {}
-    for key, default in DEFAULTS.items():
-        given = getattr(args, key)
-        chosen[key] = given if given is not None else workload.get(key, default)
-    chosen["fanouts"] = parse_int_list(str(chosen["fanouts"]), "--fanouts")
-    return chosen
 
 
 def run(args: argparse.Namespace) -> int:
     """Loads the data, gets a plan, trains, reports test accuracy (as one rank when a launcher started us)."""
-    if distributed_commands.wants_distributed(args):
-        return distributed_commands.run(args)
+    if train_distributed.wants_distributed(args):
+        return train_distributed.run(args)
     from morphpipe.data import load_dataset
     from morphpipe.executor.trainer import Trainer
-    from morphpipe.nn import build_model
     from morphpipe.sampling.gpu_batcher import GpuBatcher
 
     check_outputs(args)
@@ -124,13 +110,12 @@ def run(args: argparse.Namespace) -> int:
             replanner = Replanner(profile, gbs=max(plan.gbs, 1) if plan.n_gpu else args.gbs, seed=args.seed,
                                   reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run())
     torch.manual_seed(args.seed)
-    model = build_model(str(settings["model"]), graph.feature_dim, graph.num_classes,
-                        num_layers=len(settings["fanouts"]), hidden=settings["hidden"], heads=args.heads,
-                        dropout=args.dropout)
+    spec = model_spec(graph, args, settings)
+    model = model_from_spec(spec)
     with Trainer(graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
                  seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
                  progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None,
-                 eval_mode=args.eval_mode, model_spec=model_spec(graph, args, settings), replanner=replanner) as trainer:
+                 eval_mode=args.eval_mode, model_spec=spec, replanner=replanner) as trainer:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test") if "test" not in empty else None
         final_plan = trainer.plan
@@ -146,16 +131,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.save_plan}")
     if test_acc is not None:
         print(f"test accuracy {test_acc:.4f} ({args.eval_mode})")
-    if history:
-        measured = sum(stats.epoch_s for stats in history) / len(history)
-        print(f"mean epoch {measured:.2f} s measured vs {plan.predicted_epoch_s:.2f} s predicted "
-              f"({measured / plan.predicted_epoch_s - 1:+.0%})")
+    print_epoch_summary(history, plan.predicted_epoch_s)
     if args.stats_json is not None:
-        document = {"plan": plan.to_dict(), "settings": {**settings, "epochs": args.epochs, "lr": args.lr,
-                                                        "seed": args.seed, "dataset": graph.name},
-                    "epochs": [stats.to_dict() for stats in history], "test_acc": test_acc}
-        write_text_atomic(args.stats_json, json.dumps(document, indent=2) + "\n", "--stats-json")
-        print(f"wrote {args.stats_json}")
+        write_stats(args.stats_json, {"plan": plan.to_dict()}, run_settings(settings, args, graph.name),
+                    [stats.to_dict() for stats in history], test_acc)
     return 0
 
 
@@ -168,13 +147,6 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
 
 
-def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> dict[str, object]:
-    """`build_model`'s arguments, saved in checkpoints so `morphpipe evaluate` can rebuild the model."""
-    return {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
-            "num_layers": len(settings["fanouts"]), "hidden": settings["hidden"], "heads": args.heads,
-            "dropout": args.dropout, "fanouts": list(settings["fanouts"])}
-
-
 def resolve_device(device: str) -> str:
     """"auto" as CUDA when torch sees a device, else the CPU; "cuda" without one is an error."""
     if device == "cuda" and not torch.cuda.is_available():
@@ -185,13 +157,11 @@ def resolve_device(device: str) -> str:
 def run_full_graph(graph, args: argparse.Namespace, empty: list[str]) -> int:
     """`train --full-graph`: one full-graph step per epoch, exact validation and test accuracy."""
     from morphpipe.executor.full_graph import FullGraphTrainer
-    from morphpipe.nn import build_model
 
-    settings = workload_settings(args, None)
+    settings = workload_settings(args)
     torch.manual_seed(args.seed)
     spec = model_spec(graph, args, settings)
-    model = build_model(spec["name"], spec["in_dim"], spec["num_classes"], num_layers=spec["num_layers"],
-                        hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
+    model = model_from_spec(spec)
     device = resolve_device(args.device)
     trainer = FullGraphTrainer(graph, model, lr=args.lr, device=device, checkpoint_dir=args.checkpoint_dir,
                                model_spec=spec, progress=not args.no_progress)
@@ -200,32 +170,30 @@ def run_full_graph(graph, args: argparse.Namespace, empty: list[str]) -> int:
     if test_acc is not None:
         print(f"test accuracy {test_acc:.4f} (full)")
     if args.stats_json is not None:
-        document = {"settings": {**spec, "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
-                                 "dataset": graph.name, "full_graph": True},
-                    "epochs": [vars(stats) for stats in history], "test_acc": test_acc}
-        write_text_atomic(args.stats_json, json.dumps(document, indent=2) + "\n", "--stats-json")
-        print(f"wrote {args.stats_json}")
+        write_stats(args.stats_json, {}, {**run_settings(spec, args, graph.name), "full_graph": True},
+                    [vars(stats) for stats in history], test_acc)
     return 0
 
 
 def choose_plan(graph, args: argparse.Namespace) -> tuple[Plan, Profile | None, dict[str, object]]:
     """The plan to train with, its profile (None if unknown) and the workload settings; says where the plan came from."""
     if args.auto:
-        settings = workload_settings(args, None)
+        settings = workload_settings(args)
         return *auto_plan(graph, args, settings), settings
     given = args.plan if args.plan is not None else args.profile
     path = given if given is not None else DEFAULT_PLAN if DEFAULT_PLAN.exists() else None
     if path is None:
         print("no --plan given and no ./plan.json here: profiling and planning first (as --auto)")
-        settings = workload_settings(args, None)
+        settings = workload_settings(args)
         return *auto_plan(graph, args, settings), settings
     if args.plan is None and args.profile is not None:
         profile = Profile.load(args.profile)
         plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed)
     else:
         plan = Plan.load(path)
-    settings = workload_settings(args, plan)
-    problems = plan_mismatches(plan.profile.get("workload", {}), graph, settings) + hardware_problems(plan)
+    workload = plan.profile.get("workload", {})
+    settings = workload_settings(args, workload)
+    problems = plan_mismatches(workload, graph, settings) + hardware_problems(plan)
     batches = math.ceil(len(graph.train_idx) / int(settings["batch_size"]))
     if batches != plan.num_batches:
         problems.append(f"batches per epoch: plan {plan.num_batches}, now {batches}")
@@ -235,7 +203,7 @@ def choose_plan(graph, args: argparse.Namespace) -> tuple[Plan, Profile | None, 
             raise ValueError(f"{path}: the plan was made for another run ({differences}); re-plan with "
                              "`morphpipe train --auto` or `morphpipe tune`, or pass --plan-mismatch replan")
         print(f"{path} was made for another run ({differences}): profiling and planning first (as --auto)")
-        settings = workload_settings(args, None)
+        settings = workload_settings(args)
         return *auto_plan(graph, args, settings), settings
     if args.plan is None and args.profile is not None:
         print(f"planned from {path} (made for this dataset and workload)")
@@ -254,16 +222,6 @@ def saved_profile(path: Path, plan: Plan) -> Profile | None:
         raise ValueError(f"{path}: the profile has {profile.num_batches} batches per epoch, the plan "
                          f"{plan.num_batches}; pass the profile the plan was made from (--profile)")
     return profile
-
-
-def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, object], progress: bool) -> Profiler:
-    """The Profiler of this machine on the run's workload (model, fanouts, batch size, hidden width)."""
-    return Profiler(
-        graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]),
-        hidden=settings["hidden"], device=args.device,
-        thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
-        seed=args.seed, progress=progress,
-    )
 
 
 def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> tuple[Plan, Profile]:

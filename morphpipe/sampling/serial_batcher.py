@@ -12,8 +12,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from morphpipe.data import GraphStore
+from morphpipe.sampling.batcher import SeedBatcher
 from morphpipe.sampling.cpu_batcher import sample_neighbors
-from morphpipe.sampling.epochs import SeedBatcher, batch_seeds, epoch_seed
+from morphpipe.sampling.epochs import batch_seeds, epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
 
 
@@ -22,7 +24,7 @@ class SerialBatcher(SeedBatcher):
 
     route = 0
 
-    def __init__(self, graph, fanouts: Sequence[int], batch_size: int, *, seeds: torch.Tensor | None = None,
+    def __init__(self, graph: GraphStore, fanouts: Sequence[int], batch_size: int, *, seeds: torch.Tensor | None = None,
                  shuffle: bool = True, seed: int = 0) -> None:
         super().__init__(graph, fanouts, batch_size, seeds, shuffle, False, seed)
 

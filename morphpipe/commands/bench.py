@@ -4,18 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from morphpipe.commands.workload import parse_int_list
 from morphpipe.cores import usable_cores
 from morphpipe.outputs import check_output_file, write_text_atomic
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.throughput import measure_throughput
-
-
-def parse_int_list(text: str, name: str) -> list[int]:
-    """'15,10,5' -> [15, 10, 5], with an error naming the option."""
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as error:
-        raise ValueError(f"{name}: expected comma-separated integers such as 15,10,5, got {text!r}") from error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -10,14 +10,13 @@ over all ranks).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
+from morphpipe.commands.train_report import print_epoch_summary, run_settings, write_stats
+from morphpipe.commands.workload import format_profile, model_from_spec, model_spec, workload_profiler, workload_settings
 from morphpipe.distributed import env as dist_env
 from morphpipe.distributed.runtime import DEFAULT_TIMEOUT_S, run_rank, start_rank
 from morphpipe.distributed.split import SPLIT_MODES
-from morphpipe.outputs import write_text_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,13 +77,8 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     from morphpipe.distributed.cluster import ClusterPrediction, local_profile, rank_table, throughput
     from morphpipe.distributed.split import SeedSplit
     from morphpipe.distributed.trainer import DistributedTrainer
-    from morphpipe.executor.commands import DEFAULTS
-    from morphpipe.nn import build_model
     from morphpipe.profiler.profile import Profile
-    from morphpipe.profiler.profiler import Profiler
-    from morphpipe.sampling.commands import parse_int_list
     from morphpipe.scheduler.planning import plan_from_profile
-    from morphpipe.tune import format_profile
 
     cuda = args.device != "cpu" and torch.cuda.is_available()
     cores = start_rank(env, cuda=cuda, timeout_s=args.dist_timeout)
@@ -94,16 +88,9 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     say(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {len(graph.train_idx):,} "
         f"training seeds; {world} ranks ({env.launcher})")
     given = Profile.load(args.profile) if args.profile is not None else None
-    workload = given.workload if given is not None else {}
-    settings = {key: getattr(args, key) if getattr(args, key) is not None else workload.get(key, default)
-                for key, default in DEFAULTS.items()}
-    settings["fanouts"] = parse_int_list(str(settings["fanouts"]), "--fanouts")
+    settings = workload_settings(args, given.workload if given is not None else None)
     global_batch = int(settings["batch_size"])
-    profile = given or Profiler(
-        graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=global_batch,
-        hidden=settings["hidden"], device=args.device,
-        thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
-        seed=args.seed, progress=False).run()
+    profile = given or workload_profiler(graph, args, settings, progress=False).run()
     if rank == 0 and given is None:
         print(format_profile(profile))
     mine = (f"{socket.gethostname()}:{_core_list(cores)}", throughput(profile, args.gbs, args.seed))
@@ -117,9 +104,7 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     prediction = ClusterPrediction(split, tuple(plans), tuple(throughputs))
     say("plans per rank:\n" + rank_table(prediction, labels))
     torch.manual_seed(args.seed)
-    model = build_model(str(settings["model"]), graph.feature_dim, graph.num_classes,
-                        num_layers=len(settings["fanouts"]), hidden=settings["hidden"], heads=args.heads,
-                        dropout=args.dropout)
+    model = model_from_spec(model_spec(graph, args, settings))
     gpu_batcher = None
     if plan.n_gpu:
         from morphpipe.sampling.gpu_batcher import GpuBatcher
@@ -132,19 +117,13 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test")
     say(f"test accuracy {test_acc:.4f}")
-    if history:
-        measured = sum(stats.epoch_s for stats in history) / len(history)
-        say(f"mean epoch {measured:.2f} s measured vs {prediction.epoch_s:.2f} s predicted "
-            f"({measured / prediction.epoch_s - 1:+.0%})")
+    print_epoch_summary(history, prediction.epoch_s, say)
     if rank == 0 and args.stats_json is not None:
-        document = {"world_size": world, "launcher": env.launcher, "split": split.describe(),
-                    "local_batches": list(split.local_batches), "ranks": labels, "throughputs": throughputs,
-                    "plans": [p.to_dict() for p in plans], "predicted_epoch_s": prediction.epoch_s,
-                    "settings": {**settings, "epochs": args.epochs, "lr": args.lr, "seed": args.seed,
-                                 "dataset": graph.name},
-                    "epochs": [vars(stats) for stats in history], "test_acc": test_acc}
-        write_text_atomic(Path(args.stats_json), json.dumps(document, indent=2) + "\n", "--stats-json")
-        print(f"wrote {args.stats_json}")
+        head = {"world_size": world, "launcher": env.launcher, "split": split.describe(),
+                "local_batches": list(split.local_batches), "ranks": labels, "throughputs": throughputs,
+                "plans": [p.to_dict() for p in plans], "predicted_epoch_s": prediction.epoch_s}
+        write_stats(args.stats_json, head, run_settings(settings, args, graph.name),
+                    [vars(stats) for stats in history], test_acc)
     return 0
 
 

@@ -5,9 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
-from morphpipe.executor.commands import resolve_device
+from morphpipe.commands.train import resolve_device
+from morphpipe.commands.workload import model_from_spec
 from morphpipe.executor.evaluate import EVAL_MODES
 from morphpipe.executor.trainer import SPLITS
 
@@ -42,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.data import load_dataset
     from morphpipe.executor.checkpoint import load_checkpoint
     from morphpipe.executor.evaluate import accuracy, full_accuracy
-    from morphpipe.nn import build_model
     from morphpipe.ops.community import GraphBlock
 
     state = load_checkpoint(args.checkpoint)
@@ -58,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.checkpoint}: the checkpoint is for dataset {state.meta.get('dataset')!r} with "
                          f"{state.meta.get('num_nodes')} nodes, but {graph.name!r} has {graph.num_nodes}; pass the "
                          "dataset it was trained on")
-    model = build_model(spec["name"], spec["in_dim"], spec["num_classes"], num_layers=spec["num_layers"],
-                        hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
+    model = model_from_spec(spec)
     model.load_state_dict(state.model)
     device = resolve_device(args.device)
     model.to(device)

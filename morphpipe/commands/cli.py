@@ -1,21 +1,14 @@
-"""`morphpipe` command line: each component registers its own sub-commands."""
+"""`morphpipe` command line: each sub-command module of morphpipe.commands registers its parser."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
-# Sub-command modules, each exposing `register(subparsers)`; the order is the order of --help.
-COMMAND_MODULES = [
-    "morphpipe.tune",  # tune
-    "morphpipe.executor.commands",  # train
-    "morphpipe.executor.evaluate_command",  # evaluate
-    "morphpipe.scheduler.commands",  # simulate
-    "morphpipe.sampling.commands",  # bench
-    "morphpipe.data.commands",  # data generate | convert | info
-    "morphpipe.info",  # info
-]
+from morphpipe.commands import bench, data, evaluate, info, simulate, train, tune
+
+# Each exposes `register(subparsers)`; the order is the order of --help.
+COMMAND_MODULES = (tune, train, evaluate, simulate, bench, data, info)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,13 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name != module_name:
-                raise
-            continue
+    for module in COMMAND_MODULES:
         module.register(subparsers)
     return parser
 

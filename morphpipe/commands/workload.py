@@ -1,0 +1,104 @@
+"""The workload `tune` and `train` run: its flags, its settings (flags, else a plan's, else defaults), its profiler,
+its model, and the table of its measured phases."""
+from __future__ import annotations
+
+import argparse
+
+from torch import nn
+
+from morphpipe.nn import build_model
+from morphpipe.nn.factory import MODELS
+from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
+from morphpipe.profiler.profiler import Profiler
+
+DEFAULTS = {"model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None}
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    """'15,10,5' -> [15, 10, 5], with an error naming the option."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise ValueError(f"{name}: expected comma-separated integers such as 15,10,5, got {text!r}") from error
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, from_plan: bool) -> None:
+    """The dataset and the workload flags (model, hidden width, fanouts, batch size). With `from_plan` an unset
+    flag is None, so that `workload_settings` takes the plan's value; else it is the default."""
+
+    def default(key: str) -> object:
+        return None if from_plan else DEFAULTS[key]
+
+    def says(value: str) -> str:
+        return f"default: the plan's, else {value}" if from_plan else f"default {value}"
+
+    parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
+    parser.add_argument("--model", default=default("model"), choices=list(MODELS), help=f"model ({says('sage')})")
+    parser.add_argument("--hidden", type=int, default=None, help="hidden width (default: the paper's per model)")
+    parser.add_argument("--fanouts", default=default("fanouts"),
+                        help=f"neighbours per hop from the seeds ({says('15,10,5')}); one layer per hop")
+    parser.add_argument("--batch-size", type=int, default=default("batch_size"),
+                        help=f"seeds per batch ({says('1024')})")
+
+
+def workload_settings(args: argparse.Namespace, workload: dict[str, object] | None = None) -> dict[str, object]:
+    """Model, fanouts, batch size and hidden width: the command line's, else `workload`'s (what a plan or profile
+    records it was made for), else the defaults."""
+    workload = workload or {}
+    chosen = {}
+    for key, default in DEFAULTS.items():
+        given = getattr(args, key)
+        chosen[key] = given if given is not None else workload.get(key, default)
+    chosen["fanouts"] = parse_int_list(str(chosen["fanouts"]), "--fanouts")
+    return chosen
+
+
+def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, object], progress: bool,
+                      **options: object) -> Profiler:
+    """The Profiler of this machine on the run's workload (`options`: further Profiler arguments, e.g. warmup)."""
+    return Profiler(
+        graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]),
+        hidden=settings["hidden"], device=args.device,
+        thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
+        seed=args.seed, progress=progress, **options,
+    )
+
+
+def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> dict[str, object]:
+    """`build_model`'s arguments, saved in checkpoints so `morphpipe evaluate` can rebuild the model."""
+    return {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
+            "num_layers": len(settings["fanouts"]), "hidden": settings["hidden"], "heads": args.heads,
+            "dropout": args.dropout, "fanouts": list(settings["fanouts"])}
+
+
+def model_from_spec(spec: dict[str, object]) -> nn.Module:
+    """The (untrained) model a `model_spec` describes."""
+    return build_model(spec["name"], spec["in_dim"], spec["num_classes"], num_layers=spec["num_layers"],
+                       hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
+
+
+def format_timing(timing: PhaseTiming) -> str:
+    return f"{timing.mean_s * 1e3:9.2f} ms  (cv {timing.cv:.0%}, {timing.samples} samples)"
+
+
+def format_scaling(name: str, scaling: ThreadScaling) -> list[str]:
+    return [f"  {name} x{threads:<3} {format_timing(timing)}" for threads, timing in scaling.points.items()]
+
+
+def format_profile(profile: Profile) -> str:
+    """The measured phase times as a table (per delivered batch)."""
+    lines = [f"measured phases (per batch; {profile.num_batches} batches of {profile.batch_bytes / 1e6:.1f} MB "
+             f"per epoch, {profile.cores} usable cores):"]
+    if profile.contention:
+        contention = profile.contention
+        lines.insert(1, f"  measured on a {'BUSY' if profile.taken_on_busy_machine else 'quiet'} machine: other "
+                        f"processes used {contention['other_cores']:.2f} of {contention['cores']} cores, "
+                        f"load {contention['load_average']:.2f}")
+    lines += format_scaling("CPU batching    ", profile.cpu_batching)
+    if profile.cpu_training is not None:
+        lines += format_scaling("CPU training    ", profile.cpu_training)
+    for name, timing in (("GPU batching    ", profile.gpu_batching), ("DMA to GPU      ", profile.dma),
+                         ("GPU training    ", profile.training)):
+        if timing is not None:
+            lines.append(f"  {name}     {format_timing(timing)}")
+    return "\n".join(lines)
