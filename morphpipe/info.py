@@ -30,7 +30,7 @@ def native_status(verbose: bool = False) -> list[tuple[str, str]]:
         return [("native ops", f"NOT BUILT: {error}")]
     openmp = module.openmp_max_threads()
     return [
-        ("native ops", f"built ({config.build_dir})"),
+        ("native ops", native.build_info()),
         ("CUDA kernels", "built" if module.built_with_cuda() else f"not built: {config.cuda_skip_reason}"),
         ("OpenMP threads", str(openmp) if openmp else "built without OpenMP"),
         ("OpenMP wait policy", wait_policy().line()),
