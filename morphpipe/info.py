@@ -23,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def native_status(verbose: bool = False) -> list[tuple[str, str]]:
     """Rows describing the native extension, building it if needed (a failure is reported, not raised)."""
-    config = native.build_config()
     try:
+        config = native.build_config()
         module = native.load(verbose=verbose)
     except native.NativeBuildError as error:
         return [("native ops", f"NOT BUILT: {error}")]

@@ -25,8 +25,8 @@ from types import ModuleType
 import torch
 
 CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
-# Written by setup.py beside the prebuilt `morphpipe._native`: the torch and toolchain it was compiled with.
-PREBUILT_MODULE = "morphpipe._native"
+PREBUILT_MODULE = "morphpipe._native"  # compiled into a wheel by setup.py
+# Written by setup.py beside the prebuilt module: the torch, CUDA architectures and sources it was compiled from.
 PREBUILT_INFO = Path(__file__).resolve().parent / "_native_build.json"
 # Compiler and linker flags of both builds (just in time here, ahead of time in setup.py).
 CXX_FLAGS = ("-O3", "-fopenmp", "-Wall", "-Wno-unused-function")
@@ -142,8 +142,9 @@ def _prebuilt_config() -> BuildConfig | None:
         problem = (f"the prebuilt native ops were compiled for torch {built['torch']}, but torch "
                    f"{torch.__version__} is installed")
         if not have_sources:
-            raise NativeBuildError(f"{problem}; install torch=={built['torch']} or rebuild morphpipe against this "
-                                   "torch: `pip install --no-build-isolation --force-reinstall --no-deps morphpipe`")
+            raise NativeBuildError(f"{problem}; install torch=={built['torch']}, or reinstall morphpipe from its "
+                                   "sources against this torch: `pip install --no-build-isolation --force-reinstall "
+                                   "--no-deps <source checkout, sdist or git URL>`")
         if not _announced_mismatch:
             print(f"morphpipe: {problem}; compiling them from {CSRC_DIR} instead", file=sys.stderr)
             _announced_mismatch = True
