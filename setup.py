@@ -1,14 +1,18 @@
-"""Compiles morphpipe's native ops into the package as `morphpipe._native`, against the torch installed here.
+"""Builds morphpipe's wheel: the native ops compiled in against the torch installed here, or their sources packaged.
 
-Build with the environment's own torch, installed first: `pip install --no-build-isolation .`
-(`pip wheel --no-build-isolation .`, `python -m build --no-isolation`). torch is deliberately not a
-build requirement in pyproject.toml: an isolated build would download another torch (from PyPI a
-multi-GB CUDA build) and compile against it, not against the torch the package will run with, so
-an isolated build stops with a message saying this instead. The CUDA kernels are compiled in where
-native.py would compile them (CUDA torch and nvcc, see `_cuda_toolchain_problem`). The wheel's
-version carries the torch it was built for (`0.1.0+torch2.13.0.cpu`) and `_native_build.json`
-records it, so that native.py refuses another torch with a clear message instead of crashing.
-An editable install (`pip install -e .`) compiles nothing: native.py builds csrc/ on first use.
+With the environment's own torch installed first, `pip install --no-build-isolation .`
+(`pip wheel --no-build-isolation .`, `python -m build --no-isolation`) compiles csrc/ into the
+package as `morphpipe._native`, with the CUDA kernels where native.py would compile them (CUDA
+torch and nvcc, see `_cuda_toolchain_problem`). That wheel's version carries the torch it was
+built for (`morphpipe-0.1.0+torch2.13.0.cpu-cp312-cp312-linux_x86_64.whl`) and
+`_native_build.json` records it, so that native.py refuses another torch with a clear message
+instead of crashing: build it once, install it on nodes without a compiler.
+A plain, isolated build (`pip install .`, `pip install git+URL`, `pip wheel .`, `python -m build`)
+has no torch (it is deliberately not a build requirement: pip would download one, from PyPI a
+multi-GB CUDA build, unrelated to the torch the package will run with). It packages csrc/ as
+`morphpipe/_csrc` instead, in a pure wheel (`morphpipe-0.1.0-py3-none-any.whl`), and native.py
+compiles those sources on first use against the installed torch, as in a source checkout.
+An editable install (`pip install -e .`) compiles and copies nothing: native.py builds csrc/ on first use.
 """
 from __future__ import annotations
 
@@ -16,24 +20,19 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 SUPPORTED_TORCH = ((2, 11), (2, 14))  # pyproject.toml's torch>=2.11,<2.14
-INSTALL_TORCH_FIRST = (
-    "morphpipe compiles its native ops against the torch it will run with, so torch must be installed "
-    "before morphpipe and the build must see it: install torch (e.g. `pip install torch==2.13.0 "
-    "--index-url https://download.pytorch.org/whl/cpu`), then `pip install --no-build-isolation .` "
-    "(or `pip wheel --no-build-isolation .`, `python -m build --no-isolation`)"
-)
 
 try:
     import torch
-except ImportError:  # an isolated build, or torch not installed yet: metadata and sdist need no torch
+except ImportError:  # an isolated build, or torch not installed yet: the wheel packages the sources
     torch = None
 
 
@@ -57,18 +56,33 @@ def torch_label(version: str) -> str:
     return "torch" + re.sub(r"[^0-9A-Za-z.]", ".", version)
 
 
-class MissingTorch(build_ext):
-    """Stands in for torch's builder when torch cannot be imported: says how to build instead."""
+class PackagedSources(build_py):
+    """setuptools' build_py, also copying csrc/ into the package as morphpipe/_csrc, which native.py compiles."""
 
     def run(self) -> None:
-        if not self.editable_mode:
-            raise SystemExit(f"error: torch is not importable in this build environment. {INSTALL_TORCH_FIRST}")
+        super().run()
+        if self.editable_mode:
+            print("morphpipe: editable install; the native ops compile from csrc/ on first use")
+            return
+        target = self._target()
+        shutil.rmtree(target, ignore_errors=True)  # an earlier in-tree build's copy may hold deleted files
+        shutil.copytree(ROOT / "csrc", target)
+        print("morphpipe: torch is not importable here (an isolated build); packaging the native sources, "
+              "which compile on first use against the installed torch (`--no-build-isolation` compiles them now)")
+
+    def _target(self) -> Path:
+        return Path(self.build_lib) / "morphpipe" / "_csrc"
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        packaged = [] if self.editable_mode else [str(path) for path in self._target().rglob("*") if path.is_file()]
+        return [*super().get_outputs(include_bytecode), *packaged]
 
 
 def native_extension_build() -> tuple[list[Extension], dict[str, type]]:
-    """The extension and the build_ext command that compiles it (torch's BuildExtension)."""
+    """The extension and the build_ext command that compiles it (torch's BuildExtension); without torch, none,
+    and the build_py command that packages the sources."""
     if torch is None:
-        return [Extension("morphpipe._native", sources=[])], {"build_ext": MissingTorch}
+        return [], {"build_py": PackagedSources}
     from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
     native = load_native_config()

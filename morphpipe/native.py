@@ -1,11 +1,12 @@
-"""Loads the native extension: prebuilt in the installed package, or built (incrementally, cached per torch) from csrc/.
+"""Loads the native extension: prebuilt in the installed package, or built (incrementally, cached per torch) from sources.
 
 The extension registers `torch.ops.morphpipe.*` (schemas in csrc/ops.cpp, CPU kernels in
 csrc/cpu/, CUDA kernels in csrc/cuda/ where CUDA torch and nvcc exist) and exposes the
-threaded `CpuBatcher`. A wheel (`pip install --no-build-isolation .`, see setup.py) carries it
-compiled as `morphpipe._native` for the torch it was built against; a source checkout
-(`pip install -e .`) compiles it just in time against the installed torch, which keeps one
-source tree working across torch 2.11-2.13 and across CPU-only and CUDA machines.
+threaded `CpuBatcher`. A wheel built against an installed torch (`pip install --no-build-isolation .`,
+see setup.py) carries it compiled as `morphpipe._native` for that torch; a wheel built without
+torch (a plain, isolated `pip install .`) carries csrc/ as `morphpipe/_csrc`, and a source checkout
+(`pip install -e .`) has csrc/ itself: both compile it just in time against the installed torch,
+which keeps one source tree working across torch 2.11-2.13 and across CPU-only and CUDA machines.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ from types import ModuleType
 
 import torch
 
-CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
+# The native sources: packaged into a wheel built without torch (setup.py), else the source checkout's csrc/.
+PACKAGED_CSRC = Path(__file__).resolve().parent / "_csrc"
+CSRC_DIR = PACKAGED_CSRC if (PACKAGED_CSRC / "ops.cpp").exists() else Path(__file__).resolve().parent.parent / "csrc"
 PREBUILT_MODULE = "morphpipe._native"  # compiled into a wheel by setup.py
 # Written by setup.py beside the prebuilt module: the torch, CUDA architectures and sources it was compiled from.
 PREBUILT_INFO = Path(__file__).resolve().parent / "_native_build.json"
@@ -169,8 +172,9 @@ def build_config() -> BuildConfig:
     if not (CSRC_DIR / "ops.cpp").exists():
         raise NativeBuildError(
             f"morphpipe was installed without its native ops (no prebuilt {PREBUILT_MODULE}, no sources at "
-            f"{CSRC_DIR}); reinstall it with the native ops compiled in: install torch first, then "
-            "`pip install --no-build-isolation morphpipe` (or `pip install -e .` in a source checkout)"
+            f"{CSRC_DIR}); reinstall it: `pip install --force-reinstall --no-deps <source checkout, sdist or git "
+            "URL>` packages the sources (compiled on first use), and with --no-build-isolation after torch "
+            "it compiles them in (or `pip install -e .` in a source checkout)"
         )
     cuda_problem = _cuda_toolchain_problem()
     with_cuda = cuda_problem is None
@@ -186,7 +190,8 @@ def build_info() -> str:
     kind = f"cuda {config.cuda_arch_list}" if config.with_cuda else "cpu"
     if config.prebuilt_torch is not None:
         return f"prebuilt wheel (torch {config.prebuilt_torch}, {kind})"
-    return f"built on first use in {config.build_dir} ({kind})"
+    origin = "packaged sources" if CSRC_DIR == PACKAGED_CSRC else "source checkout"
+    return f"built on first use from the {origin} in {CSRC_DIR} ({kind}; build cached in {config.build_dir})"
 
 
 def _ensure_ninja_on_path() -> None:

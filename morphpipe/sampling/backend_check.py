@@ -318,11 +318,15 @@ def host_maker(graph) -> BatchMaker:
 
 
 def verdict_rows(path: Path | None = None) -> list[tuple[str, str]]:
-    """`morphpipe info` rows: every recorded self-check verdict, or a note that none ran yet."""
-    verdicts = recorded_verdicts(path)
+    """`morphpipe info` rows: every recorded self-check verdict, or a note that none ran yet (or that no native
+    build exists to have recorded one)."""
+    try:
+        verdicts = recorded_verdicts(path)
+        current = _build_identity() if verdicts else None
+    except native.NativeBuildError:  # `morphpipe info`'s "native ops" row says why
+        return [("Route 1 self-check", "unknown: the native ops are not built")]
     if not verdicts:
         return [("Route 1 self-check", "none recorded (runs on a GPU batcher's first use of a device)")]
-    current = _build_identity()
     rows = []
     for verdict in verdicts.values():
         stale = "" if (verdict.source_hash, verdict.torch_version) == current else " [for an older build]"
