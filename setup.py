@@ -4,7 +4,7 @@ With the environment's own torch installed first, `pip install --no-build-isolat
 (`pip wheel --no-build-isolation .`, `python -m build --no-isolation`) compiles csrc/ into the
 package as `morphpipe._native`, with the CUDA kernels where native.py would compile them (CUDA
 torch and nvcc, see `_cuda_toolchain_problem`). That wheel's version carries the torch it was
-built for (`morphpipe-0.1.0+torch2.13.0.cpu-cp312-cp312-linux_x86_64.whl`) and
+built for (`morphpipe-0.1.0+torch2.13.0.cpu-cp311-cp311-linux_x86_64.whl`) and
 `_native_build.json` records it, so that native.py refuses another torch with a clear message
 instead of crashing: build it once, install it on nodes without a compiler.
 A plain, isolated build (`pip install .`, `pip install git+URL`, `pip wheel .`, `python -m build`)

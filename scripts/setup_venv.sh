@@ -2,7 +2,7 @@
 # Creates ./.venv (once) with torch pinned to the CPU build on local disk, then installs
 # morphpipe in editable mode (the native ops compile from csrc/ on first use); with --test also
 # its test extras (pytest, hypothesis, torch_geometric). Safe to run again; prints what it does.
-# --no-build-isolation: setup.py must see the torch of .venv (see setup.py), never download another.
+# --no-build-isolation: build with .venv's setuptools, no isolated build environment to fill.
 # MORPHPIPE_TORCH overrides the torch requirement (e.g. "torch==2.11.0" on a CUDA machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
