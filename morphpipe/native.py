@@ -35,6 +35,8 @@ PREBUILT_INFO = Path(__file__).resolve().parent / "_native_build.json"
 CXX_FLAGS = ("-O3", "-fopenmp", "-Wall", "-Wno-unused-function")
 NVCC_FLAGS = ("-O3", "--use_fast_math", "-DMORPHPIPE_WITH_CUDA")
 LD_FLAGS = ("-fopenmp",)
+REINSTALL = ("`pip install --force-reinstall --no-deps <source checkout, sdist or git URL>` packages the sources "
+             "(compiled on first use); with --no-build-isolation it compiles them in against the installed torch")
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failure: NativeBuildError | None = None  # a failed build is not retried, except verbosely, to show the log
@@ -145,9 +147,7 @@ def _prebuilt_config() -> BuildConfig | None:
         problem = (f"the prebuilt native ops were compiled for torch {built['torch']}, but torch "
                    f"{torch.__version__} is installed")
         if not have_sources:
-            raise NativeBuildError(f"{problem}; install torch=={built['torch']}, or reinstall morphpipe from its "
-                                   "sources against this torch: `pip install --no-build-isolation --force-reinstall "
-                                   "--no-deps <source checkout, sdist or git URL>`")
+            raise NativeBuildError(f"{problem}; install torch=={built['torch']}, or reinstall morphpipe: {REINSTALL}")
         if not _announced_mismatch:
             print(f"morphpipe: {problem}; compiling them from {CSRC_DIR} instead", file=sys.stderr)
             _announced_mismatch = True
@@ -172,9 +172,7 @@ def build_config() -> BuildConfig:
     if not (CSRC_DIR / "ops.cpp").exists():
         raise NativeBuildError(
             f"morphpipe was installed without its native ops (no prebuilt {PREBUILT_MODULE}, no sources at "
-            f"{CSRC_DIR}); reinstall it: `pip install --force-reinstall --no-deps <source checkout, sdist or git "
-            "URL>` packages the sources (compiled on first use), and with --no-build-isolation after torch "
-            "it compiles them in (or `pip install -e .` in a source checkout)"
+            f"{CSRC_DIR}); reinstall it: {REINSTALL} (or `pip install -e .` in a source checkout)"
         )
     cuda_problem = _cuda_toolchain_problem()
     with_cuda = cuda_problem is None
