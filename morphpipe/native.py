@@ -171,8 +171,8 @@ def build_config() -> BuildConfig:
         return prebuilt
     if not (CSRC_DIR / "ops.cpp").exists():
         raise NativeBuildError(
-            f"morphpipe was installed without its native ops (no prebuilt {PREBUILT_MODULE}, no sources at "
-            f"{CSRC_DIR}); reinstall it: {REINSTALL} (or `pip install -e .` in a source checkout)"
+            f"morphpipe was installed without its native ops (no prebuilt {PREBUILT_MODULE}, no sources in "
+            f"{PACKAGED_CSRC} nor {CSRC_DIR}); reinstall it: {REINSTALL} (or `pip install -e .` in a source checkout)"
         )
     cuda_problem = _cuda_toolchain_problem()
     with_cuda = cuda_problem is None
