@@ -19,7 +19,7 @@ import scipy.sparse
 import torch
 
 from morphpipe.commands import arguments
-from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy
+from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
 from morphpipe.data.ondisk import check_graph_output
@@ -153,9 +153,9 @@ def run_convert(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.format} source {source} does not exist")
     extra = {
         "features": read_input(args.features, "--features", "a .npy array [N, F]",
-                               lambda path: np.load(path, mmap_mode="c", allow_pickle=False)),
+                               lambda path: load_npy(path, "--features", mmap_mode="c")),
         "labels": read_input(args.labels, "--labels", "a .npy array [N]",
-                             lambda path: np.load(path, allow_pickle=False)),
+                             lambda path: load_npy(path, "--labels")),
         "splits": read_input(args.splits, "--splits", "an .npz archive of id arrays",
                              lambda path: dict(np.load(path, allow_pickle=False))),
     }

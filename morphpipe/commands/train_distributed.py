@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default="weighted", choices=SPLIT_MODES,
                         help="distributed runs: seeds per rank in proportion to each rank's predicted throughput "
                              "(weighted, default) or equal (even)")
-    parser.add_argument("--dist-timeout", type=arguments.positive_float, default=DEFAULT_TIMEOUT_S,
+    parser.add_argument("--dist-timeout", type=arguments.number(0, 1e7, above=True), default=DEFAULT_TIMEOUT_S,
                         help=f"distributed runs: seconds a collective may wait for a peer (default {DEFAULT_TIMEOUT_S:g})")
 
 
