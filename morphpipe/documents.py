@@ -140,19 +140,21 @@ def read_json(path: str | Path, fix: str) -> Any:
 
 
 def parse_json(data: bytes | str, source: str, fix: str) -> Any:
-    """`data` (UTF-8 bytes or text) parsed as JSON; any decoding or syntax problem is a ValueError naming `source`."""
+    """`data` (UTF-8 bytes or text) parsed as JSON; any decoding or syntax problem is a ValueError naming `source`
+    (and ending with `fix`, unless it is empty: the caller adds its own)."""
+    fix = fix and f"; {fix}"
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError as error:
         raise ValueError(f"{source}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}), so "
-                         f"not a JSON document; {fix}") from None
+                         f"not a JSON document{fix}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{source}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
+        raise ValueError(f"{source}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
                          f"{fix}") from None
     except (ValueError, RecursionError) as error:  # an integer of > 4300 digits, nesting deeper than Python's stack
-        raise ValueError(f"{source}: not a JSON document morphpipe can read ({type(error).__name__}: {error}); "
+        raise ValueError(f"{source}: not a JSON document morphpipe can read ({type(error).__name__}: {error})"
                          f"{fix}") from None
 
 

@@ -88,7 +88,11 @@ def read_meta(directory: str | os.PathLike) -> GraphMeta:
     if not path.is_file():
         raise FileNotFoundError(f"{directory} is not a morphpipe graph directory (no {META_FILE}); create one with "
                                 "`morphpipe data convert` or `morphpipe data generate`")
-    data = read_json(path, "fix: re-create the graph with morphpipe (save, convert or generate)")
+    try:
+        data = read_json(path, "")
+    except ValueError as error:
+        raise GraphValidationError("meta.json", str(error), "re-create the graph with morphpipe (save, convert or "
+                                   "generate)") from None
     if not isinstance(data, dict):
         raise GraphValidationError("meta.json", f"{path} holds {type(data).__name__}, expected an object",
                                    "re-create the graph with morphpipe")
