@@ -2,7 +2,8 @@
 
 A document carries `kind` (which sort of file it is) and `schema_version` (which layout); both
 are checked before any other field. Every reading error is a ValueError (FileNotFoundError for
-a missing file) that names the file, the field, the bad value and how to fix it.
+a missing file) that names the file, the field, the bad value and how to fix it. `read_json` is the
+one way morphpipe reads a user's JSON file (documents, graphs' meta.json, checkpoint headers).
 """
 from __future__ import annotations
 
@@ -126,6 +127,37 @@ class FieldReader:
         return dict(value)
 
 
+def read_json(path: str | Path, fix: str) -> Any:
+    """The parsed contents of a user's JSON file; a missing, non-UTF-8 or malformed file is one error naming the file,
+    what is wrong and `fix` (FileNotFoundError when missing, else ValueError)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file; {fix}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, expected a JSON file; {fix}") from None
+    return parse_json(data, str(path), fix)
+
+
+def parse_json(data: bytes | str, source: str, fix: str) -> Any:
+    """`data` (UTF-8 bytes or text) parsed as JSON; any decoding or syntax problem is a ValueError naming `source`
+    (and ending with `fix`, unless it is empty: the caller adds its own)."""
+    fix = fix and f"; {fix}"
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{source}: not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}), so "
+                         f"not a JSON document{fix}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{source}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+                         f"{fix}") from None
+    except (ValueError, RecursionError) as error:  # an integer of > 4300 digits, nesting deeper than Python's stack
+        raise ValueError(f"{source}: not a JSON document morphpipe can read ({type(error).__name__}: {error})"
+                         f"{fix}") from None
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -160,17 +192,7 @@ class JsonDocument(ABC):
     def load(cls: type[Document], path: str | Path) -> Document:
         """Reads a document file, checking its kind, its schema version and every field."""
         source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{source}: no such file; {cls.DOCUMENT_FIX}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(
-                f"{source}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
-                f"{cls.DOCUMENT_FIX}"
-            ) from None
+        data = read_json(path, cls.DOCUMENT_FIX)
         return cls._from_reader(FieldReader(data, source, cls.DOCUMENT_FIX))
 
     @classmethod

@@ -92,18 +92,19 @@ def replacing_file(path: str | os.PathLike, option: str = "output") -> Iterator[
     On any exception (KeyboardInterrupt included) the temporary file is removed and `path` is untouched.
     """
     target = check_output_file(path, option)
-    target.parent.mkdir(parents=True, exist_ok=True)
     temporary = partial_path(target)
-    try:
-        yield temporary
-        if not temporary.is_file():
-            raise RuntimeError(f"{option} {target}: nothing was written to {temporary}")
-        _fsync(temporary)
-        _stall_for_tests(target)
-        os.replace(temporary, target)
-        _fsync_directory(target.parent)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with _errors_named_by_target(target, temporary, option):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            yield temporary
+            if not temporary.is_file():
+                raise RuntimeError(f"{option} {target}: nothing was written to {temporary}")
+            _fsync(temporary)
+            _stall_for_tests(target)
+            os.replace(temporary, target)
+            _fsync_directory(target.parent)
+        finally:
+            temporary.unlink(missing_ok=True)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, option: str = "output") -> Path:
@@ -122,23 +123,41 @@ def replacing_directory(path: str | os.PathLike, option: str = "output") -> Iter
     directory is removed and `path` is untouched. The caller decides beforehand whether `path` may be replaced.
     """
     target = check_output_dir(path, option)
-    target.parent.mkdir(parents=True, exist_ok=True)
     staging = partial_path(target)
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
-    try:
-        yield staging
-        for entry in staging.iterdir():
-            if entry.is_file():
-                _fsync(entry)
-        _fsync_directory(staging)
-        _stall_for_tests(target)
-        _swap_in(staging, target)
-        _fsync_directory(target.parent)
-    finally:
+    with _errors_named_by_target(target, staging, option):
+        target.parent.mkdir(parents=True, exist_ok=True)
         if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging)
+        staging.mkdir()
+        try:
+            yield staging
+            for entry in staging.iterdir():
+                if entry.is_file():
+                    _fsync(entry)
+            _fsync_directory(staging)
+            _stall_for_tests(target)
+            _swap_in(staging, target)
+            _fsync_directory(target.parent)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _errors_named_by_target(target: Path, partial: Path, option: str) -> Iterator[None]:
+    """Reports a failure to create or write the result (its partial file, or the directories above it) under the
+    user's path and option, not the hidden partial name; other errors pass through."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is None:
+            raise
+        failed = Path(os.fsdecode(error.filename)).absolute()
+        ours = partial.absolute()
+        if failed != ours and ours not in failed.parents and failed not in target.absolute().parents:
+            raise
+        raise OutputPathError(option, target, f"cannot be written ({error.strerror or error})",
+                              "choose a location this process can write to") from error
 
 
 def _swap_in(staging: Path, target: Path) -> None:

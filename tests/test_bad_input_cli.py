@@ -96,7 +96,6 @@ def corrupt_sources(folder: Path) -> dict[str, tuple[list[str], str]]:
         "pyg-not-pickle": (["pyg", str(folder / "data.pt")], "data.pt"),
         "pyg-not-torch-zip": (["pyg", str(folder / "zip.pt")], "zip.pt"),
         "pyg-plain-pickle": (["pyg", str(folder / "pickle.npy")], "pickle.npy"),
-        "num-nodes-0": (["edgelist", edges, "--num-nodes", "0"], "num_nodes"),
         "missing": (["edgelist", str(folder / "typo.txt")], "typo.txt"),
     }
 
@@ -120,7 +119,6 @@ def test_data_generate_says_how_much_memory_it_would_need(tmp_path, capsys):
 
 
 def test_counts_that_mean_nothing_are_refused(tmp_path, graph_dir, capsys):
-    fails_with(["bench", str(graph_dir), "--batches", "0"], capsys, "--batches 0")
     fails_with(["bench", str(graph_dir), "--threads", "1", "--fanouts", "99999999999999999999"], capsys,
                "fanouts[0]", "-1")
 

@@ -122,7 +122,7 @@ def test_overwrite_never_deletes_foreign_files(tmp_path):
     ("feature_dim", 0), ("num_classes", 0),
 ])
 def test_spec_checks(field, value):
-    with pytest.raises(ValueError, match=f"{field} = "):
+    with pytest.raises(ValueError, match=rf"generator spec: {field}\b"):
         spec(**{field: value})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from morphpipe.commands import arguments
 from morphpipe.commands.workload import parse_int_list
 from morphpipe.cores import usable_cores
 from morphpipe.outputs import check_output_file, write_text_atomic
@@ -15,9 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="measure the CPU batcher's throughput on a dataset")
     parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
     parser.add_argument("--fanouts", default="15,10,5", help="neighbours per hop from the seeds (default 15,10,5)")
-    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=1024, help="seeds per batch (default 1024)")
     parser.add_argument("--threads", default=None, help="thread counts to try, e.g. 1,2,4 (default 1..usable cores)")
-    parser.add_argument("--batches", type=int, default=30, help="batches measured per thread count")
+    parser.add_argument("--batches", type=arguments.positive_int, default=30, help="batches measured per thread count")
     parser.add_argument("--json", dest="json_path", default=None, help="also write the results to this JSON file")
     parser.set_defaults(func=run)
 

@@ -18,12 +18,12 @@ import numpy as np
 import scipy.sparse
 import torch
 
-from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy
+from morphpipe.commands import arguments
+from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
 from morphpipe.data.ondisk import check_graph_output
 from morphpipe.data.presets import PRESETS, get_preset
-from morphpipe.data.splits import SplitFractions
 from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
 from morphpipe.data.summary import summarize
 from morphpipe.data.validation import GraphValidationError
@@ -51,16 +51,16 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("preset", nargs="?", choices=list(PRESETS), metavar="PRESET",
                         help=f"one of {', '.join(PRESETS)}")
     parser.add_argument("--kind", choices=KINDS, help="generator, instead of a preset")
-    parser.add_argument("--nodes", type=int, help="number of nodes (required with --kind)")
-    parser.add_argument("--avg-degree", type=float, help="average in-degree (default with --kind: 16)")
-    parser.add_argument("--feature-dim", type=int, help="feature width (default with --kind: 64)")
+    parser.add_argument("--nodes", type=arguments.positive_int, help="number of nodes (required with --kind)")
+    parser.add_argument("--avg-degree", type=arguments.non_negative_float, help="average in-degree (default with --kind: 16)")
+    parser.add_argument("--feature-dim", type=arguments.positive_int, help="feature width (default with --kind: 64)")
     parser.add_argument("--feature-dtype", choices=list(FEATURE_DTYPES), help="default: float32")
-    parser.add_argument("--classes", type=int, help="number of classes (default: 10)")
-    parser.add_argument("--seed", type=int, help="random seed (default: 0)")
-    parser.add_argument("--exponent", type=float, help="degree power-law exponent, > 2 (default: 2.5)")
-    parser.add_argument("--homophily", type=float, help="community: share of same-class edges (default: 0.85)")
-    parser.add_argument("--feature-noise", type=float, help="noise std per feature dimension (default: 1.0)")
-    parser.add_argument("--split", help="train,val,test fractions, e.g. 0.6,0.2,0.2")
+    parser.add_argument("--classes", type=arguments.positive_int, help="number of classes (default: 10)")
+    parser.add_argument("--seed", type=arguments.seed, help="random seed (default: 0)")
+    parser.add_argument("--exponent", type=arguments.number(2, above=True), help="degree power-law exponent, > 2 (default: 2.5)")
+    parser.add_argument("--homophily", type=arguments.fraction, help="community: share of same-class edges (default: 0.85)")
+    parser.add_argument("--feature-noise", type=arguments.non_negative_float, help="noise std per feature dimension (default: 1.0)")
+    parser.add_argument("--split", type=arguments.split_fractions, help="train,val,test fractions, e.g. 0.6,0.2,0.2")
     parser.add_argument("-o", "--output", help="output directory (default for a preset: the dataset cache)")
     parser.add_argument("--name", help="dataset name recorded in meta.json")
     parser.add_argument("--root", help="dataset cache directory (default: $MORPHPIPE_DATA_DIR or "
@@ -76,7 +76,7 @@ def run_generate(args: argparse.Namespace) -> int:
         "num_nodes": args.nodes, "avg_degree": args.avg_degree, "feature_dim": args.feature_dim,
         "feature_dtype": args.feature_dtype, "num_classes": args.classes, "seed": args.seed,
         "exponent": args.exponent, "homophily": args.homophily, "feature_noise": args.feature_noise,
-        "split": SplitFractions.parse(args.split) if args.split else None,
+        "split": args.split,
     }
     changed = {key: value for key, value in overrides.items() if value is not None}
     progress = not args.quiet
@@ -125,14 +125,14 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
     parser.add_argument("--drop-self-loops", action="store_true")
     parser.add_argument("--dedupe", action="store_true", help="keep one copy of repeated edges")
-    parser.add_argument("--num-nodes", type=int, help="default: from the source, else max id + 1")
+    parser.add_argument("--num-nodes", type=arguments.positive_int, help="default: from the source, else max id + 1")
     parser.add_argument("--features", help=".npy [N, F] features (float32/float16 kept, other floats -> float32)")
     parser.add_argument("--labels", help=".npy [N] integer labels (-1 = unlabelled)")
     parser.add_argument("--splits", help=".npz with train, val (or valid) and test id arrays or boolean masks")
-    parser.add_argument("--num-classes", type=int, help="default: max label + 1")
-    parser.add_argument("--feature-dim", type=int, default=64, help="width of generated random features (64)")
-    parser.add_argument("--split", default="0.6,0.2,0.2", help="fractions of a generated split (0.6,0.2,0.2)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for whatever is generated (0)")
+    parser.add_argument("--num-classes", type=arguments.positive_int, help="default: max label + 1")
+    parser.add_argument("--feature-dim", type=arguments.positive_int, default=64, help="width of generated random features (64)")
+    parser.add_argument("--split", type=arguments.split_fractions, default="0.6,0.2,0.2", help="fractions of a generated split (0.6,0.2,0.2)")
+    parser.add_argument("--seed", type=arguments.seed, default=0, help="seed for whatever is generated (0)")
     parser.add_argument("--split-scheme", help="ogb: the split/<scheme> directory, when there are several")
     parser.add_argument("--name", help="dataset name (default: from the source)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
@@ -145,7 +145,7 @@ def run_convert(args: argparse.Namespace) -> int:
     out = check_graph_output(args.output, overwrite=args.force)
     options = ConvertOptions(
         make_undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedupe=args.dedupe,
-        num_nodes=args.num_nodes, name=args.name, seed=args.seed, split=SplitFractions.parse(args.split),
+        num_nodes=args.num_nodes, name=args.name, seed=args.seed, split=args.split,
         feature_dim=args.feature_dim, num_classes=args.num_classes, progress=True,
     )
     source = Path(args.source)
@@ -153,9 +153,9 @@ def run_convert(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.format} source {source} does not exist")
     extra = {
         "features": read_input(args.features, "--features", "a .npy array [N, F]",
-                               lambda path: np.load(path, mmap_mode="c", allow_pickle=False)),
+                               lambda path: load_npy(path, "--features", mmap_mode="c")),
         "labels": read_input(args.labels, "--labels", "a .npy array [N]",
-                             lambda path: np.load(path, allow_pickle=False)),
+                             lambda path: load_npy(path, "--labels")),
         "splits": read_input(args.splits, "--splits", "an .npz archive of id arrays",
                              lambda path: dict(np.load(path, allow_pickle=False))),
     }

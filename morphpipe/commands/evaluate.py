@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from morphpipe.commands import arguments
 from morphpipe.commands.train import resolve_device
 from morphpipe.commands.workload import model_from_spec
 from morphpipe.executor.evaluate import EVAL_MODES
@@ -24,12 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint", type=Path, required=True, help="checkpoint directory written by train")
     parser.add_argument("--mode", default="full", choices=EVAL_MODES, help="full (exact, default) or sampled")
     parser.add_argument("--split", default="all", choices=[*SPLITS, "all"], help="which split (default: all)")
-    parser.add_argument("--chunk-size", type=int, default=None,
+    parser.add_argument("--chunk-size", type=arguments.positive_int, default=None,
                         help="destinations per layer-wise chunk (default: from the memory budget)")
-    parser.add_argument("--memory-mb", type=int, default=None,
+    parser.add_argument("--memory-mb", type=arguments.positive_int, default=None,
                         help="memory budget of layer-wise inference in MiB (default: half the available memory); "
                              "tables that do not fit are memory-mapped on disk")
-    parser.add_argument("--batch-size", type=int, default=4096, help="seeds per batch of sampled inference")
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=4096, help="seeds per batch of sampled inference")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--json", type=Path, default=None, help="also write the accuracies to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

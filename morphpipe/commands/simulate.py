@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from morphpipe.commands import arguments
 from morphpipe.distributed.cluster import (
     ClusterPrediction,
     NodeType,
@@ -67,26 +68,6 @@ def parse_cores(text: str) -> list[int]:
     return counts
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the `simulate` sub-command."""
     parser = subparsers.add_parser(
@@ -101,10 +82,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="profile JSON written by `morphpipe tune` (or give a cluster with --node)")
     parser.add_argument("--cores", type=parse_cores, default=None,
                         help="core counts to predict, e.g. 2,4,8,16 or 2,4,...,16 (default: the profile's own)")
-    parser.add_argument("--pcie-gbps", type=_positive_float, default=None,
+    parser.add_argument("--pcie-gbps", type=arguments.positive_float, default=None,
                         help="PCIe bandwidth of the what-if machine in GB/s (default: this machine's)")
-    parser.add_argument("--gbs", type=_positive_int, default=10, help="GPU buffer size in batches (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the stochastic phase durations (default 0)")
+    parser.add_argument("--gbs", type=arguments.positive_int, default=10, help="GPU buffer size in batches (default 10)")
+    parser.add_argument("--seed", type=arguments.seed, default=0, help="seed of the stochastic phase durations (default 0)")
     parser.add_argument("--plot", type=Path, default=None, help="write epoch time vs cores (Figure 9) as PNG")
     parser.add_argument("--gantt", type=Path, default=None,
                         help="write a Gantt chart PNG of the first batches of the plan at the last core count")
@@ -193,9 +174,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", type=parse_node, action="append", default=None, metavar="PROFILE[:COUNT[:CORES]]",
                         help="a node type of a cluster (repeat): its profile, how many nodes, optionally a what-if "
                              "core count; predicts the cluster epoch with even and weighted seed splits")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=None,
                         help="with --node: the global batch (default: the first profile's batch size)")
-    parser.add_argument("--seeds", type=int, default=None,
+    parser.add_argument("--seeds", type=arguments.positive_int, default=None,
                         help="with --node: training seeds per epoch (default: the first profile's batches x batch size)")
 
 

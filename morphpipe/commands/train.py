@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from morphpipe import native
-from morphpipe.commands import train_distributed
+from morphpipe.commands import arguments, train_distributed
 from morphpipe.commands.train_report import print_epoch_summary, run_settings, write_stats
 from morphpipe.commands.workload import (
     add_workload_arguments,
@@ -57,21 +57,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "(default: profile.json beside the plan); without, plan from it (distributed runs: each "
                              "node's own)")
     add_workload_arguments(parser, from_plan=True)
-    parser.add_argument("--heads", type=int, default=None, help="GAT attention heads (default 4)")
-    parser.add_argument("--dropout", type=float, default=0.5)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 0.003)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heads", type=arguments.positive_int, default=None, help="GAT attention heads (default 4)")
+    parser.add_argument("--dropout", type=arguments.dropout, default=0.5, help="dropout probability in [0, 1) (default 0.5)")
+    parser.add_argument("--epochs", type=arguments.positive_int, default=3, help="epochs to train (default 3)")
+    parser.add_argument("--lr", type=arguments.positive_float, default=3e-3, help="Adam learning rate (default 0.003)")
+    parser.add_argument("--seed", type=arguments.seed, default=0, help="random seed (default 0)")
     parser.add_argument("--device", default="auto", choices=DEVICES, help="where --auto profiles and plans")
-    parser.add_argument("--gbs", type=int, default=10, help="GPU buffer size for --auto (default 10)")
+    parser.add_argument("--gbs", type=arguments.positive_int, default=10, help="GPU buffer size for --auto (default 10)")
     parser.add_argument("--threads", default=None, help="CPU thread counts --auto profiles, e.g. 1,2,4")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per --auto measurement (default 8)")
+    parser.add_argument("--steps", type=arguments.positive_int, default=8, help="timed steps per --auto measurement (default 8)")
     parser.add_argument("--save-plan", type=Path, default=None,
                         help="write the plan in force at the end (after --auto or re-planning) here, and its "
                              "profile as <name>.profile.json beside it")
     parser.add_argument("--checkpoint-dir", type=Path, default=None,
                         help="write a checkpoint after every epoch here, and continue from the one found there")
-    parser.add_argument("--eval-batch-size", type=int, default=4096)
+    parser.add_argument("--eval-batch-size", type=arguments.positive_int, default=4096,
+                        help="seeds per batch of sampled evaluation (default 4096)")
     parser.add_argument("--eval", dest="eval_mode", default="sampled", choices=["sampled", "full"],
                         help="accuracy by sampled mini-batch inference (default) or exact layer-wise full-graph "
                              "inference")

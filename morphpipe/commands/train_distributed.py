@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from morphpipe.commands import arguments
 from morphpipe.commands.train_report import print_epoch_summary, run_settings, write_stats
 from morphpipe.commands.workload import format_profile, model_from_spec, model_spec, workload_profiler, workload_settings
 from morphpipe.distributed import env as dist_env
@@ -21,12 +22,12 @@ from morphpipe.distributed.split import SPLIT_MODES
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The distributed options of `morphpipe train`."""
-    parser.add_argument("--nproc", type=int, default=None,
+    parser.add_argument("--nproc", type=arguments.positive_int, default=None,
                         help="start N ranks on this machine (data-parallel, gloo; the cores are split between them)")
     parser.add_argument("--split", default="weighted", choices=SPLIT_MODES,
                         help="distributed runs: seeds per rank in proportion to each rank's predicted throughput "
                              "(weighted, default) or equal (even)")
-    parser.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    parser.add_argument("--dist-timeout", type=arguments.number(0, 1e7, above=True), default=DEFAULT_TIMEOUT_S,
                         help=f"distributed runs: seconds a collective may wait for a peer (default {DEFAULT_TIMEOUT_S:g})")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from morphpipe.commands import arguments
 from morphpipe.commands.workload import add_workload_arguments, format_profile, workload_profiler, workload_settings
 from morphpipe.outputs import check_output_file
 from morphpipe.profiler.profiler import DEVICES
@@ -16,10 +17,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="auto", choices=DEVICES)
     parser.add_argument("--threads", default=None,
                         help="CPU thread counts to profile, e.g. 1,2,4 (default: powers of two up to the usable cores)")
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per measurement (default 8)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before each measurement (default 2)")
-    parser.add_argument("--gbs", type=int, default=10, help="GPU buffer size in batches (default 10, as the paper)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=arguments.positive_int, default=8, help="timed steps per measurement (default 8)")
+    parser.add_argument("--warmup", type=arguments.non_negative_int, default=2, help="untimed steps before each measurement (default 2)")
+    parser.add_argument("--gbs", type=arguments.positive_int, default=10, help="GPU buffer size in batches (default 10, as the paper)")
+    parser.add_argument("--seed", type=arguments.seed, default=0, help="random seed (default 0)")
     parser.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
     parser.add_argument("--profile-output", default="profile.json",
                         help="where to write the measured profile (default profile.json)")

@@ -6,6 +6,7 @@ import argparse
 
 from torch import nn
 
+from morphpipe.commands import arguments
 from morphpipe.nn import build_model
 from morphpipe.nn.factory import MODELS
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
@@ -34,10 +35,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser, from_plan: bool) -> 
 
     parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
     parser.add_argument("--model", default=default("model"), choices=list(MODELS), help=f"model ({says('sage')})")
-    parser.add_argument("--hidden", type=int, default=None, help="hidden width (default: the paper's per model)")
+    parser.add_argument("--hidden", type=arguments.positive_int, default=None, help="hidden width (default: the paper's per model)")
     parser.add_argument("--fanouts", default=default("fanouts"),
                         help=f"neighbours per hop from the seeds ({says('15,10,5')}); one layer per hop")
-    parser.add_argument("--batch-size", type=int, default=default("batch_size"),
+    parser.add_argument("--batch-size", type=arguments.positive_int, default=default("batch_size"),
                         help=f"seeds per batch ({says('1024')})")
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import gzip
 import os
 import warnings
+import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,17 +102,55 @@ def read_edge_file(path: Path) -> np.ndarray:
     """(2, E) int64 edges from a .npy, .csv, .txt (or their .gz) file."""
     if not path.is_file():
         raise FileNotFoundError(f"edge list {path} does not exist")
-    if path.suffix == ".npy":
-        return _edge_array(np.load(path, allow_pickle=False), str(path))
-    first = _first_data_line(path)
-    delimiter = "," if "," in first[1] else None
+    if path.suffix in (".npy", ".npz") or _starts_with(path, (NPY_MAGIC, ZIP_MAGIC)):
+        return _edge_array(load_npy(path, "edges"), str(path))
+    fix = "give one 'source destination' (or 'source,destination') pair per line, as text or a complete .gz of it"
     try:
+        first = _first_data_line(path)
+        delimiter = "," if "," in first[1] else None
         table = np.loadtxt(path, dtype=np.int64, delimiter=delimiter, comments="#", skiprows=first[0],
                            usecols=(0, 1), ndmin=2)
+    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as error:
+        raise GraphValidationError("edges", f"{path} is damaged or not text ({type(error).__name__}: {error})",
+                                   fix) from error
     except ValueError as error:
-        raise GraphValidationError("edges", f"{path} is not a table of integer node ids ({error})",
-                                   "give one 'source destination' (or 'source,destination') pair per line") from error
+        raise GraphValidationError("edges", f"{path} is not a table of integer node ids ({error})", fix) from error
     return np.ascontiguousarray(table.T)
+
+
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"  # how every .npz archive starts
+
+
+def load_npy(path: str | os.PathLike, field: str, mmap_mode: str | None = None) -> np.ndarray:
+    """The one array of a .npy file (pickles refused); an .npz archive, or anything else, given where a .npy array
+    belongs is a GraphValidationError naming `field`, the file and which array to extract."""
+    path = Path(path)
+    if _starts_with(path, (ZIP_MAGIC,)):
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                names = list(archive.files)
+        except (OSError, ValueError, zipfile.BadZipFile):
+            names = []
+        example = names[0] if names else "NAME"
+        raise GraphValidationError(field, f"{path} is an .npz archive (arrays: {', '.join(names) or 'unreadable'}), "
+                                   "expected a single .npy array",
+                                   f"save the one array as .npy, e.g. np.save('{field.lstrip('-')}.npy', np.load('{path}')"
+                                   f"['{example}'])")
+    if not _starts_with(path, (NPY_MAGIC,)):
+        raise GraphValidationError(field, f"{path} is not a .npy file (no numpy header)",
+                                   "save the array with numpy.save")
+    try:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise GraphValidationError(field, f"{path} is a damaged .npy file ({type(error).__name__}: {error})",
+                                   "save the array again with numpy.save") from error
+
+
+def _starts_with(path: Path, prefixes: tuple[bytes, ...]) -> bool:
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    return head.startswith(prefixes)
 
 
 def _first_data_line(path: Path) -> tuple[int, str]:
@@ -327,7 +367,12 @@ def _infer_num_nodes(src: np.ndarray, dst: np.ndarray, features: ArrayLike | Non
 
 def _feature_tensor(features: ArrayLike) -> torch.Tensor:
     """Features as a contiguous tensor: supported dtypes are kept, other floats become float32."""
-    tensor = features if isinstance(features, torch.Tensor) else torch.from_numpy(np.asarray(features))
+    array = features if isinstance(features, torch.Tensor) else np.asarray(features)
+    if isinstance(array, np.ndarray) and array.dtype.kind not in "biuf":
+        raise GraphValidationError("features", f"hold {array.dtype} values of type {type(features).__name__}, expected "
+                                   "numbers", "pass a numeric array [N, F] (one array of an .npz archive, not the "
+                                   "archive)")
+    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(array)
     if tensor.dtype not in FEATURE_DTYPES.values() and tensor.is_floating_point():
         tensor = tensor.to(torch.float32)
     if tensor.dim() == 1:

@@ -31,6 +31,7 @@ from morphpipe.data.csc import KEY_NODE_LIMIT, csc_from_sorted_keys, fill_keys
 from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE, float32_to_storage, index_dtype_for
 from morphpipe.data.ondisk import GraphMeta, NpyChunkWriter, check_graph_output, save_array, write_meta
 from morphpipe.data.splits import SplitFractions, random_split
+from morphpipe.numeric import check_float, check_int
 from morphpipe.outputs import replacing_directory
 
 POWER_LAW = "power-law"
@@ -63,22 +64,18 @@ class GeneratorSpec:
     undirected: bool = True  # add every edge in both directions (avg_degree counts both)
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.kind in KINDS, "kind", f"must be one of {', '.join(KINDS)}"),
-            (self.num_nodes >= 1, "num_nodes", "must be >= 1"),
-            (self.avg_degree >= 0, "avg_degree", "must be >= 0"),
-            (self.feature_dim >= 1, "feature_dim", "must be >= 1"),
-            (self.feature_dtype in FEATURE_DTYPES, "feature_dtype", f"must be one of {', '.join(FEATURE_DTYPES)}"),
-            (self.num_classes >= 1, "num_classes", "must be >= 1"),
-            (self.seed >= 0, "seed", "must be >= 0"),
-            (self.exponent > 2, "exponent", "must be > 2 (a finite mean degree)"),
-            (self.num_classes * self.homophily >= 1 and self.homophily <= 1, "homophily",
-             f"must lie in [1/num_classes, 1] = [{1 / max(self.num_classes, 1):.3g}, 1]"),
-            (self.feature_noise >= 0, "feature_noise", "must be >= 0"),
-        ]
-        for ok, name, rule in checks:
-            if not ok:
-                raise ValueError(f"generator spec: {name} = {getattr(self, name)!r} {rule}")
+        if self.kind not in KINDS:
+            raise ValueError(f"generator spec: kind = {self.kind!r} must be one of {', '.join(KINDS)}")
+        if self.feature_dtype not in FEATURE_DTYPES:
+            raise ValueError(f"generator spec: feature_dtype = {self.feature_dtype!r} must be one of "
+                             f"{', '.join(FEATURE_DTYPES)}")
+        for name in ("num_nodes", "feature_dim", "num_classes"):
+            check_int(f"generator spec: {name}", getattr(self, name), 1)
+        check_int("generator spec: seed", self.seed, 0)
+        check_float("generator spec: avg_degree", self.avg_degree, 0)
+        check_float("generator spec: exponent", self.exponent, 2, above=True)
+        check_float("generator spec: homophily", self.homophily, 1 / self.num_classes, 1)
+        check_float("generator spec: feature_noise", self.feature_noise, 0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (split as a [train, val, test] list)."""

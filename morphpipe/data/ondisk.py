@@ -16,6 +16,7 @@ import numpy as np
 
 from morphpipe import __version__
 from morphpipe.data.validation import GraphValidationError
+from morphpipe.documents import read_json
 from morphpipe.outputs import check_output_dir
 
 META_FILE = "meta.json"
@@ -88,10 +89,10 @@ def read_meta(directory: str | os.PathLike) -> GraphMeta:
         raise FileNotFoundError(f"{directory} is not a morphpipe graph directory (no {META_FILE}); create one with "
                                 "`morphpipe data convert` or `morphpipe data generate`")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise GraphValidationError("meta.json", f"{path} is not valid JSON ({error})",
-                                   "re-create the graph with morphpipe") from error
+        data = read_json(path, "")
+    except ValueError as error:
+        raise GraphValidationError("meta.json", str(error), "re-create the graph with morphpipe (save, convert or "
+                                   "generate)") from None
     if not isinstance(data, dict):
         raise GraphValidationError("meta.json", f"{path} holds {type(data).__name__}, expected an object",
                                    "re-create the graph with morphpipe")

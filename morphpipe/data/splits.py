@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from morphpipe.data.validation import GraphValidationError
+from morphpipe.numeric import check_float
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,8 @@ class SplitFractions:
 
     def __post_init__(self) -> None:
         values = (self.train, self.val, self.test)
+        for name, value in zip(("train", "val", "test"), values):
+            check_float(f"split fraction {name}", value, 0, 1)
         if min(values) < 0 or self.train <= 0 or sum(values) > 1 + 1e-9:
             raise ValueError(f"split fractions {values} must be >= 0 with train > 0 and a sum <= 1, e.g. 0.6,0.2,0.2")
 

@@ -220,7 +220,7 @@ class DistributedTrainer:
         state = self.checkpoints.restore(box[0], self.meta(), rng=False, announce=self.rank == 0)
         if state is None:
             return len(self.history)
-        self.history = [DistEpochStats(**item) for item in state.history]
+        self.history = self.checkpoints.history(state, DistEpochStats)
         return state.epoch
 
     def close(self) -> None:

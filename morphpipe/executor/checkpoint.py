@@ -16,20 +16,25 @@ import io
 import json
 import os
 import random
+import types
+import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from morphpipe.documents import parse_json
 from morphpipe.outputs import check_output_dir, replacing_file
 
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = "morphpipe-checkpoint"
 CHECKPOINT_VERSION = 2
+
+Entry = TypeVar("Entry")
 
 
 @dataclass
@@ -108,8 +113,8 @@ def load_checkpoint(directory: str | os.PathLike) -> TrainingState | None:
     data = path.read_bytes()
     header_line, newline, payload = data.partition(b"\n")
     try:
-        header = json.loads(header_line.decode("utf-8")) if newline else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = parse_json(header_line, str(path), "") if newline else None
+    except ValueError:
         header = None
     if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(path, "is not a morphpipe checkpoint (its header is missing or damaged)")
@@ -145,11 +150,59 @@ def _checked_fields(document: Any, path: Path) -> dict[str, Any]:
         raise CheckpointError(path, f"model entry {bad_weight!r} is not a tensor")
     if not {"state", "param_groups"} <= set(document["optimizer"]):
         raise CheckpointError(path, "field 'optimizer' lacks 'state' or 'param_groups'")
-    if not {"torch", "numpy", "python"} <= set(document["rng"]):
-        raise CheckpointError(path, "field 'rng' lacks the torch, numpy or python state")
-    if not all(isinstance(item, dict) for item in document["history"]):
-        raise CheckpointError(path, "field 'history' holds entries that are not dicts")
+    problem = _rng_problem(document["rng"])
+    if problem is not None:
+        raise CheckpointError(path, f"field 'rng' {problem}")
+    for index, entry in enumerate(document["history"]):
+        if not isinstance(entry, dict) or not all(isinstance(key, str) for key in entry):
+            raise CheckpointError(path, f"field 'history[{index}]' is {_show(entry)}, expected a dict of named values")
     return {name: document[name] for name in expected}
+
+
+def _rng_problem(rng: dict[str, Any]) -> str | None:
+    """What keeps `restore_rng` from putting back these states (the layout `capture_rng` writes), or None."""
+    torch_state = rng.get("torch")
+    size = torch.get_rng_state().numel()
+    if not (isinstance(torch_state, torch.Tensor) and torch_state.dtype == torch.uint8 and torch_state.shape == (size,)):
+        return f"'torch' is {_show(torch_state)}, expected a uint8 tensor of {size} bytes (torch.get_rng_state())"
+    numpy_state = rng.get("numpy")
+    if not (isinstance(numpy_state, list) and len(numpy_state) == 5 and numpy_state[0] == "MT19937"
+            and isinstance(numpy_state[1], torch.Tensor) and numpy_state[1].shape == (624,)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in numpy_state[2:4])
+            and isinstance(numpy_state[4], float)):
+        return f"'numpy' is {_show(numpy_state)}, expected ['MT19937', 624 keys, position, has_gauss, cached]"
+    python_state = rng.get("python")
+    if not (isinstance(python_state, list) and len(python_state) == 3 and isinstance(python_state[1], list)
+            and len(python_state[1]) == 625 and all(isinstance(v, int) for v in python_state[1])):
+        return f"'python' is {_show(python_state)}, expected random.getstate() as lists"
+    cuda = rng.get("cuda", [])
+    if not (isinstance(cuda, list) and all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in cuda)):
+        return f"'cuda' is {_show(cuda)}, expected a list of uint8 tensors (torch.cuda.get_rng_state_all())"
+    return None
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether `value` (from a checkpoint) fits a dataclass field's type: plain types, `X | None`, list[X], dict[K, V]."""
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, option) for option in arguments)
+    if origin is list:
+        return isinstance(value, list) and all(_has_type(item, arguments[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_has_type(k, arguments[0]) and _has_type(v, arguments[1])
+                                               for k, v in value.items())
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return hint is Any or isinstance(value, hint)
+
+
+def _show(value: Any) -> str:
+    text = f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}" if isinstance(value, torch.Tensor) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class CheckpointError(ValueError):
@@ -198,6 +251,24 @@ class Checkpointing:
         state = TrainingState(epoch=epochs_done, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                               rng=capture_rng(), history=history, meta=meta)
         return save_checkpoint(self.directory, state)
+
+    def history(self, state: TrainingState, entry: type[Entry]) -> list[Entry]:
+        """The checkpoint's history as `entry` dataclasses (unknown keys, e.g. derived rates, are dropped); an entry
+        lacking a field or holding a value of another type than the field's is a CheckpointError naming it."""
+        path = self.directory / CHECKPOINT_FILE
+        hints = typing.get_type_hints(entry)
+        required = {f.name for f in fields(entry) if f.default is MISSING and f.default_factory is MISSING}
+        entries = []
+        for index, item in enumerate(state.history):
+            missing = sorted(required - set(item))
+            if missing:
+                raise CheckpointError(path, f"field 'history[{index}]' lacks {', '.join(missing)}")
+            for name in set(item) & set(hints):
+                if not _has_type(item[name], hints[name]):
+                    raise CheckpointError(path, f"field 'history[{index}].{name}' is {_show(item[name])}, "
+                                          f"expected {hints[name]}")
+            entries.append(entry(**{name: item[name] for name in item if name in hints}))
+        return entries
 
     def load(self) -> TrainingState | None:
         """The checkpoint in the directory, or None when there is none yet."""

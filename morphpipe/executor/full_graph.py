@@ -115,5 +115,5 @@ class FullGraphTrainer:
         state = self.checkpoints.resume(self.meta()) if self.checkpoints is not None else None
         if state is None:
             return len(self.history)
-        self.history = [FullGraphEpoch(**item) for item in state.history]
+        self.history = self.checkpoints.history(state, FullGraphEpoch)
         return state.epoch

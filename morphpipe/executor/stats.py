@@ -77,9 +77,3 @@ class EpochStats:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with the derived rates."""
         return {**asdict(self), "batches_per_s": self.batches_per_s, "seeds_per_s": self.seeds_per_s}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EpochStats:
-        """Inverse of `to_dict` (derived rates are recomputed)."""
-        names = set(cls.__dataclass_fields__)
-        return cls(**{key: value for key, value in data.items() if key in names})

@@ -272,7 +272,7 @@ class Trainer:
         state = self.checkpoints.resume(self.meta()) if self.checkpoints is not None else None
         if state is None:
             return len(self.history)
-        self.history = [EpochStats.from_dict(item) for item in state.history]
+        self.history = self.checkpoints.history(state, EpochStats)
         return state.epoch
 
     def close(self) -> None:

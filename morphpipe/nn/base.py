@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from morphpipe.numeric import check_float, check_int
 from morphpipe.ops.bias_act_dropout import bias_act_dropout
 from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import Block
@@ -18,16 +19,12 @@ from morphpipe.sampling.minibatch import Block
 
 def check_positive_int(name: str, value: object) -> int:
     """`value` as an int >= 1, or a ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+    return check_int(name, value, 1)
 
 
 def check_dropout(value: object) -> float:
     """`value` as a dropout probability in [0, 1), or a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1), got {value!r}")
-    return float(value)
+    return check_float("dropout", value, 0, 1, below=True)
 
 
 def check_model_args(in_dim: object, num_classes: object, num_layers: object, hidden: object) -> None:

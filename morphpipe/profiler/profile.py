@@ -315,7 +315,7 @@ class Profile(JsonDocument):
                 training=timing("training"),
                 cpu_training=cpu_training,
                 uva_transfer_s=reader.number("uva_transfer_s", minimum=0.0, optional=True),
-                workload=reader.scalars("workload", optional=True),
+                workload=read_workload(reader),
                 created=reader.string("created"),
                 contention=reader.scalars("contention", optional=True),
             )
@@ -360,3 +360,27 @@ class Profile(JsonDocument):
     def replaced(self, **changes: Any) -> Profile:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
+
+
+# The workload fields that planning and `morphpipe train` read back, and their checks; other keys are free-form.
+WORKLOAD_INTEGERS = {"batch_size": 1, "hidden": 1, "num_nodes": 0, "num_edges": 0, "seed": None}
+WORKLOAD_STRINGS = ("dataset", "dataset_fingerprint", "model", "fanouts")
+
+
+def read_workload(reader: FieldReader) -> dict[str, str | int | float | bool | None]:
+    """The optional `workload` object of a profile (or of a plan's profile summary): what was measured, as the
+    Profiler records it, with the fields that are read back checked (integer sizes, text names, fanouts as 15,10,5)."""
+    workload = reader.scalars("workload", optional=True)
+    if not workload:
+        return workload
+    section = reader.section("workload")
+    for name, minimum in WORKLOAD_INTEGERS.items():
+        if workload.get(name) is not None:
+            section.integer(name, minimum=minimum)
+    for name in WORKLOAD_STRINGS:
+        if workload.get(name) is not None:
+            section.string(name)
+    fanouts = workload.get("fanouts")
+    if fanouts is not None and not all(part.strip().lstrip("-").isdigit() for part in str(fanouts).split(",")):
+        raise section.error("fanouts", "must be comma-separated integers such as '15,10,5'", fanouts)
+    return workload

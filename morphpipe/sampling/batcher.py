@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe.data import GraphStore
+from morphpipe.numeric import check_int
 from morphpipe.sampling.epochs import batches_per_epoch, check_files, epoch_order, note_first_use
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
@@ -69,7 +70,7 @@ class SeedBatcher(Batcher):
         self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
         self.shuffle = shuffle
         self.drop_last = drop_last
-        self.seed = int(seed)
+        self.seed = check_int("seed", seed, 0)
 
     def __len__(self) -> int:
         """Batches per epoch."""

@@ -13,6 +13,7 @@ import torch
 from morphpipe import native
 from morphpipe.cores import usable_cores
 from morphpipe.data import GraphStore
+from morphpipe.numeric import check_int
 from morphpipe.sampling.batcher import SeedBatcher
 from morphpipe.sampling.epochs import check_files, epoch_seed, note_first_use
 from morphpipe.sampling.minibatch import Block, MiniBatch
@@ -115,7 +116,7 @@ def sample_neighbors(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> Min
     seed_ids = check_seed_ids(seeds, graph.num_nodes)
     ops = native.ops()
     input_nodes, block_indptrs, block_indices = ops.sample_neighbors(
-        graph.indptr, graph.indices, seed_ids, fanouts, int(seed)
+        graph.indptr, graph.indices, seed_ids, fanouts, check_int("seed", seed, 0)
     )
     return MiniBatch(
         seeds=seed_ids,

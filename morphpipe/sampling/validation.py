@@ -6,6 +6,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from morphpipe.numeric import check_int
+
 # A batch holds fewer than 2**31 nodes (the samplers' limit), so no larger fanout can mean anything.
 MAX_FANOUT = 2**31 - 1
 
@@ -28,9 +30,8 @@ def check_fanouts(fanouts: Sequence[int]) -> list[int]:
 
 
 def check_positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} = {value!r}: expected a positive integer")
-    return int(value)
+    """`value` as an int in [1, 2**63) (what the native ops take), or a ValueError naming `name`."""
+    return check_int(name, value, 1)
 
 
 def check_seed_ids(seeds: torch.Tensor | np.ndarray | Sequence[int], num_nodes: int, name: str = "seeds") -> torch.Tensor:

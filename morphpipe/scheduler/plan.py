@@ -8,6 +8,7 @@ from typing import Any
 
 from morphpipe.documents import FieldReader, JsonDocument
 from morphpipe.partitioner.partitioner import Split
+from morphpipe.profiler.profile import read_workload
 
 PLAN_KIND = "morphpipe.plan"
 PLAN_SCHEMA_VERSION = 1
@@ -144,9 +145,12 @@ class Plan(JsonDocument):
         notes = reader.data.get("notes")
         if not isinstance(notes, list) or not all(isinstance(note, str) for note in notes):
             raise reader.error("notes", "must be a list of strings", notes)
-        profile = reader.data.get("profile")
-        if not isinstance(profile, dict):
-            raise reader.error("profile", "must be an object (the profile summary)", profile)
+        profile_section = reader.section("profile")
+        read_workload(profile_section)
+        profile = profile_section.data
+        if not reader.data.get("baselines_s"):
+            raise reader.error("baselines_s", "must name at least one baseline plan's predicted epoch",
+                               reader.data.get("baselines_s"))
         eq6_x = reader.number("eq6_x", minimum=0.0, optional=True)
         with reader.as_document_errors():
             return cls(

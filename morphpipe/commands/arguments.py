@@ -1,0 +1,64 @@
+"""Argument types for every numeric option of every command: text, NaN, infinities and out-of-range values
+are refused by argparse in one line (`morphpipe COMMAND: error: argument --OPTION: must be ..., got ...`, exit 2).
+
+The ranges are morphpipe.numeric's, the same the Python API checks at its boundaries.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from morphpipe.data.splits import SplitFractions
+from morphpipe.numeric import INT64_MAX, float_problem, int_problem
+
+
+def integer(minimum: int | None = None, maximum: int = INT64_MAX) -> Callable[[str], int]:
+    """An argparse `type=` that reads an integer in [minimum, maximum]."""
+
+    def parse(text: str) -> int:
+        try:
+            value: object = int(text.strip())
+        except ValueError:
+            value = text
+        problem = int_problem(value, minimum, maximum)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return value  # type: ignore[return-value]
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(minimum: float | None = None, maximum: float | None = None, *, above: bool = False,
+           below: bool = False) -> Callable[[str], float]:
+    """An argparse `type=` that reads a finite number within the bounds (`above`/`below`: the bound excluded)."""
+
+    def parse(text: str) -> float:
+        try:
+            value: object = float(text)
+        except ValueError:
+            value = text
+        problem = float_problem(value, minimum, maximum, above=above, below=below)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return value  # type: ignore[return-value]
+
+    parse.__name__ = "number"
+    return parse
+
+
+def split_fractions(text: str) -> SplitFractions:
+    """An argparse `type=` for train,val,test fractions such as 0.6,0.2,0.2."""
+    try:
+        return SplitFractions.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+positive_int = integer(1)
+non_negative_int = integer(0)
+seed = integer(0)
+positive_float = number(0, above=True)
+non_negative_float = number(0)
+fraction = number(0, 1)
+dropout = number(0, 1, below=True)
