@@ -73,8 +73,9 @@ def steps(out: Path, quick: bool) -> list[tuple[str, list[str], Path | None]]:
         gpu_batcher += ["--dataset", "default", "--batches", "8", "--cache-fractions", "0,0.25"]
         pipeline += ["--threads", "2", "--epochs", "1", "--train-batches", "8"]
         ops += ["--datasets", "default", "--repeats", "2", "--no-memory", "--no-full-graph"]
-    tests = [python, "-m", "pytest", "-q", "-rs", "tests/test_gpu_batcher.py", "tests/test_ops_cuda.py",
-             "tests/test_stream_discipline.py", "tests/test_backend_check.py", "tests/test_sampling.py"]
+    tests = [python, "-m", "pytest", "-q", "-rs", "tests/sampling/test_gpu_batcher.py", "tests/ops/test_cuda.py",
+             "tests/executor/test_stream_discipline.py", "tests/sampling/test_backend_check.py",
+             "tests/sampling/test_cpu_batcher.py"]
     return [("GPU tests", tests, None), ("Route 1 self-check", [python, "-c", SELF_CHECK], None),
             ("bench_gpu_batcher.py", gpu_batcher, out / "bench_gpu_batcher.json"),
             ("bench_ops.py on CUDA", ops, out / "bench_ops_cuda.json"),

@@ -8,11 +8,11 @@ files under csrc/ need a native rebuild (~60 s each) and run only with `--all`.
 """
 from __future__ import annotations
 
-TRACE = "tests/test_executor_vs_simulator_trace.py"
-GUARDS = "tests/test_guards_and_bookkeeping.py"
-RANDOM = "tests/test_epoch_randomness.py"
-WIDE = "tests/test_ops_wide_and_params.py"
-NN = "tests/test_nn_params.py"
+TRACE = "tests/executor/test_vs_simulator_trace.py"
+GUARDS = "tests/executor/test_guards_and_bookkeeping.py"
+RANDOM = "tests/sampling/test_epoch_randomness.py"
+WIDE = "tests/ops/test_wide_and_params.py"
+NN = "tests/nn/test_layer_params.py"
 
 MUTANTS: list[dict] = [
     # --- executor ------------------------------------------------------------------------------------
@@ -97,20 +97,21 @@ MUTANTS: list[dict] = [
     dict(name="fast-simulator-flush-overlaps-one-batch", file="morphpipe/scheduler/fastsim.py",
          find="overlap = min(len(self.cpu.buffer), self.split.cbs)",
          replace="overlap = min(len(self.cpu.buffer), 1)",
-         tests=["tests/test_scheduler_engines.py"], ci=False),
+         tests=["tests/scheduler/test_engines.py"], ci=False),
     # --- partitioner -------------------------------------------------------------------------------------
     dict(name="lower-bound-drops-the-gpu-term", file="morphpipe/partitioner/bounds.py",
          find="return max(n_cpu * t_cb, n_cpu * t_dma + n_gpu * t_gb, n_gpu * t_gb + n * t_m)",
          replace="return max(n_cpu * t_cb, n_cpu * t_dma + n_gpu * t_gb)",
-         tests=["tests/test_partitioner.py::test_lower_bound_by_hand"], ci=False),
+         tests=["tests/partitioner/test_partitioner.py::test_lower_bound_by_hand"], ci=False),
     dict(name="eq6-drops-training", file="morphpipe/partitioner/bounds.py",
          find="max(t_dma / (1 + x), t_m, (t_cb - x * t_uva) / (1 + x))",
          replace="max(t_dma / (1 + x), (t_cb - x * t_uva) / (1 + x))",
-         tests=["tests/test_partitioner.py::test_eq6_by_hand", "tests/test_bounds_by_hand.py"], ci=False),
+         tests=["tests/partitioner/test_partitioner.py::test_eq6_by_hand", "tests/partitioner/test_bounds_by_hand.py"],
+         ci=False),
     dict(name="buffer-sizes-ratio-inverted", file="morphpipe/partitioner/partitioner.py",
          find="math.floor(gbs * n_cpu / n_gpu + 0.5)",
          replace="math.floor(gbs * n_gpu / n_cpu + 0.5)",
-         tests=["tests/test_partitioner.py::test_buffer_sizes_follow_the_split"], ci=False),
+         tests=["tests/partitioner/test_partitioner.py::test_buffer_sizes_follow_the_split"], ci=False),
     # --- profiler ------------------------------------------------------------------------------------------
     dict(name="profiler-cpu-batching-ignores-thread-count", file="morphpipe/profiler/operators.py",
          find="num_threads=threads,",
@@ -123,16 +124,16 @@ MUTANTS: list[dict] = [
     dict(name="thread-scaling-stops-growing", file="morphpipe/profiler/profile.py",
          find="return rates[-1] + (p - counts[-1]) * self.marginal_rate()",
          replace="return rates[-1]",
-         tests=["tests/test_profile.py"], ci=False),
+         tests=["tests/profiler/test_profile.py"], ci=False),
     # --- ops (Python) -------------------------------------------------------------------------------------
     dict(name="gcn-scales-self-loop-on-every-source", file="morphpipe/ops/reference.py",
          find="src_degree[: block.num_dst] += 1",
          replace="src_degree += 1",
-         tests=["tests/test_ops_reference.py::test_gcn_aggregate_matches_loop"], ci=True),
+         tests=["tests/ops/test_reference.py::test_gcn_aggregate_matches_loop"], ci=True),
     dict(name="reference-mean-divides-by-degree-plus-one", file="morphpipe/ops/reference.py",
          find="out = out / in_degrees(block).clamp(min=1).to(acc).unsqueeze(-1)",
          replace="out = out / (in_degrees(block) + 1).to(acc).unsqueeze(-1)",
-         tests=["tests/test_ops_reference.py::test_aggregate_matches_loop"], ci=False),
+         tests=["tests/ops/test_reference.py::test_aggregate_matches_loop"], ci=False),
     dict(name="reference-gat-default-slope", file="morphpipe/ops/reference.py",
          find="score_dst.to(acc).index_select(0, dst), negative_slope",
          replace="score_dst.to(acc).index_select(0, dst), 0.2",
@@ -170,11 +171,11 @@ MUTANTS: list[dict] = [
     dict(name="validation-indptr-end-only-too-long", file="morphpipe/data/validation.py",
          find="if offsets[-1] != num_edges:",
          replace="if offsets[-1] > num_edges:",
-         tests=["tests/test_data_validation.py"], ci=False),
+         tests=["tests/data/test_validation.py"], ci=False),
     dict(name="validation-labels-off-by-one", file="morphpipe/data/validation.py",
          find="values.max() >= num_classes",
          replace="values.max() > num_classes",
-         tests=["tests/test_data_validation.py"], ci=False),
+         tests=["tests/data/test_validation.py"], ci=False),
     dict(name="huge-pages-overrides-the-user", file="morphpipe/huge_pages.py",
          find="""    if user is not None:
         return HugePages(user.strip() not in ("", "0"), "user", mode)""",
@@ -184,12 +185,12 @@ MUTANTS: list[dict] = [
     dict(name="replan-reprofiles-quiet-profiles", file="morphpipe/executor/replan.py",
          find="if self.reprofile is None or self.reprofiled or not self.profile.taken_on_busy_machine or not faster:",
          replace="if self.reprofile is None or self.reprofiled or not faster:",
-         tests=["tests/test_replan.py::test_a_quiet_profile_is_never_taken_again"], ci=False),
+         tests=["tests/executor/test_replan.py::test_a_quiet_profile_is_never_taken_again"], ci=False),
     # --- C++ kernels (csrc/cpu; --all only) -----------------------------------------------------------------
     dict(name="cpp-dropout-mask-bits-packed-reversed", file="csrc/cpu/bias_act_dropout.cpp",
          find="word |= static_cast<uint32_t>((bytes * 0x0102040810204080ULL) >> 56) << (8 * part);",
          replace="word |= static_cast<uint32_t>((bytes * 0x8040201008040201ULL) >> 56) << (8 * part);",
-         tests=["tests/test_bias_act_dropout.py::test_the_mask_is_the_specified_counter_based_hash"], ci=False),
+         tests=["tests/ops/test_bias_act_dropout.py::test_the_mask_is_the_specified_counter_based_hash"], ci=False),
     dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate.cpp",
          find="""      std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",

@@ -18,7 +18,7 @@ class Preset:
 
 # Feature noise of the community presets, chosen so that the nearest class mean of a node's own
 # features (what an MLP can reach) is right for ~50-60% of the nodes, and the nearest class mean of
-# the average over the node and its neighbours (homophily 0.85) for > 90% (tests/test_data_generators.py).
+# the average over the node and its neighbours (homophily 0.85) for > 90% (tests/data/test_generators.py).
 BENCH_SPLIT = SplitFractions(0.1, 0.05, 0.05)
 
 PRESETS: dict[str, Preset] = {

@@ -4,7 +4,7 @@ Everything that orders work between CUDA streams goes through a `StreamApi`: mak
 events, entering a stream, marking a tensor as used on a stream (`record_stream`), copying a
 batch to the device. `CudaStreams` is torch.cuda; tests inject a recording double that runs the
 same product code on CPU tensors and checks every cross-stream use against the events waited on
-(tests/stream_double.py). The rule the product code follows:
+(tests/support/stream_double.py). The rule the product code follows:
 
 - a tensor is used on another stream than the one that made it only after that stream waited on
   an event recorded after the tensor was made, and it is `record_stream`-ed there, so the

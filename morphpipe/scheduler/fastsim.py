@@ -6,7 +6,7 @@ replayed as straight-line code: the GPU and the PCIe link are "free at" times, t
 launched at most one step ahead, and the CPU batching threads are advanced lazily up to the
 executor's clock whenever it looks at the CPU buffer. Batches finishing at the very moment
 the executor looks are visible to it, as in the SimPy model (which yields once before each
-decision). tests/test_scheduler_engines.py checks that both give the same epochs, busy
+decision). tests/scheduler/test_engines.py checks that both give the same epochs, busy
 fractions, blocks and buffer levels.
 """
 from __future__ import annotations

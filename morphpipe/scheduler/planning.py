@@ -18,7 +18,7 @@ The loop (DESIGN.md, "Dual-buffer scheduling", feedback):
    shorter than the chosen epoch the best unvisited split's lower bound still is.
 The search and the baselines run on the fast engine, within a budget of simulated batches; the
 chosen plan is then simulated again with the reporting engine (SimPy by default), which gives
-the same numbers (tests/test_scheduler_engines.py).
+the same numbers (tests/scheduler/test_engines.py).
 """
 from __future__ import annotations
 

@@ -15,17 +15,11 @@ from hypothesis import strategies as st
 from morphpipe import ops
 from morphpipe.ops import reference as reference_kernels
 from morphpipe.sampling.minibatch import Block
+from tests.ops.conftest import features, make_block
 
 F64 = torch.float64
 REFERENCE = "reference"
 BACKENDS = ["reference", "fused"]
-
-
-def make_block(neighbours: list[list[int]], num_src: int) -> Block:
-    """A Block whose destination `i` has in-neighbours `neighbours[i]` (local source ids, in order)."""
-    indptr = torch.tensor([0] + [len(n) for n in neighbours]).cumsum(0)
-    indices = torch.tensor([j for n in neighbours for j in n], dtype=torch.int64)
-    return Block(indptr, indices, num_src, len(neighbours))
 
 
 @st.composite
@@ -36,10 +30,6 @@ def blocks(draw: st.DrawFn, max_dst: int = 6, max_extra_src: int = 4, max_degree
     source = st.integers(0, num_src - 1) if num_src else st.nothing()
     neighbours = [draw(st.lists(source, max_size=max_degree)) for _ in range(num_dst)]
     return neighbours, num_src, draw(st.integers(0, 2**16))
-
-
-def features(seed: int, *shape: int, dtype: torch.dtype = F64) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def naive_aggregate(neighbours, h, reduce, weight=None) -> torch.Tensor:

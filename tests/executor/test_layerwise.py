@@ -11,19 +11,8 @@ from morphpipe.nn import build_model
 from morphpipe.ops import force_choices
 from morphpipe.sampling.minibatch import Block
 
+pytestmark = pytest.mark.usefixtures("community_cache")
 NUM_NODES, IN_DIM, NUM_CLASSES = 120, 12, 5
-
-
-@pytest.fixture(autouse=True)
-def community_cache(tmp_path, monkeypatch):
-    """Partitions go to a per-test directory; the whole-graph path runs plain CSR unless a test forces otherwise;
-    one intra-op thread (tiny ops on a loaded 2-core machine otherwise wait for the second thread every call)."""
-    monkeypatch.setenv("MORPHPIPE_COMMUNITY_CACHE", str(tmp_path / "communities"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with force_choices({"graph.kernel": "csr"}):
-        yield
-    torch.set_num_threads(threads)
 
 
 @dataclass

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from test_sampling import FANOUTS, check_batch, make_graph, neighbours_of
 
 from morphpipe import native
 from morphpipe.sampling import CacheConfig, CpuBatcher, GpuBatcher
@@ -20,6 +19,8 @@ from morphpipe.sampling.gpu_batcher import batch_seed
 from morphpipe.sampling.gpu_cache import (SLOT_BYTES, CachePlan, GpuCache, batch_hotness, degree_hotness,
                                           list_read_bytes, plan_cache)
 from morphpipe.sampling.pinning import REGISTRATIONS, HostPinning, mapped_file
+from tests.conftest import make_graph
+from tests.sampling.conftest import FANOUTS, check_batch, neighbours_of
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -167,11 +168,6 @@ def test_without_cuda_the_gpu_batcher_says_why_and_what_to_use():
 
 
 # --- on a GPU ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=[torch.int32, torch.int64], ids=["int32", "int64"])
-def graph(request):
-    return make_graph(500, index_dtype=request.param)
 
 
 def on_host(batch):

@@ -11,7 +11,6 @@ import torch
 
 from morphpipe import ops
 from morphpipe.commands.cli import main
-from morphpipe.data import load_dataset
 from morphpipe.executor import (CpuDevices, Executor, Trainer, load_checkpoint, route_seeds, save_checkpoint,
                                 training_device)
 from morphpipe.executor.checkpoint import CHECKPOINT_FILE, TrainingState, capture_rng, restore_rng
@@ -24,11 +23,6 @@ from morphpipe.scheduler import Plan, plan_from_profile
 
 FANOUTS = [5, 5]
 BATCH = 128  # the tiny preset's 1800 training seeds make 15 batches, the last one short
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_dataset("tiny", progress=False)
 
 
 def cpu_only_plan(num_batches: int = 15, cores: int = 2) -> Plan:

@@ -32,7 +32,7 @@ from morphpipe.sampling.cpu_batcher import CpuBatcher, sample_neighbors
 from morphpipe.sampling.gpu_batcher import GpuBatcher
 from morphpipe.sampling.serial_batcher import SerialBatcher
 from morphpipe.scheduler import Plan, plan_from_profile
-from tests.test_bad_input_outputs import snapshot
+from tests.commands.conftest import snapshot
 
 
 def fails_with(argv: list[str], capsys, *fragments: str) -> str:

@@ -14,8 +14,7 @@ from morphpipe.ops import choice
 from morphpipe.ops.cost_model import Calibration, calibrate, use_calibration
 from morphpipe.ops.sparse_input import sparse_aware_linear
 from morphpipe.sampling.minibatch import Block
-
-F64 = torch.float64
+from tests.ops.conftest import features
 
 # Constructed rates (seconds per unit), so that the expected choices below follow from the model alone.
 RATES = Calibration(
@@ -48,10 +47,6 @@ def last_choice(decision: str) -> choice.ChoiceRecord:
         costs = dict(record.costs)
         assert record.chosen == min(costs, key=costs.get)
     return record
-
-
-def features(seed: int, *shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
 
 
 def test_forcing_is_validated_scoped_and_read_from_the_environment(monkeypatch):

@@ -12,8 +12,8 @@ from scipy import stats
 from morphpipe import native
 from morphpipe.sampling import CpuBatcher, MiniBatch, sample_neighbors
 from morphpipe.sampling import torch_sampler
-
-FANOUTS = [4, 3, 2]
+from tests.conftest import make_graph
+from tests.sampling.conftest import FANOUTS, check_batch, neighbours_of
 
 
 def torch_path_sample(graph, seeds, fanouts, seed: int = 0) -> MiniBatch:
@@ -24,60 +24,6 @@ def torch_path_sample(graph, seeds, fanouts, seed: int = 0) -> MiniBatch:
 
 # Samplers of one batch that must pass the same checks: the C++ op (Route 0) and Route 1's torch path.
 SAMPLERS = {"cpp": sample_neighbors, "torch": torch_path_sample}
-
-
-def make_graph(num_nodes: int, index_dtype=torch.int32, seed: int = 0, num_classes: int = 5):
-    """A graph with zero-degree nodes, low-degree nodes, hubs, and no duplicate edges."""
-    rng = np.random.default_rng(seed)
-    degrees = rng.integers(0, 12, num_nodes)
-    degrees[::17] = 0
-    degrees[5] = min(300, num_nodes - 1)
-    neighbour_lists = [np.sort(rng.choice(num_nodes, size=d, replace=False)) for d in degrees]
-    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
-    indptr[1:] = torch.from_numpy(np.cumsum(degrees))
-    indices = torch.from_numpy(np.concatenate(neighbour_lists)).to(index_dtype)
-    features = torch.from_numpy(rng.standard_normal((num_nodes, 7)).astype(np.float32))
-    labels = torch.from_numpy(rng.integers(0, num_classes, num_nodes))
-    return SimpleNamespace(
-        indptr=indptr, indices=indices, features=features, labels=labels,
-        train_idx=torch.arange(0, num_nodes, 2), num_nodes=num_nodes,
-    )
-
-
-@pytest.fixture(scope="module", params=[torch.int32, torch.int64], ids=["int32", "int64"])
-def graph(request):
-    return make_graph(500, index_dtype=request.param)
-
-
-def neighbours_of(graph, node: int) -> np.ndarray:
-    return graph.indices[graph.indptr[node]:graph.indptr[node + 1]].numpy().astype(np.int64)
-
-
-def check_batch(graph, batch: MiniBatch, fanouts: list[int]) -> None:
-    """Every structural property a sampled batch must have."""
-    num_seeds = batch.seeds.numel()
-    assert torch.equal(batch.input_nodes[:num_seeds], batch.seeds), "seeds are the prefix of input_nodes"
-    assert torch.unique(batch.input_nodes).numel() == batch.input_nodes.numel()
-    assert len(batch.blocks) == len(fanouts)
-    assert batch.blocks[0].num_src == batch.input_nodes.numel()
-    assert batch.blocks[-1].num_dst == num_seeds
-    for layer, block in enumerate(batch.blocks):
-        fanout = fanouts[len(fanouts) - 1 - layer]
-        if layer > 0:
-            assert block.num_src == batch.blocks[layer - 1].num_dst
-        assert block.indptr.numel() == block.num_dst + 1 and block.indptr[0] == 0
-        assert int(block.indptr[-1]) == block.nnz
-        assert block.nnz == 0 or (0 <= int(block.indices.min()) and int(block.indices.max()) < block.num_src)
-        for dst in range(block.num_dst):
-            dst_global = int(batch.input_nodes[dst])
-            sampled = batch.input_nodes[block.indices[block.indptr[dst]:block.indptr[dst + 1]]].numpy()
-            true = neighbours_of(graph, dst_global)
-            assert np.isin(sampled, true).all(), "every sampled edge exists in the graph"
-            assert len(np.unique(sampled)) == len(sampled), "no repeated neighbour per destination"
-            expected = len(true) if fanout == -1 else min(fanout, len(true))
-            assert len(sampled) == expected, "fanout respected, low-degree nodes take all"
-    assert torch.equal(batch.x, graph.features[batch.input_nodes])
-    assert torch.equal(batch.y, graph.labels[batch.seeds])
 
 
 @pytest.mark.parametrize("sampler", list(SAMPLERS))

@@ -8,14 +8,13 @@ the loops for the gradients. GAT runs with non-default slopes and several heads.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
 import torch
 
 from morphpipe import ops
-from morphpipe.sampling.minibatch import Block
+from tests.ops.conftest import GAT_CHOICES, SUM_CHOICES, features, make_block
 
 F64 = torch.float64
 WIDTHS = [1, 3, 255, 256, 257, 300, 768]
@@ -24,26 +23,11 @@ WIDTHS = [1, 3, 255, 256, 257, 300, 768]
 NEIGHBOURS = [[], [2, 2, 4], [], [0, 5], [4, 1], [6, 0, 3, 3, 7, 1]]
 NUM_SRC = 8
 
-SUM_CHOICES = [{"aggregate.kernel": k, "aggregate.order": o, "aggregate.backward": b}
-               for k, o, b in itertools.product(("rowwise", "dense"), ("natural", "degree_sorted"),
-                                                ("transpose", "scatter"))]
 MAX_CHOICES = [{"aggregate.order": o} for o in ("natural", "degree_sorted")]
-GAT_CHOICES = [{"aggregate.order": o, "gat.backward": b}
-               for o, b in itertools.product(("natural", "degree_sorted"), ("transpose", "scatter"))]
 # (backend, forced choices): the reference backend once, the fused one under every choice.
 SUM_RUNS = [("reference", {})] + [("fused", c) for c in SUM_CHOICES]
 MAX_RUNS = [("reference", {})] + [("fused", c) for c in MAX_CHOICES]
 GAT_RUNS = [("reference", {})] + [("fused", c) for c in GAT_CHOICES]
-
-
-def make_block(neighbours: list[list[int]], num_src: int) -> Block:
-    indptr = torch.tensor([0] + [len(n) for n in neighbours]).cumsum(0)
-    indices = torch.tensor([j for n in neighbours for j in n], dtype=torch.int64)
-    return Block(indptr, indices, num_src, len(neighbours))
-
-
-def features(seed: int, *shape: int, dtype: torch.dtype = F64) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def loop_aggregate(h: torch.Tensor, weight: torch.Tensor, reduce: str) -> torch.Tensor:

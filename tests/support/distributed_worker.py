@@ -1,4 +1,4 @@
-"""One rank of the distributed tests (launched twice by tests/test_distributed_runs.py; not a test module).
+"""One rank of the distributed tests (launched twice by tests/distributed/test_runs.py; not a test module).
 
 usage: distributed_worker.py DATASET OUTDIR SPLIT EPOCHS [--checkpoint DIR] [--fail-at STEP]
 

@@ -25,11 +25,9 @@ from morphpipe.nn.train_step import TrainStep
 from morphpipe.profiler import Profile
 from morphpipe.sampling.cpu_batcher import sample_neighbors
 from morphpipe.sampling.epochs import epoch_order
+from tests.support import distributed_worker as worker
 
-sys.path.insert(0, str(Path(__file__).parent))
-import distributed_worker as worker  # noqa: E402
-
-WORKER = str(Path(__file__).parent / "distributed_worker.py")
+WORKER = worker.__file__
 BIN = Path(sys.executable).parent
 EPOCHS = 2
 

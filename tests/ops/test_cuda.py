@@ -17,7 +17,7 @@ from morphpipe.ops.cost_model import calibrate
 from morphpipe.ops.sparse_input import sparse_aware_linear
 from morphpipe.sampling import sample_neighbors
 from morphpipe.sampling.minibatch import Block
-from test_ops_fused import EDGE_CASES, GAT_CHOICES, NUM_SRC, SUM_CHOICES, features, make_block, tie_free
+from tests.ops.conftest import EDGE_CASES, GAT_CHOICES, NUM_SRC, SUM_CHOICES, features, make_block, tie_free
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

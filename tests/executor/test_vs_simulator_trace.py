@@ -1,6 +1,6 @@
 """The real Executor on virtual devices against the simulator's trace: training order, buffer levels, overlap.
 
-`test_executor_virtual.py` checks the epoch time and the invariants; here the executor's decisions
+`test_virtual.py` checks the epoch time and the invariants; here the executor's decisions
 are compared with the SimPy model's, decision by decision, for every plan kind (all-CPU pipeline,
 all-GPU, a planned split, a third on the CPU):
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stream_double import RecordingStreams
-from test_sampling import make_graph
 from torch import nn
 
 from morphpipe import ops
@@ -21,6 +19,8 @@ from morphpipe.executor.routes import route_seeds
 from morphpipe.nn.train_step import TrainStep
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.sampling import CpuBatcher, GpuBatcher, SerialBatcher
+from tests.conftest import make_graph
+from tests.support.stream_double import RecordingStreams
 
 FANOUTS = [3, 2]
 BATCH = 32

@@ -19,11 +19,6 @@ FANOUTS = [4, 3]
 BATCH = 128
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return load_dataset("tiny", progress=False)
-
-
 def workload(graph, **changes) -> dict:
     made_for = {"dataset": graph.name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
                 "dataset_fingerprint": dataset_fingerprint(graph), "model": "sage", "hidden": None,

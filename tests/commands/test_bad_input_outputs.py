@@ -21,27 +21,13 @@ import torch
 
 from morphpipe import outputs
 from morphpipe.commands.cli import main
-from morphpipe.data import GeneratorSpec, generate
 from morphpipe.executor.checkpoint import CHECKPOINT_FILE, TrainingState, capture_rng, save_checkpoint
 from morphpipe.profiler.profile import Profile
+from tests.commands.conftest import SyntheticProfiler, snapshot
 
 OLD = b"the previous result, which must survive\n"
 SMALL_GRAPH = ["--kind", "community", "--nodes", "300", "--avg-degree", "4", "--feature-dim", "8", "--quiet"]
 TINY_WORKLOAD = ["--fanouts", "2,2", "--batch-size", "64"]
-
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every file under `directory` (hidden ones included) with its bytes."""
-    return {str(path.relative_to(directory)): path.read_bytes() if path.is_file() else b"<dir>"
-            for path in sorted(directory.rglob("*"))}
-
-
-@pytest.fixture(scope="module")
-def graph_dir(tmp_path_factory) -> Path:
-    """A small graph to train, bench and tune on, and to be replaced by convert and generate."""
-    path = tmp_path_factory.mktemp("bad-input-outputs") / "graph"
-    generate(GeneratorSpec(kind="community", num_nodes=300, avg_degree=4, feature_dim=8), path, progress=False)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +73,6 @@ def prepare(out: Path, graph_dir: Path) -> None:
 
 
 CASES = ["data convert", "data generate", "simulate --plot", "bench --json", "tune -o", "train --stats-json"]
-
-
-class SyntheticProfiler:
-    """Stands in for the Profiler of `tune` and `train --auto` (what is tested is how they write files): a CPU-only
-    profile of the small graph's 3 batches per epoch (180 training seeds, batches of 64)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def run(self) -> Profile:
-        return Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=3, cores=2)
 
 
 @pytest.mark.parametrize("case", CASES)

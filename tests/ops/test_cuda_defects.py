@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_ops_fused import make_block
-from test_sampling import make_graph
 
 from morphpipe import native, ops
 from morphpipe.ops import choice, determinism
 from morphpipe.sampling.pinning import PinningError, check_registrable, file_mapping
+from tests.conftest import make_graph
+from tests.ops.conftest import make_block
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import traceback
 import pytest
 import torch
 
-from morphpipe.data import load_dataset
 from morphpipe.executor import CpuDevices, Executor, route_seeds
 from morphpipe.executor.virtual import (VirtualCpuBatcher, VirtualGpuBatcher, VirtualTrainer, _VirtualCpuEpoch,
                                         virtual_executor)
@@ -163,11 +162,6 @@ def test_a_batcher_shorter_than_the_plan_is_an_error_not_a_deadlock(no_leaked_th
     executor.cpu_batcher = ClaimsFifteen(batcher.machine, batcher.seeds[:-2], 2)
     with pytest.raises(RuntimeError, match="ended after 14 batches"):
         executor.run_epoch(0)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_dataset("tiny", progress=False)
 
 
 def real_executor(graph, split: Split, loss_fn) -> Executor:

@@ -11,22 +11,11 @@ from morphpipe.data import PRESETS, GraphStore, generate
 from morphpipe.executor import FullGraphTrainer, Trainer
 from morphpipe.executor.layerwise import layerwise_inference
 from morphpipe.nn import build_model
-from morphpipe.ops import force_choices
 from morphpipe.profiler import Profile
 from morphpipe.sampling import batches_per_epoch
 from morphpipe.scheduler import plan_from_profile
 
-
-@pytest.fixture(autouse=True)
-def community_cache(tmp_path, monkeypatch):
-    """Partitions in a per-test directory; full-graph layers forced to CSR (the selector is tested in
-    test_ops_community.py), still counted; one intra-op thread (a loaded 2-core machine stalls tiny ops)."""
-    monkeypatch.setenv("MORPHPIPE_COMMUNITY_CACHE", str(tmp_path / "communities"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with force_choices({"graph.kernel": "csr"}):
-        yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("community_cache")
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +74,6 @@ def test_cli_full_graph_train_then_evaluate(graph_dir, tmp_path, capsys):
 
 def test_cli_errors_are_one_line(graph_dir, tmp_path, capsys):
     # (`train` without --plan, --auto or --full-graph is no error: it profiles and plans first; see
-    # tests/test_train_plan_choice.py)
+    # tests/commands/test_train_plan_choice.py)
     assert main(["evaluate", str(graph_dir), "--checkpoint", str(tmp_path / "none")]) == 2
     assert "no checkpoint there" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Bad input on the command line: one line on stderr naming the problem, exit status 2, files left as they were.
 
-Nothing here can crash the interpreter (the native paths are covered in test_bad_input_native.py),
+Nothing here can crash the interpreter (the native paths are covered in tests/test_bad_input_native.py),
 so the CLI runs in-process through `morphpipe.commands.cli.main`.
 """
 from __future__ import annotations
@@ -17,16 +17,9 @@ import pytest
 from morphpipe.commands.cli import main
 from morphpipe.data import GeneratorSpec, SplitFractions, generate
 from morphpipe.profiler.profile import Profile
-from tests.test_bad_input_outputs import SyntheticProfiler, snapshot
+from tests.commands.conftest import SyntheticProfiler, snapshot
 
 SMALL = ["--fanouts", "2,2", "--batch-size", "64"]
-
-
-@pytest.fixture(scope="module")
-def graph_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("bad-input-cli") / "graph"
-    generate(GeneratorSpec(kind="community", num_nodes=300, avg_degree=4, feature_dim=8), path, progress=False)
-    return path
 
 
 def fails_with(argv: list[str], capsys, *fragments: str) -> str:

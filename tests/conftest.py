@@ -1,0 +1,39 @@
+"""Fixtures and helpers shared by tests in more than one folder.
+
+Each conftest.py holds what the tests under its folder share: pytest finds its fixtures, and its
+plain helpers and constants (needed at import or parametrize time) import as `from tests.conftest
+import ...`; `tests` is a package, so no test module imports another one.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from morphpipe.data import load_dataset
+
+
+def make_graph(num_nodes: int, index_dtype=torch.int32, seed: int = 0, num_classes: int = 5):
+    """A graph with zero-degree nodes, low-degree nodes, hubs, and no duplicate edges."""
+    rng = np.random.default_rng(seed)
+    degrees = rng.integers(0, 12, num_nodes)
+    degrees[::17] = 0
+    degrees[5] = min(300, num_nodes - 1)
+    neighbour_lists = [np.sort(rng.choice(num_nodes, size=d, replace=False)) for d in degrees]
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    indptr[1:] = torch.from_numpy(np.cumsum(degrees))
+    indices = torch.from_numpy(np.concatenate(neighbour_lists)).to(index_dtype)
+    features = torch.from_numpy(rng.standard_normal((num_nodes, 7)).astype(np.float32))
+    labels = torch.from_numpy(rng.integers(0, num_classes, num_nodes))
+    return SimpleNamespace(
+        indptr=indptr, indices=indices, features=features, labels=labels,
+        train_idx=torch.arange(0, num_nodes, 2), num_nodes=num_nodes,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The `tiny` preset dataset, loaded once per test module."""
+    return load_dataset("tiny", progress=False)
