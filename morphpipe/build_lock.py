@@ -28,12 +28,14 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _own_command() -> str:
-    """This process's command line, as `ps` shows it."""
+def _own_command(limit: int = 200) -> str:
+    """This process's command line on one line, as `ps` shows it, cut to `limit` characters."""
     try:
-        return Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        words = Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
-        return " ".join(sys.argv)
+        words = sys.argv
+    command = " ".join(" ".join(words).split())
+    return command if len(command) <= limit else command[:limit - 3] + "..."
 
 
 def describe_holder(lock_path: Path) -> str:
