@@ -2,7 +2,13 @@
 whose gradients are not finite, stop training with the epoch, batch and seeds, or are skipped and counted."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,3 +177,66 @@ def test_safe_labels_clamps_and_flags_without_changing_good_labels() -> None:
     assert torch.equal(safe, labels) and bool(ok)
     safe, ok = FiniteGuard.safe_labels(torch.tensor([-100, 1, 3]), 3)
     assert safe.tolist() == [0, 1, 2] and not bool(ok)
+
+
+RANK = textwrap.dedent('''
+    import json, sys, warnings
+    import torch, torch.distributed as dist
+    sys.path.insert(0, {tests!r})
+    from test_nonfinite import FEATURES, CLASSES, FANOUTS, LONELY, graph_from_tensors
+    from morphpipe.distributed import SeedSplit, local_profile
+    from morphpipe.distributed.trainer import DistributedTrainer
+    from morphpipe.nn import build_model
+    from morphpipe.nn.finite_guard import NonFiniteError
+    from morphpipe.profiler import Profile
+    from morphpipe.scheduler import plan_from_profile
+
+    warnings.simplefilter("ignore")
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", init_method="file://{store}", rank=rank, world_size=2)
+    graph = graph_from_tensors()
+    if rank == 1:
+        graph.labels[LONELY] = CLASSES  # only rank 1's copy: a finite loss there, so only the all-reduce can tell rank 0
+    split = SeedSplit.make(len(graph.train_idx), 80, [1.0, 1.0], "even")
+    profile = Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=split.steps, cores=1, workload={{"batch_size": 80}})
+    plan = plan_from_profile(local_profile(profile, split.local_batches[rank], split.steps))
+    results = {{}}
+    for policy in ("stop", "skip-batch"):
+        torch.manual_seed(0)
+        model = build_model("sage", FEATURES, CLASSES, num_layers=2, hidden=16, dropout=0.0)
+        result = results[policy] = {{}}
+        with DistributedTrainer(graph, model, plan, split, fanouts=FANOUTS, predicted_epoch_s=1.0, log=lambda _: None,
+                                on_nonfinite=policy) as trainer:
+            try:
+                history = trainer.fit(2, validate=False)
+                result["skipped"] = [sum(stats.skipped_batches.values()) for stats in history]
+                result["params"] = [p.detach().double().sum().item() for p in trainer.module.parameters()]
+                result["finite"] = all(bool(torch.isfinite(p).all()) for p in trainer.module.parameters())
+            except NonFiniteError as error:
+                result["error"] = str(error)
+    print(json.dumps(results))
+''')
+
+
+def test_two_ranks_agree_when_only_one_rank_meets_a_non_finite_value(tmp_path) -> None:
+    """Two gloo ranks, each trying both policies (some 10 s: two processes importing torch); rank 1 alone has a label
+    out of range (its loss stays finite), and rank 0 must stop or skip the same step."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK.format(tests=str(Path(__file__).parent), store=tmp_path / "store"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    ranks = [subprocess.Popen([sys.executable, str(script), str(rank)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        outputs = [rank.communicate(timeout=120) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert all(rank.returncode == 0 for rank in ranks), outputs
+    stop, skip = zip(*((result["stop"], result["skip-batch"])
+                       for result in (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)))
+    assert f" on rank 1: labels outside [0, {CLASSES}) for seeds {LONELY} (label {CLASSES})." in stop[1]["error"]
+    assert " on rank 0: non-finite gradients for " in stop[0]["error"]
+    assert "another rank's batch of this step is the cause" in stop[0]["error"]
+    assert stop[0]["error"].split(":")[0] == stop[1]["error"].split(":")[0].replace("rank 1", "rank 0")
+    assert skip[0]["skipped"] == skip[1]["skipped"] and sum(skip[1]["skipped"]) >= 1  # the steps with LONELY on rank 1
+    assert skip[0]["params"] == skip[1]["params"] and skip[0]["finite"]
