@@ -19,7 +19,7 @@ import morphpipe  # noqa: F401  (sets the OpenMP wait policy before torch loads)
 import torch
 
 from morphpipe.data import load_dataset
-from morphpipe.executor.train_step import TrainStep, make_optimizer
+from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.nn import build_model
 from morphpipe.nn.finite_guard import FiniteGuard
 from morphpipe.sampling import CpuBatcher
