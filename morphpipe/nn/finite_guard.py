@@ -75,9 +75,8 @@ class FiniteGuard:
         One host sync: labels in range, loss finite, and every gradient finite (one fused norm;
         a gradient whose norm overflows counts as non-finite, as it would poison Adam's moments).
         `inputs` is (input features, their node ids; None: row i is node i), read only to explain a
-        failure. `where`
-        places the step in messages ("batch 3"); `after_all_reduce`: the gradients were averaged
-        over ranks, so a bad gradient may come from another rank's batch.
+        failure. `where` places the step in messages ("batch 3 of Route 0"); `after_all_reduce`: the
+        gradients were averaged over ranks, so a bad gradient may come from another rank's batch.
         """
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         ok = labels_ok & torch.isfinite(loss)
