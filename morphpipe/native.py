@@ -218,38 +218,53 @@ def load(verbose: bool = False) -> ModuleType:
                                             "reinstall morphpipe against the installed torch")
                 raise _failure from error
             return _module
-        from torch.utils import cpp_extension
+        from morphpipe.build_lock import build_lock  # here: setup.py loads this file alone, without the package
 
-        config.build_dir.mkdir(parents=True, exist_ok=True)
-        stamp = config.build_dir / "sources.sha256"
-        up_to_date = stamp.exists() and stamp.read_text() == config.source_hash
-        if not up_to_date:
-            print(f"morphpipe: compiling native ops into {config.build_dir} (after install or source changes)",
-                  file=sys.stderr)
-            if config.cuda_skip_reason:
-                print(f"morphpipe: CUDA kernels not built ({config.cuda_skip_reason}); CPU kernels only",
-                      file=sys.stderr)
-        _ensure_ninja_on_path()
-        try:
-            _module = cpp_extension.load(
-                name=config.module_name,
-                sources=[str(s) for s in config.sources],
-                extra_cflags=[*CXX_FLAGS, *(["-DMORPHPIPE_WITH_CUDA"] if config.with_cuda else [])],
-                extra_cuda_cflags=list(NVCC_FLAGS),
-                extra_ldflags=list(LD_FLAGS),
-                extra_include_paths=[str(CSRC_DIR)],
-                build_directory=str(config.build_dir),
-                with_cuda=config.with_cuda,
-                verbose=verbose,
-            )
-        except Exception as error:
-            _failure = NativeBuildError(
-                f"building the native ops failed ({type(error).__name__}: {error}); rerun "
-                f"`morphpipe info --verbose` for the compiler log (build dir: {config.build_dir})"
-            )
-            raise _failure from error
-        stamp.write_text(config.source_hash)
+        with build_lock(config.build_dir):
+            _module = _compile_and_load(config, verbose)
         return _module
+
+
+def _compile_and_load(config: BuildConfig, verbose: bool) -> ModuleType:
+    """Builds (ninja: only what changed, or was left half-written by a killed build) and imports the extension.
+
+    Runs under the build lock. The stamp `sources.sha256` says "these sources were built and loaded";
+    it is removed before a build and written after the load, so a build killed half-way is never taken
+    for a finished one (ninja itself rebuilds any output its log does not record as completed).
+    """
+    global _failure
+    from torch.utils import cpp_extension
+
+    stamp = config.build_dir / "sources.sha256"
+    up_to_date = stamp.exists() and stamp.read_text() == config.source_hash
+    if not up_to_date:
+        stamp.unlink(missing_ok=True)
+        print(f"morphpipe: compiling native ops into {config.build_dir} (after install or source changes)",
+              file=sys.stderr)
+        if config.cuda_skip_reason:
+            print(f"morphpipe: CUDA kernels not built ({config.cuda_skip_reason}); CPU kernels only",
+                  file=sys.stderr)
+    _ensure_ninja_on_path()
+    try:
+        module = cpp_extension.load(
+            name=config.module_name,
+            sources=[str(s) for s in config.sources],
+            extra_cflags=[*CXX_FLAGS, *(["-DMORPHPIPE_WITH_CUDA"] if config.with_cuda else [])],
+            extra_cuda_cflags=list(NVCC_FLAGS),
+            extra_ldflags=list(LD_FLAGS),
+            extra_include_paths=[str(CSRC_DIR)],
+            build_directory=str(config.build_dir),
+            with_cuda=config.with_cuda,
+            verbose=verbose,
+        )
+    except Exception as error:
+        _failure = NativeBuildError(
+            f"building the native ops failed ({type(error).__name__}: {error}); rerun "
+            f"`morphpipe info --verbose` for the compiler log (build dir: {config.build_dir})"
+        )
+        raise _failure from error
+    stamp.write_text(config.source_hash)
+    return module
 
 
 def prepare(announce=print) -> None:

@@ -59,8 +59,8 @@ MUTANTS: list[dict] = [
          tests=[f"{GUARDS}::test_check_complete_fires_when_a_position_is_trained_twice",
                 f"{GUARDS}::test_check_complete_fires_when_the_gpu_batcher_yields_more_than_the_plan"], ci=True),
     dict(name="executor-epoch-loss-unweighted", file="morphpipe/executor/executor.py",
-         find="loss = float((losses * weights).sum() / max(seeds, 1))",
-         replace="loss = float(losses.mean()) if self.losses else 0.0",
+         find="loss = float((losses[trained] * weights[trained]).sum() / max(float(weights[trained].sum()), 1.0))",
+         replace="loss = float(losses[trained].mean()) if self.losses else 0.0",
          tests=[f"{GUARDS}::test_epoch_loss_is_the_mean_over_seeds"], ci=True),
     dict(name="cpu-buffer-no-extra-batch-check", file="morphpipe/executor/cpu_buffer.py",
          find="""        self.finished_at = self._trace.now()

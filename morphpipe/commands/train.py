@@ -24,6 +24,7 @@ from morphpipe.commands.workload import (
     workload_settings,
 )
 from morphpipe.executor.replan import REPLAN_MODES, Replanner
+from morphpipe.nn.finite_guard import ON_NONFINITE
 from morphpipe.outputs import check_output_dir, check_output_file
 from morphpipe.profiler.profile import Profile
 from morphpipe.profiler.profiler import DEVICES
@@ -78,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "inference")
     parser.add_argument("--stats-json", type=Path, default=None, help="write every epoch's stats and the test "
                                                                       "accuracy to this JSON file")
+    parser.add_argument("--on-nonfinite", default="stop", choices=ON_NONFINITE,
+                        help="at a batch with labels outside the classes or a NaN/infinite loss or gradient: stop "
+                             "with the epoch, batch and seeds (default), or skip-batch (no update for that batch; "
+                             "skips are counted per epoch)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     train_distributed.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -116,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     with Trainer(graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
                  seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
                  progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None,
-                 eval_mode=args.eval_mode, model_spec=spec, replanner=replanner) as trainer:
+                 eval_mode=args.eval_mode, model_spec=spec, replanner=replanner,
+                 on_nonfinite=args.on_nonfinite) as trainer:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test") if "test" not in empty else None
         final_plan = trainer.plan
@@ -165,7 +171,7 @@ def run_full_graph(graph, args: argparse.Namespace, empty: list[str]) -> int:
     model = model_from_spec(spec)
     device = resolve_device(args.device)
     trainer = FullGraphTrainer(graph, model, lr=args.lr, device=device, checkpoint_dir=args.checkpoint_dir,
-                               model_spec=spec, progress=not args.no_progress)
+                               model_spec=spec, progress=not args.no_progress, on_nonfinite=args.on_nonfinite)
     history = trainer.fit(args.epochs)
     test_acc = trainer.evaluate("test") if "test" not in empty else None
     if test_acc is not None:

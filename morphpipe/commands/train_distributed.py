@@ -114,7 +114,7 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     with DistributedTrainer(graph, model, plan, split, fanouts=settings["fanouts"],
                             predicted_epoch_s=prediction.epoch_s, lr=args.lr, seed=args.seed,
                             gpu_batcher=gpu_batcher, checkpoint_dir=args.checkpoint_dir,
-                            eval_batch_size=args.eval_batch_size) as trainer:
+                            eval_batch_size=args.eval_batch_size, on_nonfinite=args.on_nonfinite) as trainer:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test")
     say(f"test accuracy {test_acc:.4f}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from morphpipe.executor.devices import default_devices
 from morphpipe.executor.evaluate import accuracy
 from morphpipe.executor.executor import Executor
 from morphpipe.executor.trainer import GpuBatcherFactory, torch_threads, training_device, training_threads
+from morphpipe.nn.finite_guard import FiniteGuard, skipped_text
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.epochs import epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
@@ -40,13 +41,21 @@ from morphpipe.scheduler.plan import Plan
 
 
 class DistributedStep:
-    """Forward, loss normalised by the global step's seeds, backward (DDP all-reduces), optimizer step."""
+    """Forward, loss normalised by the global step's seeds, backward (DDP all-reduces), optimizer step.
+
+    A rank whose labels are out of range or whose loss is not finite makes its loss NaN before
+    backward, so the all-reduced gradients are NaN on every rank and the guard's check, made on
+    those gradients, stops or skips the step on all ranks alike, with no extra collective.
+    """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], split: SeedSplit, n_cpu: int) -> None:
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], split: SeedSplit, n_cpu: int,
+                 guard: FiniteGuard | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
+        self.guard = guard or FiniteGuard()
+        self.rank = dist.get_rank()
         self.split = split
         self.n_cpu = n_cpu
         self.dtype = next(model.parameters()).dtype
@@ -60,11 +69,17 @@ class DistributedStep:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.model(batch.blocks, batch.x.to(self.dtype))
-        loss = self.loss_fn(logits, batch.y)
+        labels, labels_ok = self.guard.safe_labels(batch.y, logits.shape[-1])
+        loss = self.loss_fn(logits, labels)
         scale = batch.num_seeds * self.split.world_size / self.split.step_total(self.step_of(batch))
-        (loss * scale).backward()
-        self.optimizer.step()
+        poison = torch.where(labels_ok & torch.isfinite(loss), 1.0, float("nan"))
+        (loss * (scale * poison)).backward()
         self.trained.append(batch.seeds.detach().to("cpu"))
+        if not self.guard.allows_update(loss=loss, labels_ok=labels_ok, logits=logits, labels=batch.y, seeds=batch.seeds,
+                                        inputs=(batch.x, batch.input_nodes), model=self.model, after_all_reduce=True,
+                                        where=f"step {self.step_of(batch) + 1} on rank {self.rank}"):
+            return torch.full_like(loss.detach(), float("nan"))
+        self.optimizer.step()
         return loss.detach()
 
 
@@ -79,10 +94,13 @@ class DistEpochStats:
     loss: float
     val_acc: float | None
     predicted_epoch_s: float
+    skipped_batches: dict[str, int] = field(default_factory=dict)  # steps left out on every rank, by this rank's reason
 
     def line(self, epochs: int) -> str:
         ranks = "/".join(f"{s:.2f}" for s in self.rank_epoch_s)
         acc = f", val acc {self.val_acc:.4f}" if self.val_acc is not None else ""
+        if self.skipped_batches:
+            acc += f", {skipped_text(self.skipped_batches)}"
         return (f"epoch {self.epoch + 1}/{epochs}: {self.epoch_s:.2f} s (ranks {ranks} s), "
                 f"{self.seeds / self.epoch_s:,.0f} seeds/s, loss {self.loss:.4f}{acc}; predicted "
                 f"{self.predicted_epoch_s:.2f} s ({self.epoch_s / self.predicted_epoch_s - 1:+.0%})")
@@ -92,7 +110,9 @@ class DistributedTrainer:
     """Trains `model` data-parallel on this rank's share of each step under this rank's `plan`.
 
     The process group must be initialised. `predicted_epoch_s` is the cluster's prediction (the
-    slowest rank's plan). `loss_fn` is a mean-reducing `(logits, labels) -> loss`.
+    slowest rank's plan). `loss_fn` is a mean-reducing `(logits, labels) -> loss`. `on_nonfinite`
+    ("stop" or "skip-batch") is what every rank does at a step with out-of-range labels or a
+    non-finite loss or gradient on any rank (`DistributedStep`).
     """
 
     def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, split: SeedSplit, *, fanouts: Sequence[int],
@@ -100,7 +120,8 @@ class DistributedTrainer:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, lr: float = 3e-3,
                  device: str | torch.device | None = None, seed: int = 0,
                  gpu_batcher: GpuBatcherFactory | None = None, checkpoint_dir: str | os.PathLike | None = None,
-                 eval_batch_size: int = 4096, log: Callable[[str], None] | None = None) -> None:
+                 eval_batch_size: int = 4096, log: Callable[[str], None] | None = None,
+                 on_nonfinite: str = "stop") -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if split.world_size != self.world:
             raise ValueError(f"the split is for {split.world_size} ranks, the process group has {self.world}")
@@ -119,7 +140,7 @@ class DistributedTrainer:
         self.model = DistributedDataParallel(self.module)
         self.optimizer = optimizer or torch.optim.Adam(self.model.parameters(), lr=lr)
         self.step = DistributedStep(self.model, self.optimizer, loss_fn or functional.cross_entropy, split,
-                                    plan.n_cpu)
+                                    plan.n_cpu, FiniteGuard(on_nonfinite))
         self.log = log or print
         self.checkpoints = (Checkpointing(checkpoint_dir, self.module, self.optimizer, log=self.log)
                             if checkpoint_dir is not None else None)
@@ -155,6 +176,7 @@ class DistributedTrainer:
         for epoch in range(first, epochs):
             torch.manual_seed(epoch_seed(epoch_seed(self.seed, epoch), self.rank))
             self.step.trained = []
+            self.step.guard.start_epoch(epoch)
             with torch_threads(train_threads):
                 result = self.executor.run_epoch(epoch)
                 self._check_exactly_once(epoch)
@@ -165,7 +187,8 @@ class DistributedTrainer:
             dist.all_reduce(times)
             dist.all_reduce(totals)
             stats = DistEpochStats(epoch, float(times.max()), times.tolist(), int(totals[1]),
-                                   float(totals[0] / totals[1]), val_acc, self.predicted_epoch_s)
+                                   float(totals[0] / totals[1]), val_acc, self.predicted_epoch_s,
+                                   dict(self.step.guard.skipped))
             self.history.append(stats)
             if self.rank == 0:
                 self.log(stats.line(epochs))

@@ -275,7 +275,8 @@ class _EpochLoop:
         seeds = sum(count for _, count in self.losses)
         losses = torch.stack([loss.float() for loss, _ in self.losses]).cpu() if self.losses else torch.zeros(0)
         weights = torch.tensor([count for _, count in self.losses], dtype=torch.float32)
-        loss = float((losses * weights).sum() / max(seeds, 1))
+        trained = torch.isfinite(losses)  # a step skipped for non-finite values returns a NaN loss
+        loss = float((losses[trained] * weights[trained]).sum() / max(float(weights[trained].sum()), 1.0))
         return EpochResult(
             epoch=epoch, epoch_s=epoch_s, order=self.order, seeds=seeds, loss=loss,
             trace=sorted(self.trace.records, key=lambda r: (r.start, r.end, r.device, r.lane)),

@@ -23,6 +23,7 @@ from morphpipe.data import GraphStore
 from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.evaluate import full_accuracy
 from morphpipe.executor.trainer import LogOnce, check_split, choice_counts_since
+from morphpipe.nn.finite_guard import FiniteGuard, skipped_text
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.validation import check_positive
@@ -37,22 +38,31 @@ class FullGraphEpoch:
     loss: float
     val_acc: float | None
     op_choices: dict[str, dict[str, int]] = field(default_factory=dict)
+    skipped_batches: dict[str, int] = field(default_factory=dict)  # the epoch's step, when left out, and why
 
     def line(self, epochs: int) -> str:
         """One progress line."""
         val = f", val acc {self.val_acc:.4f}" if self.val_acc is not None else ""
+        if self.skipped_batches:
+            val += f", {skipped_text(self.skipped_batches)}"
         kernel = self.op_choices.get("graph.kernel")
         kernels = f", graph.kernel {kernel}" if kernel else ""
         return f"epoch {self.epoch + 1}/{epochs}: {self.epoch_s:.2f} s (full graph), loss {self.loss:.4f}{val}{kernels}"
 
 
 class FullGraphTrainer:
-    """Trains `model` on the whole `graph` at once: forward over every node, loss on the training nodes, one step."""
+    """Trains `model` on the whole `graph` at once: forward over every node, loss on the training nodes, one step.
+
+    `on_nonfinite` ("stop" or "skip-batch") is what a step with out-of-range labels or a non-finite
+    loss or gradient does (`FiniteGuard`).
+    """
 
     def __init__(self, graph: GraphStore, model: nn.Module, *, lr: float = 3e-3, device: str | torch.device = "cpu",
                  checkpoint_dir: str | os.PathLike | None = None, model_spec: dict[str, Any] | None = None,
-                 progress: bool = True, log: Callable[[str], None] | None = None) -> None:
+                 progress: bool = True, log: Callable[[str], None] | None = None,
+                 on_nonfinite: str = "stop") -> None:
         self.graph = graph
+        self.guard = FiniteGuard(on_nonfinite)
         self.device = torch.device("cpu" if device in (None, "auto") else device)
         self.model = model.to(self.device)
         self.dtype = next(self.model.parameters()).dtype
@@ -69,14 +79,18 @@ class FullGraphTrainer:
         self._say_once = LogOnce(self.log)
 
     def step(self) -> float:
-        """One full-graph training step; returns the loss."""
+        """One full-graph training step; returns the loss (not finite when the guard skipped the update)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         blocks = [self.block] * self.model.num_layers
-        logits = self.model(blocks, self.features)
-        loss = functional.cross_entropy(logits[self.train_idx], self.train_labels)
+        logits = self.model(blocks, self.features)[self.train_idx]
+        labels, labels_ok = self.guard.safe_labels(self.train_labels, logits.shape[-1])
+        loss = functional.cross_entropy(logits, labels)
         loss.backward()
-        self.optimizer.step()
+        if self.guard.allows_update(loss=loss, labels_ok=labels_ok, logits=logits, labels=self.train_labels,
+                                    seeds=self.train_idx, inputs=(self.features, None), model=self.model,
+                                    where="the full-graph step"):
+            self.optimizer.step()
         return float(loss.detach())
 
     def fit(self, epochs: int, *, validate: bool = True) -> list[FullGraphEpoch]:
@@ -84,12 +98,13 @@ class FullGraphTrainer:
         check_positive("epochs", epochs)
         for epoch in range(self._resume(), epochs):
             before = choice_counts()
+            self.guard.start_epoch(epoch)
             start = time.perf_counter()
             loss = self.step()
             epoch_s = time.perf_counter() - start
             choices = choice_counts_since(before)
             val_acc = self.evaluate("val") if validate else None
-            stats = FullGraphEpoch(epoch, epoch_s, loss, val_acc, choices)
+            stats = FullGraphEpoch(epoch, epoch_s, loss, val_acc, choices, dict(self.guard.skipped))
             self.history.append(stats)
             self.log(stats.line(epochs))
             if self.checkpoints is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from morphpipe.nn.finite_guard import skipped_text
+
 
 @dataclass
 class EpochStats:
@@ -37,6 +39,7 @@ class EpochStats:
     predicted_busy: dict[str, float] = field(default_factory=dict)
     op_choices: dict[str, dict[str, int]] = field(default_factory=dict)
     plan_change: str | None = None  # set when the re-planner switched plans after this epoch, and why
+    skipped_batches: dict[str, int] = field(default_factory=dict)  # steps left out for non-finite values, by reason
 
     @property
     def batches_per_s(self) -> float:
@@ -70,6 +73,8 @@ class EpochStats:
             parts.append(f"busy {busy}")
         if self.cpu_utilisation is not None:
             parts.append(f"CPU {self.cpu_utilisation:.0%}")
+        if self.skipped_batches:
+            parts.append(skipped_text(self.skipped_batches))
         if self.plan_change:
             parts.append(self.plan_change)
         return "; ".join(parts)

@@ -33,6 +33,7 @@ from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.stats import EpochStats
+from morphpipe.nn.finite_guard import FiniteGuard
 from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
@@ -129,7 +130,9 @@ class Trainer:
     `model_spec` (build_model's arguments) is saved with it so `morphpipe evaluate` can rebuild the
     model. `eval_mode` is how `evaluate` measures by default: "sampled" or "full" (exact).
     With a `replanner`, every epoch's measured phase times feed it, and the next epoch runs the
-    plan it switches to (`self.plan` is always the plan in force).
+    plan it switches to (`self.plan` is always the plan in force). `on_nonfinite` is what a step with
+    labels outside the classes or a NaN/infinite loss or gradient does: "stop" (a NonFiniteError naming
+    the epoch, batch and seeds) or "skip-batch" (no update; counted in the epoch's stats).
     """
 
     def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
@@ -138,7 +141,8 @@ class Trainer:
                  device: str | torch.device | None = None, seed: int = 0, gpu_batcher: GpuBatcherFactory | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
                  progress: bool = True, log: Callable[[str], None] | None = None, eval_mode: str = "sampled",
-                 model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None) -> None:
+                 model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None,
+                 on_nonfinite: str = "stop") -> None:
         self.graph = graph
         self.plan = plan
         self.fanouts = check_fanouts(fanouts)
@@ -150,7 +154,8 @@ class Trainer:
         self.device = training_device(plan, device)
         self.model = model.to(self.device)
         self.optimizer = optimizer or make_optimizer(self.model.parameters(), lr, self.device)
-        self.step = TrainStep(self.model, self.optimizer, loss_fn or functional.cross_entropy)
+        self.guard = FiniteGuard(on_nonfinite)
+        self.step = TrainStep(self.model, self.optimizer, loss_fn or functional.cross_entropy, self.guard)
         self.progress = progress
         self.log = log or tqdm.write
         self._say_once = LogOnce(self.log)
@@ -202,6 +207,7 @@ class Trainer:
             validate = False
         first = self._resume()
         for epoch in range(first, epochs):
+            self.guard.start_epoch(epoch)
             with torch_threads(training_threads(self.plan)):
                 result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
                 val_acc = self.evaluate("val") if validate else None
@@ -241,7 +247,7 @@ class Trainer:
             max_cpu_buffer=result.max_cpu_buffer, max_gpu_buffer=result.max_gpu_buffer,
             cpu_idle_s=result.idle_s("cpu"), gpu_idle_s=result.idle_s("gpu"), cpu_utilisation=cpu_share,
             predicted_epoch_s=self.plan.predicted_epoch_s, busy=result.busy, predicted_busy=dict(self.plan.busy),
-            op_choices=op_choices,
+            op_choices=op_choices, skipped_batches=dict(self.guard.skipped),
         )
 
     def evaluate(self, split: str = "val", mode: str | None = None) -> float:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from morphpipe.nn.finite_guard import FiniteGuard
 from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import MiniBatch
 
@@ -37,7 +38,9 @@ class TrainStep:
     """Forward over the batch's blocks, loss on its seeds, backward and optimizer step.
 
     Features stored in float16/bfloat16 are cast to the model's dtype on the device, so a
-    compact feature store costs no precision in the model.
+    compact feature store costs no precision in the model. `guard` checks labels, loss and
+    gradients before the update (`FiniteGuard`); a skipped step returns a NaN loss, which the
+    epoch's mean leaves out.
     """
 
     def __init__(
@@ -45,18 +48,30 @@ class TrainStep:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = functional.cross_entropy,
+        guard: FiniteGuard | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
+        self.guard = guard or FiniteGuard()
         self.dtype = next(model.parameters()).dtype
 
     def __call__(self, batch: MiniBatch) -> torch.Tensor:
-        """Trains on `batch` (already on the model's device); returns the loss without syncing."""
+        """Trains on `batch` (already on the model's device); returns the loss (one sync: the guard's check)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.model(batch.blocks, batch.x.to(self.dtype))
-        loss = self.loss_fn(logits, batch.y)
+        labels, labels_ok = self.guard.safe_labels(batch.y, logits.shape[-1])
+        loss = self.loss_fn(logits, labels)
         loss.backward()
+        if not self.guard.allows_update(loss=loss, labels_ok=labels_ok, logits=logits, labels=batch.y, seeds=batch.seeds,
+                                        inputs=(batch.x, batch.input_nodes), model=self.model,
+                                        where=batch_place(batch)):
+            return torch.full_like(loss.detach(), float("nan"))
         self.optimizer.step()
         return loss.detach()
+
+
+def batch_place(batch: MiniBatch) -> str:
+    """Where `batch` sits in its epoch, for messages: "batch 4 of Route 0"."""
+    return f"batch {batch.batch_index + 1} of Route {batch.route}"
