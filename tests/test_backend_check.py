@@ -168,14 +168,19 @@ def test_a_correct_backend_passes(graph, reference):
 
 
 @pytest.mark.parametrize("make_candidate, reason", [
-    (lambda graph, reference: repeats_a_neighbour(reference), "repeats a neighbour"),
-    (lambda graph, reference: prefers_low_offsets(graph), "chi-square"),
-    (lambda graph, reference: slightly_prefers_low_offsets(graph), "lean towards one end"),
-    (lambda graph, reference: edited(reference, neighbouring_feature_row), "x is not features[input_nodes]"),
-    (lambda graph, reference: edited(reference, one_edge_not_in_the_graph), "a sampled edge is not in the graph"),
-    (lambda graph, reference: edited(reference, drops_the_last_neighbour), "wrong neighbour count"),
-    (lambda graph, reference: takes_at_most_eight_for_take_all(reference), "fanouts [-1, 2]"),
-    (lambda graph, reference: raises, "raised RuntimeError: CUDA error"),
+    pytest.param(lambda graph, reference: repeats_a_neighbour(reference), "repeats a neighbour", id="repeats"),
+    pytest.param(lambda graph, reference: prefers_low_offsets(graph), "chi-square", id="gross-bias"),
+    pytest.param(lambda graph, reference: slightly_prefers_low_offsets(graph), "lean towards one end",
+                 id="slight-bias"),
+    pytest.param(lambda graph, reference: edited(reference, neighbouring_feature_row),
+                 "x is not features[input_nodes]", id="wrong-feature-row"),
+    pytest.param(lambda graph, reference: edited(reference, one_edge_not_in_the_graph),
+                 "a sampled edge is not in the graph", id="non-edge"),
+    pytest.param(lambda graph, reference: edited(reference, drops_the_last_neighbour), "wrong neighbour count",
+                 id="drops-an-edge"),
+    pytest.param(lambda graph, reference: takes_at_most_eight_for_take_all(reference), "fanouts [-1, 2]",
+                 id="take-all"),
+    pytest.param(lambda graph, reference: raises, "raised RuntimeError: CUDA error", id="raises"),
 ])
 def test_a_failing_backend_is_caught_with_its_reason(graph, reference, make_candidate, reason):
     problem = check.sampler_problem(make_candidate(graph, reference), reference, graph)
@@ -240,8 +245,11 @@ def test_a_correct_gather_passes():
     assert check.gather_problem(lambda table, ids: table[ids]) is None
 
 
-@pytest.mark.parametrize("gather", [wrong_row_at_every_thousandth_position, wrong_row_for_one_id_in_a_thousand,
-                                    labels_truncated_to_int32])
+@pytest.mark.parametrize("gather", [
+    pytest.param(wrong_row_at_every_thousandth_position, id="every-thousandth-position"),
+    pytest.param(wrong_row_for_one_id_in_a_thousand, id="one-id-in-a-thousand"),
+    pytest.param(labels_truncated_to_int32, id="labels-truncated"),
+])
 def test_a_gather_wrong_for_one_row_in_a_thousand_fails_the_verdict(graph, reference, gather):
     verdict = check.run_self_check(CPU, passing(reference), reference, gather, graph)
     assert not verdict.kernels_ok and "gather of" in verdict.kernels_reason
@@ -302,10 +310,10 @@ def gradient_of_the_neighbouring_row(block, h_src, reduce, edge_weight):
 
 
 @pytest.mark.parametrize("wrong_sum, reason", [
-    (off_by_a_tenth_of_a_percent, "width 16: sum forward differs"),
-    (drops_the_tail_columns_of_odd_widths, "width 67: sum forward differs"),
-    (gradient_off_by_a_percent, "width 16: sum grad h differs"),
-    (gradient_of_the_neighbouring_row, "width 16: sum grad h differs"),
+    pytest.param(off_by_a_tenth_of_a_percent, "width 16: sum forward differs", id="off-by-0.1%"),
+    pytest.param(drops_the_tail_columns_of_odd_widths, "width 67: sum forward differs", id="odd-width-tail"),
+    pytest.param(gradient_off_by_a_percent, "width 16: sum grad h differs", id="gradient-off-by-1%"),
+    pytest.param(gradient_of_the_neighbouring_row, "width 16: sum grad h differs", id="gradient-of-next-row"),
 ])
 def test_subtly_wrong_ops_fail_the_check(wrong_sum, reason):
     name = f"subtly-wrong-{wrong_sum.__name__}"
