@@ -22,6 +22,7 @@ BACKEND = "tests/test_backend_check.py"
 STREAMS = "tests/test_stream_discipline.py"
 CONVERTERS = "tests/test_data_converters.py"
 CHECKPOINT = "tests/test_executor_training.py"
+OUTPUTS = "tests/test_bad_input_outputs.py"
 
 MUTANTS: list[dict] = [
     # --- executor ------------------------------------------------------------------------------------
@@ -453,8 +454,14 @@ MUTANTS: list[dict] = [
          find='if header.get("sha256") != hashlib.sha256(payload).hexdigest():',
          replace='if header.get("sha256") is None:',
          tests=[CHECKPOINT], ci=False),
-    dict(name="outputs-partial-drops-suffix", file="morphpipe/outputs.py",
-         find='return target.with_name(f".{target.stem}.partial-{os.getpid()}{target.suffix}")',
-         replace='return target.with_name(f".{target.name}.partial-{os.getpid()}")',
-         tests=["tests/test_bad_input_outputs.py"], ci=False),
+    dict(name="outputs-stale-staging-blocks", file="morphpipe/outputs.py",
+         find="""    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()""",
+         replace="""    staging.mkdir()""",
+         tests=[OUTPUTS], ci=False),
+    dict(name="outputs-two-rename-swap-leaves-the-old-directory", file="morphpipe/outputs.py",
+         find="    os.rename(aside, staging)\n",
+         replace="",
+         tests=[OUTPUTS], ci=False),
 ]
