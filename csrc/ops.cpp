@@ -64,7 +64,7 @@ TORCH_LIBRARY(morphpipe, m) {
   m.def("gat_grad_h_scatter(Tensor indptr, Tensor indices, Tensor alpha, Tensor alpha_self, Tensor grad_out, "
         "int num_src, int h_heads) -> Tensor");
   // Between layers: out = keep * act(x + bias) / (1 - p) for x [rows, F], activation 'relu' or 'identity', keep
-  // drawn per element by a counter-based generator from `seed` (cpu/dropout_mask.h), mask as int32 bit words; p=0: no mask.
+  // drawn per element by a counter-based generator from `seed` (common/dropout_mask.h), mask as int32 bit words; p=0: no mask.
   m.def("bias_act_dropout(Tensor x, Tensor? bias, str activation, float p, int seed) -> (Tensor out, Tensor mask)");
   // Its backward from the output and the mask: grad_x, and grad_bias (column sums of grad_x) when asked.
   m.def("bias_act_dropout_backward(Tensor grad, Tensor out, Tensor mask, str activation, float p, "

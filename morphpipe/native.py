@@ -1,13 +1,17 @@
-"""Builds (incrementally, cached per torch version) and loads the native extension.
+"""Loads the native extension: prebuilt in the installed package, or built (incrementally, cached per torch) from csrc/.
 
 The extension registers `torch.ops.morphpipe.*` (schemas in csrc/ops.cpp, CPU kernels in
 csrc/cpu/, CUDA kernels in csrc/cuda/ where CUDA torch and nvcc exist) and exposes the
-threaded `CpuBatcher`. Compiling just in time against the torch that is installed keeps one
+threaded `CpuBatcher`. A wheel (`pip install --no-build-isolation .`, see setup.py) carries it
+compiled as `morphpipe._native` for the torch it was built against; a source checkout
+(`pip install -e .`) compiles it just in time against the installed torch, which keeps one
 source tree working across torch 2.11-2.13 and across CPU-only and CUDA machines.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
+import json
 import os
 import platform
 import re
@@ -21,9 +25,17 @@ from types import ModuleType
 import torch
 
 CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc"
+PREBUILT_MODULE = "morphpipe._native"  # compiled into a wheel by setup.py
+# Written by setup.py beside the prebuilt module: the torch, CUDA architectures and sources it was compiled from.
+PREBUILT_INFO = Path(__file__).resolve().parent / "_native_build.json"
+# Compiler and linker flags of both builds (just in time here, ahead of time in setup.py).
+CXX_FLAGS = ("-O3", "-fopenmp", "-Wall", "-Wno-unused-function")
+NVCC_FLAGS = ("-O3", "--use_fast_math", "-DMORPHPIPE_WITH_CUDA")
+LD_FLAGS = ("-fopenmp",)
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failure: NativeBuildError | None = None  # a failed build is not retried, except verbosely, to show the log
+_announced_mismatch = False
 
 
 class NativeBuildError(RuntimeError):
@@ -41,6 +53,7 @@ class BuildConfig:
     module_name: str
     source_hash: str
     cuda_arch_list: str | None = None  # TORCH_CUDA_ARCH_LIST of the build; None without CUDA
+    prebuilt_torch: str | None = None  # the torch a prebuilt wheel's module was compiled for; None when built here
 
 
 def _cuda_toolchain_problem() -> str | None:
@@ -82,30 +95,98 @@ def _arch_tag(arch_list: str) -> str:
     return "sm-" + re.sub(r"[^0-9a-z]+", "-", arch_list.lower()).strip("-")
 
 
-def build_config() -> BuildConfig:
-    """Sources and build directory for this torch; ninja rebuilds only what changed in it."""
-    if not (CSRC_DIR / "ops.cpp").exists():
-        raise NativeBuildError(
-            f"native sources not found at {CSRC_DIR}; install morphpipe from a source checkout "
-            "with `pip install -e .` so csrc/ sits beside the package"
-        )
-    cuda_problem = _cuda_toolchain_problem()
-    with_cuda = cuda_problem is None
-    sources = [CSRC_DIR / "ops.cpp", CSRC_DIR / "python_module.cpp", *sorted(CSRC_DIR.glob("cpu/*.cpp"))]
-    if with_cuda:
-        sources += sorted(CSRC_DIR.glob("cuda/*.cu"))
+def source_files(with_cuda: bool) -> list[Path]:
+    """The translation units of the extension: the .cpp files under csrc/ (top level first, none under a
+    cuda/ folder), then, when building CUDA, every .cu file."""
+    def order(path: Path) -> tuple[int, Path]:
+        return len(path.relative_to(CSRC_DIR).parts), path
+
+    cpp = [path for path in CSRC_DIR.rglob("*.cpp") if "cuda" not in path.relative_to(CSRC_DIR).parts]
+    return sorted(cpp, key=order) + (sorted(CSRC_DIR.rglob("*.cu"), key=order) if with_cuda else [])
+
+
+def source_hash() -> str:
+    """SHA-256 over the paths and contents of every source and header under csrc/."""
     digest = hashlib.sha256()
     for path in sorted(CSRC_DIR.rglob("*")):
         if path.is_file() and path.suffix in {".cpp", ".cu", ".h", ".cuh"}:
             digest.update(str(path.relative_to(CSRC_DIR)).encode())
             digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _build_root() -> Path:
+    return Path(os.environ.get("MORPHPIPE_BUILD_DIR", Path.home() / ".cache" / "morphpipe" / "build"))
+
+
+def _flavour(kind: str) -> str:
+    """This torch, python and machine with `kind` ("cpu", "cuda-sm-9-0"), as a directory name."""
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return f"torch{torch.__version__.replace('+', '-')}-{python}-{platform.machine()}-{kind}"
+
+
+def _prebuilt_config() -> BuildConfig | None:
+    """The prebuilt module's configuration when it fits this torch (and csrc/, if present), else None.
+
+    A module compiled for another torch would fail with undefined symbols, so it is never imported:
+    the mismatch is announced once and the sources are compiled instead, or, without sources, the
+    error names both torch versions.
+    """
+    global _announced_mismatch
+    try:
+        built = json.loads(PREBUILT_INFO.read_text())
+    except FileNotFoundError:
+        return None
+    have_sources = (CSRC_DIR / "ops.cpp").exists()
+    if built["torch"] != torch.__version__:
+        problem = (f"the prebuilt native ops were compiled for torch {built['torch']}, but torch "
+                   f"{torch.__version__} is installed")
+        if not have_sources:
+            raise NativeBuildError(f"{problem}; install torch=={built['torch']}, or reinstall morphpipe from its "
+                                   "sources against this torch: `pip install --no-build-isolation --force-reinstall "
+                                   "--no-deps <source checkout, sdist or git URL>`")
+        if not _announced_mismatch:
+            print(f"morphpipe: {problem}; compiling them from {CSRC_DIR} instead", file=sys.stderr)
+            _announced_mismatch = True
+        return None
+    if have_sources and built["source_hash"] != source_hash():
+        return None  # csrc/ changed since the module was built: the just-in-time build follows it
+    arch_list = built["cuda_arch_list"]
+    kind = f"cuda-{_arch_tag(arch_list)}" if arch_list else "cpu"
+    return BuildConfig((), arch_list is not None, built["cuda_skip_reason"], _build_root() / f"prebuilt-{_flavour(kind)}",
+                       PREBUILT_MODULE, built["source_hash"], arch_list, built["torch"])
+
+
+def build_config() -> BuildConfig:
+    """The build in use: the prebuilt module when it fits, else sources and build directory for this torch.
+
+    In the latter case ninja rebuilds only what changed in the build directory. A prebuilt module's
+    build directory holds no build, only state that belongs beside it (recorded backend verdicts).
+    """
+    prebuilt = _prebuilt_config()
+    if prebuilt is not None:
+        return prebuilt
+    if not (CSRC_DIR / "ops.cpp").exists():
+        raise NativeBuildError(
+            f"morphpipe was installed without its native ops (no prebuilt {PREBUILT_MODULE}, no sources at "
+            f"{CSRC_DIR}); reinstall it with the native ops compiled in: install torch first, then "
+            "`pip install --no-build-isolation morphpipe` (or `pip install -e .` in a source checkout)"
+        )
+    cuda_problem = _cuda_toolchain_problem()
+    with_cuda = cuda_problem is None
     arch_list = cuda_arch_list() if with_cuda else None
     kind = f"cuda-{_arch_tag(arch_list)}" if arch_list else "cpu"
-    flavour = f"torch{torch.__version__.replace('+', '-')}-{python}-{platform.machine()}-{kind}"
-    root = Path(os.environ.get("MORPHPIPE_BUILD_DIR", Path.home() / ".cache" / "morphpipe" / "build"))
-    return BuildConfig(tuple(sources), with_cuda, cuda_problem, root / flavour, "morphpipe_native", digest.hexdigest(),
-                       arch_list)
+    return BuildConfig(tuple(source_files(with_cuda)), with_cuda, cuda_problem, _build_root() / _flavour(kind),
+                       "morphpipe_native", source_hash(), arch_list)
+
+
+def build_info() -> str:
+    """Which build of the native ops is in use, for `morphpipe info`."""
+    config = build_config()
+    kind = f"cuda {config.cuda_arch_list}" if config.with_cuda else "cpu"
+    if config.prebuilt_torch is not None:
+        return f"prebuilt wheel (torch {config.prebuilt_torch}, {kind})"
+    return f"built on first use in {config.build_dir} ({kind})"
 
 
 def _ensure_ninja_on_path() -> None:
@@ -125,9 +206,17 @@ def load(verbose: bool = False) -> ModuleType:
             return _module
         if _failure is not None and not verbose:
             raise _failure
+        config = build_config()
+        if config.prebuilt_torch is not None:
+            try:
+                _module = importlib.import_module(PREBUILT_MODULE)
+            except ImportError as error:
+                _failure = NativeBuildError(f"the prebuilt native ops {PREBUILT_MODULE} failed to load ({error}); "
+                                            "reinstall morphpipe against the installed torch")
+                raise _failure from error
+            return _module
         from torch.utils import cpp_extension
 
-        config = build_config()
         config.build_dir.mkdir(parents=True, exist_ok=True)
         stamp = config.build_dir / "sources.sha256"
         up_to_date = stamp.exists() and stamp.read_text() == config.source_hash
@@ -138,14 +227,13 @@ def load(verbose: bool = False) -> ModuleType:
                 print(f"morphpipe: CUDA kernels not built ({config.cuda_skip_reason}); CPU kernels only",
                       file=sys.stderr)
         _ensure_ninja_on_path()
-        cflags = ["-O3", "-fopenmp", "-Wall", "-Wno-unused-function"]
         try:
             _module = cpp_extension.load(
                 name=config.module_name,
                 sources=[str(s) for s in config.sources],
-                extra_cflags=cflags + (["-DMORPHPIPE_WITH_CUDA"] if config.with_cuda else []),
-                extra_cuda_cflags=["-O3", "--use_fast_math", "-DMORPHPIPE_WITH_CUDA"],
-                extra_ldflags=["-fopenmp"],
+                extra_cflags=[*CXX_FLAGS, *(["-DMORPHPIPE_WITH_CUDA"] if config.with_cuda else [])],
+                extra_cuda_cflags=list(NVCC_FLAGS),
+                extra_ldflags=list(LD_FLAGS),
                 extra_include_paths=[str(CSRC_DIR)],
                 build_directory=str(config.build_dir),
                 with_cuda=config.with_cuda,
@@ -171,7 +259,7 @@ def prepare(announce=print) -> None:
         return
     config = build_config()
     stamp = config.build_dir / "sources.sha256"
-    if stamp.exists() and stamp.read_text() == config.source_hash:
+    if config.prebuilt_torch is not None or stamp.exists() and stamp.read_text() == config.source_hash:
         load()
         return
     announce("compiling the native ops (first use after install or a source change; about a minute) ...")

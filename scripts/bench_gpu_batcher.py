@@ -22,8 +22,9 @@ from datetime import date
 import torch
 
 from morphpipe import native
+from morphpipe.cores import usable_cores
 from morphpipe.data import load_dataset
-from morphpipe.sampling import GpuBatcher, MiniBatch, usable_cores
+from morphpipe.sampling import GpuBatcher, MiniBatch
 from morphpipe.sampling.cuda_support import cuda_problem
 from morphpipe.sampling.pinning import HostPinning
 from morphpipe.sampling.throughput import cpu_batcher_by_threads, measure_throughput, measurement_seeds

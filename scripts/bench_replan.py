@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from morphpipe import native
+from morphpipe.cores import usable_cores
 from morphpipe.data import load_dataset
 from morphpipe.executor.replan import Replanner, describe_schedule, same_schedule
 from morphpipe.executor.trainer import Trainer
@@ -28,7 +29,6 @@ from morphpipe.executor.virtual import virtual_executor
 from morphpipe.nn import build_model
 from morphpipe.partitioner import PhaseTimes
 from morphpipe.profiler import Profile, Profiler
-from morphpipe.profiler.hardware import usable_cores
 from morphpipe.scheduler import plan_from_profile
 from morphpipe.scheduler.durations import Durations
 from morphpipe.scheduler.simulate_plan import simulate_plan

@@ -13,8 +13,9 @@ from datetime import date
 
 import torch
 
+from morphpipe.cores import usable_cores
 from morphpipe.data import load_dataset
-from morphpipe.sampling import MiniBatch, usable_cores
+from morphpipe.sampling import MiniBatch
 from morphpipe.sampling.cpu_batcher import blocks_from_native
 from morphpipe.sampling.throughput import cpu_batcher_by_threads, measure_throughput, measurement_seeds
 

@@ -45,8 +45,8 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from morphpipe.data import load_dataset  # noqa: E402
-from morphpipe.executor.train_step import TrainStep, make_optimizer  # noqa: E402
 from morphpipe.nn import build_model  # noqa: E402
+from morphpipe.nn.train_step import TrainStep, make_optimizer  # noqa: E402
 from morphpipe.huge_pages import HUGE_PAGES_ENV, huge_pages  # noqa: E402
 from morphpipe.openmp_env import wait_policy  # noqa: E402
 from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, StepVariant, use_step_variant  # noqa: E402

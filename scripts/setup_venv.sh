@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates ./.venv (once) with torch pinned to the CPU build on local disk, then installs
-# morphpipe in editable mode; with --test also its test extras (pytest, hypothesis, torch_geometric).
-# Safe to run again; prints what it does.
+# morphpipe in editable mode (the native ops compile from csrc/ on first use); with --test also
+# its test extras (pytest, hypothesis, torch_geometric). Safe to run again; prints what it does.
+# --no-build-isolation: setup.py must see the torch of .venv (see setup.py), never download another.
 # MORPHPIPE_TORCH overrides the torch requirement (e.g. "torch==2.11.0" on a CUDA machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,4 +28,5 @@ if [ "$target" = "." ]; then
 else
   echo "setup: installing morphpipe (editable) and test dependencies"
 fi
-.venv/bin/python -m pip install -q -e "$target"
+.venv/bin/python -m pip install -q "setuptools>=70.1"  # the build backend, with bdist_wheel
+.venv/bin/python -m pip install -q --no-build-isolation -e "$target"

@@ -116,7 +116,7 @@ def mix32(x: int) -> int:
 
 
 def specified_keep(seed: int, index: int, p: float) -> bool:
-    """csrc/cpu/dropout_mask.h's definition, written out: element `index` is kept when its keyed hash is below
+    """csrc/common/dropout_mask.h's definition, written out: element `index` is kept when its keyed hash is below
     round((1 - p) * 2^32)."""
     key = splitmix64(seed)
     round_key = (key >> 32) ^ (((index >> 32) * 0x9E3779B9) & MASK32)

@@ -21,7 +21,7 @@ import torch
 from morphpipe.data import PRESETS, GraphStore, generate
 from morphpipe.distributed.env import free_port
 from morphpipe.distributed.launcher import launch, rank_environment
-from morphpipe.executor.train_step import TrainStep
+from morphpipe.nn.train_step import TrainStep
 from morphpipe.profiler import Profile
 from morphpipe.sampling.cpu_batcher import sample_neighbors
 from morphpipe.sampling.epochs import epoch_order

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from morphpipe.data import load_dataset
-from morphpipe.executor import CpuDevices, Executor, TrainStep, route_seeds
+from morphpipe.executor import CpuDevices, Executor, route_seeds
 from morphpipe.executor.virtual import (VirtualCpuBatcher, VirtualGpuBatcher, VirtualTrainer, _VirtualCpuEpoch,
                                         virtual_executor)
-from morphpipe.nn import build_model
+from morphpipe.nn import TrainStep, build_model
 from morphpipe.partitioner import Partitioner, PhaseTimes, Split
 from morphpipe.sampling import CpuBatcher
 from morphpipe.scheduler import Scheduler

@@ -12,11 +12,11 @@ import torch
 from morphpipe import ops
 from morphpipe.commands.cli import main
 from morphpipe.data import load_dataset
-from morphpipe.executor import (CpuDevices, Executor, Trainer, TrainStep, load_checkpoint, route_seeds,
-                                save_checkpoint, training_device)
+from morphpipe.executor import (CpuDevices, Executor, Trainer, load_checkpoint, route_seeds, save_checkpoint,
+                                training_device)
 from morphpipe.executor.checkpoint import CHECKPOINT_FILE, TrainingState, capture_rng, restore_rng
 from morphpipe.executor.trainer import torch_threads
-from morphpipe.nn import build_model
+from morphpipe.nn import TrainStep, build_model
 from morphpipe.partitioner import Split
 from morphpipe.profiler import Profile
 from morphpipe.sampling import CpuBatcher

@@ -18,7 +18,7 @@ from morphpipe import ops
 from morphpipe.executor.devices import CudaDevices, InFlight, Launched
 from morphpipe.executor.executor import Executor
 from morphpipe.executor.routes import route_seeds
-from morphpipe.executor.train_step import TrainStep
+from morphpipe.nn.train_step import TrainStep
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.sampling import CpuBatcher, GpuBatcher, SerialBatcher
 

@@ -7,12 +7,13 @@ import pytest
 
 from morphpipe.commands.cli import main
 from morphpipe.data import load_dataset
+from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.trainer import Trainer
 from morphpipe.nn import build_model
 from morphpipe.profiler import Profile
 from morphpipe.scheduler import Plan, plan_from_profile
-from morphpipe.scheduler.provenance import dataset_fingerprint, plan_mismatches
+from morphpipe.scheduler.provenance import plan_mismatches
 
 FANOUTS = [4, 3]
 BATCH = 128

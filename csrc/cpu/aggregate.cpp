@@ -7,7 +7,8 @@
 #include <limits>
 #include <tuple>
 
-#include "aggregate_common.h"
+#include "common/aggregate_checks.h"
+#include "cpu/aggregate_common.h"
 
 namespace morphpipe {
 
@@ -146,19 +147,16 @@ at::Tensor spmm_sum_cpu(const at::Tensor& indptr, const at::Tensor& indices, con
                         const std::optional<at::Tensor>& dst_scale, bool self_loop,
                         const std::optional<at::Tensor>& row_order) {
   constexpr const char* op = "morphpipe::spmm_sum";
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [num_src, F], got shape ", x.sizes());
-  check_rows(x, x.size(0), op, "x");
-  check_csr(indptr, indices, x.size(0), op);
+  check_spmm_sum(indptr, indices, x, edge_weight, src_scale, dst_scale, row_order, op);
+  check_csr_values(indptr, indices, x.size(0), op);
   const int64_t rows = indptr.numel() - 1, F = x.size(1);
+  const int64_t* order = optional_row_order(row_order, rows, op);
   auto out = at::empty({rows, F}, x.options());
-  const auto acc = accumulate_dtype(x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "spmm_sum_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
     spmm_sum_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), x.data_ptr<scalar_t>(),
-                              x.size(0), F, optional_factor<acc_t>(edge_weight, indices.numel(), acc, op, "edge_weight"),
-                              optional_factor<acc_t>(src_scale, x.size(0), acc, op, "src_scale"),
-                              optional_factor<acc_t>(dst_scale, rows, acc, op, "dst_scale"), self_loop, rows,
-                              optional_row_order(row_order, rows, op), out.data_ptr<scalar_t>());
+                              x.size(0), F, optional_data<acc_t>(edge_weight), optional_data<acc_t>(src_scale),
+                              optional_data<acc_t>(dst_scale), self_loop, rows, order, out.data_ptr<scalar_t>());
   });
   return out;
 }
@@ -168,22 +166,17 @@ at::Tensor spmm_sum_scatter_cpu(const at::Tensor& indptr, const at::Tensor& indi
                                 const std::optional<at::Tensor>& src_scale,
                                 const std::optional<at::Tensor>& dst_scale, bool self_loop, int64_t num_src) {
   constexpr const char* op = "morphpipe::spmm_sum_scatter";
-  const int64_t rows = indptr.numel() - 1;
-  TORCH_CHECK(grad.dim() == 2, op, ": grad must be 2-D [rows, F], got shape ", grad.sizes());
-  check_rows(grad, rows, op, "grad");
-  check_csr(indptr, indices, num_src, op);
-  TORCH_CHECK(!self_loop || rows <= num_src, op, ": self loops need rows=", rows, " <= num_src=", num_src);
-  const int64_t F = grad.size(1);
+  check_spmm_sum_scatter(indptr, indices, grad, edge_weight, src_scale, dst_scale, self_loop, num_src, op);
+  check_csr_values(indptr, indices, num_src, op);
+  const int64_t rows = indptr.numel() - 1, F = grad.size(1);
   const auto acc = accumulate_dtype(grad);
   auto out = at::zeros({num_src, F}, grad.options().dtype(acc));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "spmm_sum_scatter_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
     spmm_sum_scatter_kernel<scalar_t>(
         indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), grad.data_ptr<scalar_t>(), F,
-        optional_factor<acc_t>(edge_weight, indices.numel(), acc, op, "edge_weight"),
-        optional_factor<acc_t>(src_scale, num_src, acc, op, "src_scale"),
-        optional_factor<acc_t>(dst_scale, rows, acc, op, "dst_scale"), self_loop, rows, num_src,
-        out.data_ptr<acc_t>());
+        optional_data<acc_t>(edge_weight), optional_data<acc_t>(src_scale), optional_data<acc_t>(dst_scale),
+        self_loop, rows, num_src, out.data_ptr<acc_t>());
   });
   return out.to(grad.scalar_type());
 }
@@ -192,18 +185,16 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_cpu(const at::Tensor& indptr, const 
                                                 const at::Tensor& x, const std::optional<at::Tensor>& edge_weight,
                                                 const std::optional<at::Tensor>& row_order) {
   constexpr const char* op = "morphpipe::spmm_max";
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [num_src, F], got shape ", x.sizes());
-  check_rows(x, x.size(0), op, "x");
-  check_csr(indptr, indices, x.size(0), op);
+  check_spmm_max(indptr, indices, x, edge_weight, row_order, op);
+  check_csr_values(indptr, indices, x.size(0), op);
   const int64_t rows = indptr.numel() - 1, F = x.size(1);
+  const int64_t* order = optional_row_order(row_order, rows, op);
   auto out = at::empty({rows, F}, x.options());
   auto arg = at::empty({rows, F}, x.options().dtype(at::kLong));
-  const auto acc = accumulate_dtype(x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "spmm_max_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
     spmm_max_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), x.data_ptr<scalar_t>(), F,
-                              optional_factor<acc_t>(edge_weight, indices.numel(), acc, op, "edge_weight"), rows,
-                              optional_row_order(row_order, rows, op), out.data_ptr<scalar_t>(),
+                              optional_data<acc_t>(edge_weight), rows, order, out.data_ptr<scalar_t>(),
                               arg.data_ptr<int64_t>());
   });
   return {out, arg};
@@ -214,29 +205,19 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_backward_cpu(const at::Tensor& indic
                                                          const std::optional<at::Tensor>& edge_weight,
                                                          bool need_grad_x, bool need_grad_weight) {
   constexpr const char* op = "morphpipe::spmm_max_backward";
-  TORCH_CHECK(grad.dim() == 2 && x.dim() == 2 && grad.size(1) == x.size(1), op,
-              ": grad [rows, F] and x [num_src, F] must share F, got shapes ", grad.sizes(), " and ", x.sizes());
-  check_rows(grad, grad.size(0), op, "grad");
-  check_rows(x, x.size(0), op, "x");
-  check_rows(argmax, grad.size(0), op, "argmax");
-  TORCH_CHECK(argmax.scalar_type() == at::kLong && argmax.sizes() == grad.sizes(), op,
-              ": argmax must be int64 shaped like grad, got ", argmax.scalar_type(), " ", argmax.sizes());
+  check_spmm_max_backward(indices, argmax, grad, x, edge_weight, op);
   const int64_t nnz = indices.numel(), rows = grad.size(0), F = grad.size(1), num_src = x.size(0);
-  check_csr(at::tensor({int64_t(0), nnz}, indices.options()), indices, num_src, op);
+  const StructureBounds bounds{rows, nnz, num_src};
+  check_index_values(indices, num_src, op, bounds);
+  check_edge_ids(argmax, -1, op, bounds);
   const int64_t* arg = argmax.data_ptr<int64_t>();
-  int64_t bad = 0;
-#pragma omp parallel for reduction(+ : bad) schedule(static) if (rows * F > 65536)
-  for (int64_t k = 0; k < rows * F; ++k) bad += arg[k] < -1 || arg[k] >= nnz;
-  TORCH_CHECK(bad == 0, op, ": ", bad, " argmax entries are outside [-1, nnz=", nnz,
-              "); pass the argmax that spmm_max returned with these indices");
   const auto acc = accumulate_dtype(grad);
   at::Tensor grad_x = need_grad_x ? at::zeros({num_src, F}, grad.options().dtype(acc)) : at::Tensor();
   at::Tensor grad_w = need_grad_weight ? at::zeros({nnz}, grad.options().dtype(acc)) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "spmm_max_backward_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
     spmm_max_backward_kernel<scalar_t>(indices.data_ptr<int64_t>(), arg, grad.data_ptr<scalar_t>(),
-                                       x.data_ptr<scalar_t>(), F,
-                                       optional_factor<acc_t>(edge_weight, nnz, acc, op, "edge_weight"), rows,
+                                       x.data_ptr<scalar_t>(), F, optional_data<acc_t>(edge_weight), rows,
                                        need_grad_x ? grad_x.data_ptr<acc_t>() : nullptr,
                                        need_grad_weight ? grad_w.data_ptr<acc_t>() : nullptr);
   });
@@ -245,13 +226,9 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_backward_cpu(const at::Tensor& indic
 
 at::Tensor sddmm_cpu(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& a, const at::Tensor& b) {
   constexpr const char* op = "morphpipe::sddmm";
+  check_sddmm(indptr, indices, a, b, op);
+  check_csr_values(indptr, indices, b.size(0), op);
   const int64_t rows = indptr.numel() - 1;
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1) && a.scalar_type() == b.scalar_type(), op,
-              ": a [rows, F] and b [num_src, F] must share F and dtype, got ", a.sizes(), " ", a.scalar_type(),
-              " and ", b.sizes(), " ", b.scalar_type());
-  check_rows(a, rows, op, "a");
-  check_rows(b, b.size(0), op, "b");
-  check_csr(indptr, indices, b.size(0), op);
   auto out = at::empty({indices.numel()}, a.options().dtype(accumulate_dtype(a)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "sddmm_cpu", [&] {
     sddmm_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), a.data_ptr<scalar_t>(),
@@ -263,7 +240,9 @@ at::Tensor sddmm_cpu(const at::Tensor& indptr, const at::Tensor& indices, const 
 // Counting sort of the edges by source: out-edges of every source, destinations ascending.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cpu(const at::Tensor& indptr, const at::Tensor& indices,
                                                                  int64_t num_src) {
-  check_csr(indptr, indices, num_src, "morphpipe::csr_transpose");
+  constexpr const char* op = "morphpipe::csr_transpose";
+  check_csr_transpose(indptr, indices, num_src, op);
+  check_csr_values(indptr, indices, num_src, op);
   const int64_t rows = indptr.numel() - 1, nnz = indices.numel();
   const int64_t* ptr = indptr.data_ptr<int64_t>();
   const int64_t* idx = indices.data_ptr<int64_t>();

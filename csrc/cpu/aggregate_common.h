@@ -1,6 +1,6 @@
-// Shared by the fused CPU aggregation and attention kernels: accumulation types, argument checks
-// (every index is validated once per call, before any kernel dereferences it) and the OpenMP
-// destination loop with dynamic scheduling.
+// Shared by the fused CPU aggregation and attention kernels: the scans of a structure's values (every
+// index is validated once per call, before any kernel dereferences it; the argument checks come first,
+// from common/), the OpenMP destination loop with dynamic scheduling and the accumulation helpers.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,23 +11,11 @@
 #include <optional>
 #include <vector>
 
-namespace morphpipe {
+#include "common/accumulate.h"
+#include "common/structure_errors.h"
+#include "common/tensor_checks.h"
 
-// Sums of half-precision values are taken in float, as the CUDA kernels do in registers.
-template <typename T>
-struct Accumulate {
-  using type = T;
-};
-template <>
-struct Accumulate<at::Half> {
-  using type = float;
-};
-template <>
-struct Accumulate<at::BFloat16> {
-  using type = float;
-};
-template <typename T>
-using acc_type = typename Accumulate<T>::type;
+namespace morphpipe {
 
 // Features handled per pass over a destination's edges: the accumulator tile stays in L1.
 constexpr int64_t kFeatureTile = 256;
@@ -45,61 +33,47 @@ inline void prefetch_row(const scalar_t* p, int64_t n) {
   for (int64_t b = 0; b < size; b += 64) __builtin_prefetch(bytes + b, 0, 3);
 }
 
-// The accumulation dtype for `x`: float for half types, x's own dtype otherwise.
-inline at::ScalarType accumulate_dtype(const at::Tensor& x) {
-  const auto dtype = x.scalar_type();
-  return (dtype == at::kHalf || dtype == at::kBFloat16) ? at::kFloat : dtype;
+// The first position p < count with values[p] outside [low, high), or count when there is none (parallel scan).
+inline int64_t first_outside(const int64_t* values, int64_t count, int64_t low, int64_t high) {
+  int64_t first = count;
+#pragma omp parallel for reduction(min : first) schedule(static) if (count > 65536)
+  for (int64_t p = 0; p < count; ++p) {
+    if (values[p] < low || values[p] >= high) first = std::min(first, p);
+  }
+  return first;
 }
 
-// A CSC (or CSR) structure: int64 indptr [rows + 1] from 0 to nnz, nondecreasing, int64 indices in
-// [0, num_src). Scans every entry (O(rows + nnz), in parallel) so kernels may dereference freely.
-inline void check_csr(const at::Tensor& indptr, const at::Tensor& indices, int64_t num_src, const char* op) {
-  TORCH_CHECK(indptr.device().is_cpu() && indices.device().is_cpu(), op,
-              ": indptr and indices must be CPU tensors for the CPU kernel");
-  TORCH_CHECK(indptr.scalar_type() == at::kLong && indices.scalar_type() == at::kLong, op,
-              ": indptr and indices must be int64, got ", indptr.scalar_type(), " and ", indices.scalar_type(),
-              "; convert with .long()");
-  TORCH_CHECK(indptr.dim() == 1 && indptr.numel() >= 1 && indices.dim() == 1, op,
-              ": indptr must be 1-D [rows + 1] and indices 1-D [nnz], got shapes ", indptr.sizes(), " and ",
-              indices.sizes());
-  TORCH_CHECK(indptr.is_contiguous() && indices.is_contiguous(), op,
-              ": indptr and indices must be contiguous; call .contiguous()");
-  TORCH_CHECK(num_src >= 0, op, ": num_src must be >= 0, got ", num_src);
-  const int64_t rows = indptr.numel() - 1;
-  const int64_t nnz = indices.numel();
-  const int64_t* ptr = indptr.data_ptr<int64_t>();
+// indices (int64, contiguous, on the CPU) all lie in [0, num_src); else the error the CUDA kernels raise too.
+inline void check_index_values(const at::Tensor& indices, int64_t num_src, const char* op,
+                               const StructureBounds& bounds) {
   const int64_t* idx = indices.data_ptr<int64_t>();
-  TORCH_CHECK(ptr[0] == 0 && ptr[rows] == nnz, op, ": indptr must run from 0 to nnz=", nnz, ", got indptr[0]=",
-              ptr[0], " and indptr[-1]=", ptr[rows], "; rebuild the block");
-  int64_t decreasing = 0;
-  int64_t out_of_range = 0;
-#pragma omp parallel for reduction(+ : decreasing) schedule(static) if (rows > 65536)
-  for (int64_t i = 0; i < rows; ++i) decreasing += ptr[i + 1] < ptr[i];
-  TORCH_CHECK(decreasing == 0, op, ": indptr decreases at ", decreasing, " places; it must be nondecreasing");
-#pragma omp parallel for reduction(+ : out_of_range) schedule(static) if (nnz > 65536)
-  for (int64_t e = 0; e < nnz; ++e) out_of_range += static_cast<uint64_t>(idx[e]) >= static_cast<uint64_t>(num_src);
-  TORCH_CHECK(out_of_range == 0, op, ": ", out_of_range, " indices are outside [0, num_src=", num_src,
-              "); every index must be a local source id");
+  const int64_t bad = first_outside(idx, indices.numel(), 0, num_src);
+  if (bad < indices.numel()) raise_structure_error(kStatusIndexOutOfRange, bad, idx[bad], op, bounds);
 }
 
-// `t` is a contiguous CPU tensor whose first dim is `rows`.
-inline void check_rows(const at::Tensor& t, int64_t rows, const char* op, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor for the CPU kernel, got ", t.device());
-  TORCH_CHECK(t.dim() >= 1 && t.size(0) == rows, op, ": ", name, " must have ", rows, " rows, got shape ",
-              t.sizes());
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous; call .contiguous()");
+// The values of a CSC (or CSR) structure that check_structure accepted: indptr nondecreasing from 0 to nnz,
+// indices in [0, num_src). Scans every entry (O(rows + nnz), in parallel) so kernels may dereference freely;
+// the first bad entry raises the error the CUDA kernels report for it (structure_errors.h).
+inline void check_csr_values(const at::Tensor& indptr, const at::Tensor& indices, int64_t num_src, const char* op) {
+  const int64_t rows = indptr.numel() - 1, nnz = indices.numel();
+  const StructureBounds bounds{rows, nnz, num_src};
+  const int64_t* ptr = indptr.data_ptr<int64_t>();
+  if (ptr[0] != 0) raise_structure_error(kStatusIndptrInvalid, 0, 0, op, bounds);
+  int64_t decreasing = rows;  // the first row whose end lies before its start
+#pragma omp parallel for reduction(min : decreasing) schedule(static) if (rows > 65536)
+  for (int64_t i = 0; i < rows; ++i) {
+    if (ptr[i + 1] < ptr[i]) decreasing = std::min(decreasing, i);
+  }
+  if (decreasing < rows) raise_structure_error(kStatusIndptrInvalid, decreasing, 1, op, bounds);
+  if (ptr[rows] != nnz) raise_structure_error(kStatusIndptrInvalid, rows - 1, 1, op, bounds);
+  check_index_values(indices, num_src, op, bounds);
 }
 
-// Data pointer of an optional per-row (or per-edge) factor of the accumulation dtype, nullptr when absent.
-template <typename acc_t>
-const acc_t* optional_factor(const std::optional<at::Tensor>& t, int64_t rows, at::ScalarType acc, const char* op,
-                             const char* name) {
-  if (!t.has_value() || !t->defined()) return nullptr;
-  check_rows(*t, rows, op, name);
-  TORCH_CHECK(t->dim() == 1, op, ": ", name, " must be 1-D, got shape ", t->sizes());
-  TORCH_CHECK(t->scalar_type() == acc, op, ": ", name, " must be ", acc, " (the accumulation dtype), got ",
-              t->scalar_type());
-  return t->data_ptr<acc_t>();
+// Edge ids (argmax entries, transposed edge ids) all lie in [low, nnz), low being -1 where -1 means none.
+inline void check_edge_ids(const at::Tensor& ids, int64_t low, const char* op, const StructureBounds& bounds) {
+  const int64_t* data = ids.data_ptr<int64_t>();
+  const int64_t bad = first_outside(data, ids.numel(), low, bounds.nnz);
+  if (bad < ids.numel()) raise_structure_error(kStatusEdgeOutOfRange, bad, data[bad], op, bounds);
 }
 
 // Runs `body(row)` for every row with OpenMP dynamic scheduling; serial when the work is tiny.
@@ -112,17 +86,16 @@ void for_each_row(int64_t rows, int64_t work, const Body& body, const int64_t* o
   for (int64_t r = 0; r < rows; ++r) body(order ? order[r] : r);
 }
 
-// Data pointer of an optional row order, checked to be a permutation of [0, rows); nullptr when absent.
+// Data pointer of an optional row order that check_optional_row_order accepted, checked to be a permutation
+// of [0, rows); nullptr when absent.
 inline const int64_t* optional_row_order(const std::optional<at::Tensor>& order, int64_t rows, const char* op) {
-  if (!order.has_value() || !order->defined()) return nullptr;
-  check_rows(*order, rows, op, "row_order");
-  TORCH_CHECK(order->dim() == 1 && order->scalar_type() == at::kLong, op, ": row_order must be 1-D int64, got ",
-              order->scalar_type(), " ", order->sizes());
+  if (!present(order)) return nullptr;
   const int64_t* o = order->data_ptr<int64_t>();
   std::vector<char> seen(rows, 0);
   for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(o[r] >= 0 && o[r] < rows && !seen[o[r]], op, ": row_order must be a permutation of [0, ", rows,
-                "), entry ", r, " is ", o[r]);
+    if (o[r] < 0 || o[r] >= rows || seen[o[r]]) {
+      raise_structure_error(kStatusRowOrderOutOfRange, r, o[r], op, {rows, 0, 0});
+    }
     seen[o[r]] = 1;
   }
   return o;

@@ -1,10 +1,11 @@
 // Fused bias + activation + dropout between GNN layers, forward and backward, in one pass over
 // the activations each (instead of an add, a ReLU, a Bernoulli draw into a float mask and a
 // multiply, each a full pass). The mask is drawn by a counter-based generator
-// (dropout_mask.h), so any thread may draw any element's bit and the result does not depend
+// (common/dropout_mask.h), so any thread may draw any element's bit and the result does not depend
 // on the thread count; it is kept as bits. The backward of ReLU reads its derivative from the
 // output (out > 0 exactly where the element was kept and its input was positive), so ReLU's
 // backward needs no mask read at all.
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -17,9 +18,9 @@
 
 #include <cstring>
 
-#include "aggregate_common.h"
-#include "bias_act_dropout.h"
-#include "dropout_mask.h"
+#include "common/accumulate.h"
+#include "common/bias_act_dropout_checks.h"
+#include "common/dropout_mask.h"
 
 namespace morphpipe {
 
@@ -147,7 +148,6 @@ void with_forward_variant(Activation activation, bool has_bias, bool drop, const
 std::tuple<at::Tensor, at::Tensor> bias_act_dropout_cpu(const at::Tensor& x, const std::optional<at::Tensor>& bias,
                                                         c10::string_view activation_name, double p, int64_t seed) {
   constexpr const char* op = "morphpipe::bias_act_dropout";
-  TORCH_CHECK(x.device().is_cpu(), op, ": x must be a CPU tensor for the CPU kernel, got ", x.device());
   check_bias_act_dropout(x, bias, p, op);
   const Activation activation = parse_activation(std::string(activation_name), op);
   const int64_t n = x.numel(), features = std::max<int64_t>(x.size(1), 1);
@@ -215,9 +215,6 @@ std::tuple<at::Tensor, at::Tensor> bias_act_dropout_backward_cpu(const at::Tenso
   constexpr const char* op = "morphpipe::bias_act_dropout_backward";
   const Activation activation = parse_activation(std::string(activation_name), op);
   const bool use_mask = check_bias_act_dropout_backward(grad, out, mask, activation, p, op);
-  check_rows(grad, out.size(0), op, "grad");
-  check_rows(out, grad.size(0), op, "out");
-  if (use_mask) check_rows(mask, mask_words(out.numel()), op, "mask");
   const int64_t rows = out.size(0), features = out.size(1), n = out.numel();
   auto grad_x = at::empty_like(out);
   auto grad_bias = at::empty({need_bias_grad ? features : 0}, out.options());

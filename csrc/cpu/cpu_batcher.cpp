@@ -1,11 +1,13 @@
-#include "cpu_batcher.h"
+#include "cpu/cpu_batcher.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "neighbor_sampler.h"
-#include "random.h"
+#include "common/random.h"
+#include "common/sampler_checks.h"
+#include "cpu/gather_rows.h"
+#include "cpu/neighbor_sampler.h"
 
 namespace morphpipe {
 
@@ -18,7 +20,7 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor feature
       fanouts_(std::move(fanouts)),
       num_threads_(num_threads),
       queue_size_(queue_size) {
-  check_topology(indptr_, indices_);
+  check_cpu_topology(indptr_, indices_);
   check_fanouts(fanouts_);
   const int64_t num_nodes = indptr_.numel() - 1;
   TORCH_CHECK(num_threads_ >= 1, "num_threads: need at least 1 worker thread, got ", num_threads_);

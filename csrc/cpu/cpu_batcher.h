@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "buffer_pool.h"
+#include "cpu/buffer_pool.h"
 
 #include <condition_variable>
 #include <cstdint>

@@ -9,7 +9,8 @@
 #include <limits>
 #include <tuple>
 
-#include "aggregate_common.h"
+#include "common/gat_checks.h"
+#include "cpu/aggregate_common.h"
 
 namespace morphpipe {
 
@@ -30,33 +31,6 @@ inline acc_t leaky_grad(acc_t raw, acc_t slope) {
 template <typename acc_t>
 inline acc_t attention(acc_t raw, acc_t slope, acc_t peak, acc_t inv) {
   return std::exp(leaky(raw, slope) - peak) * inv;
-}
-
-// Sizes of one GAT call: h_heads is heads, or 1 when every head shares the features.
-struct GatShape {
-  int64_t num_src, num_dst, heads, h_heads, F;
-};
-
-GatShape check_gat(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& h,
-                   const at::Tensor& score_src, const at::Tensor& score_dst, bool self_loop, const char* op) {
-  TORCH_CHECK(h.dim() == 3, op, ": h must be [num_src, heads or 1, F], got shape ", h.sizes());
-  check_rows(h, h.size(0), op, "h");
-  const int64_t num_src = h.size(0), num_dst = indptr.numel() - 1;
-  check_csr(indptr, indices, num_src, op);
-  TORCH_CHECK(score_src.dim() == 2 && score_dst.dim() == 2 && score_src.size(1) == score_dst.size(1), op,
-              ": score_src [num_src, heads] and score_dst [num_dst, heads] must share heads, got ", score_src.sizes(),
-              " and ", score_dst.sizes());
-  check_rows(score_src, num_src, op, "score_src");
-  check_rows(score_dst, num_dst, op, "score_dst");
-  const auto acc = accumulate_dtype(h);
-  TORCH_CHECK(score_src.scalar_type() == acc && score_dst.scalar_type() == acc, op, ": scores must be ", acc,
-              " (the accumulation dtype of h), got ", score_src.scalar_type(), " and ", score_dst.scalar_type());
-  const int64_t heads = score_src.size(1);
-  TORCH_CHECK(h.size(1) == heads || h.size(1) == 1, op, ": h has ", h.size(1), " heads but the scores ", heads,
-              "; use heads or 1 (shared)");
-  TORCH_CHECK(!self_loop || num_dst <= num_src, op, ": self loops need num_dst=", num_dst, " <= num_src=", num_src,
-              " (prefix convention)");
-  return {num_src, num_dst, heads, h.size(1), h.size(2)};
 }
 
 template <typename scalar_t>
@@ -220,7 +194,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cpu(const at::Tensor&
                                                                const at::Tensor& score_dst, double negative_slope,
                                                                bool self_loop,
                                                                const std::optional<at::Tensor>& row_order) {
-  const GatShape s = check_gat(indptr, indices, h, score_src, score_dst, self_loop, "morphpipe::gat_forward");
+  constexpr const char* op = "morphpipe::gat_forward";
+  const GatShape s = check_gat(indptr, indices, h, score_src, score_dst, self_loop, row_order, op);
+  check_csr_values(indptr, indices, s.num_src, op);
+  const int64_t* order = optional_row_order(row_order, s.num_dst, op);
   auto out = at::empty({s.num_dst, s.heads, s.F}, h.options());
   auto stat_options = h.options().dtype(accumulate_dtype(h));
   auto row_max = at::empty({s.num_dst, s.heads}, stat_options);
@@ -229,9 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cpu(const at::Tensor&
     using acc_t = acc_type<scalar_t>;
     gat_forward_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), h.data_ptr<scalar_t>(),
                                  score_src.data_ptr<acc_t>(), score_dst.data_ptr<acc_t>(),
-                                 static_cast<acc_t>(negative_slope), self_loop, s,
-                                 optional_row_order(row_order, s.num_dst, "morphpipe::gat_forward"),
-                                 out.data_ptr<scalar_t>(),
+                                 static_cast<acc_t>(negative_slope), self_loop, s, order, out.data_ptr<scalar_t>(),
                                  row_max.data_ptr<acc_t>(), row_sum.data_ptr<acc_t>());
   });
   return {out, row_max, row_sum};
@@ -242,23 +217,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     const at::Tensor& score_dst, const at::Tensor& row_max, const at::Tensor& row_sum, const at::Tensor& grad_out,
     double negative_slope, bool self_loop, const std::optional<at::Tensor>& row_order) {
   constexpr const char* op = "morphpipe::gat_backward";
-  const GatShape s = check_gat(indptr, indices, h, score_src, score_dst, self_loop, op);
-  const auto acc = accumulate_dtype(h);
-  for (const auto& [t, name] : {std::pair{row_max, "row_max"}, std::pair{row_sum, "row_sum"}}) {
-    check_rows(t, s.num_dst, op, name);
-    TORCH_CHECK(t.scalar_type() == acc && t.sizes() == score_dst.sizes(), op, ": ", name,
-                " must be the gat_forward statistic (", acc, ", shape ", score_dst.sizes(), "), got ", t.scalar_type(),
-                " ", t.sizes());
-  }
-  check_rows(grad_out, s.num_dst, op, "grad_out");
-  TORCH_CHECK(grad_out.dim() == 3 && grad_out.size(1) == s.heads && grad_out.size(2) == s.F &&
-                  grad_out.scalar_type() == h.scalar_type(),
-              op, ": grad_out must be [num_dst, heads, F] of h's dtype, got ", grad_out.sizes(), " ",
-              grad_out.scalar_type());
-  auto options = h.options().dtype(acc);
-  const int64_t nnz = indices.numel();
-  auto alpha = at::empty({nnz, s.heads}, options);
-  auto grad_edge = at::empty({nnz, s.heads}, options);
+  const GatShape s = check_gat_backward(indptr, indices, h, score_src, score_dst, row_max, row_sum, grad_out,
+                                        self_loop, row_order, op);
+  check_csr_values(indptr, indices, s.num_src, op);
+  const int64_t* order = optional_row_order(row_order, s.num_dst, op);
+  auto options = h.options().dtype(accumulate_dtype(h));
+  auto alpha = at::empty({s.nnz, s.heads}, options);
+  auto grad_edge = at::empty({s.nnz, s.heads}, options);
   auto alpha_self = at::zeros({self_loop ? s.num_dst : 0, s.heads}, options);
   auto grad_self = at::zeros({self_loop ? s.num_dst : 0, s.heads}, options);
   auto grad_dst = at::empty({s.num_dst, s.heads}, options);
@@ -267,42 +232,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     gat_backward_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), h.data_ptr<scalar_t>(),
                                   score_src.data_ptr<acc_t>(), score_dst.data_ptr<acc_t>(), row_max.data_ptr<acc_t>(),
                                   row_sum.data_ptr<acc_t>(), grad_out.data_ptr<scalar_t>(),
-                                  static_cast<acc_t>(negative_slope), self_loop, s,
-                                  optional_row_order(row_order, s.num_dst, op), alpha.data_ptr<acc_t>(),
+                                  static_cast<acc_t>(negative_slope), self_loop, s, order, alpha.data_ptr<acc_t>(),
                                   alpha_self.data_ptr<acc_t>(), grad_edge.data_ptr<acc_t>(),
                                   grad_self.data_ptr<acc_t>(), grad_dst.data_ptr<acc_t>());
   });
   return {alpha, alpha_self, grad_edge, grad_self, grad_dst};
 }
 
-// Checks the per-edge / per-destination attention weights and the output gradient of a GAT grad_h call.
-void check_grad_h_inputs(const at::Tensor& alpha, const at::Tensor& alpha_self, const at::Tensor& grad_out,
-                         int64_t nnz, int64_t h_heads, const char* op) {
-  TORCH_CHECK(grad_out.dim() == 3, op, ": grad_out must be [num_dst, heads, F], got ", grad_out.sizes());
-  check_rows(grad_out, grad_out.size(0), op, "grad_out");
-  const int64_t heads = grad_out.size(1);
-  check_rows(alpha, nnz, op, "alpha");
-  const auto acc = accumulate_dtype(grad_out);
-  TORCH_CHECK(alpha.dim() == 2 && alpha.size(1) == heads && alpha.scalar_type() == acc, op, ": alpha must be [nnz, ",
-              heads, "] of ", acc, ", got ", alpha.sizes(), " ", alpha.scalar_type());
-  if (alpha_self.numel() > 0) {
-    check_rows(alpha_self, grad_out.size(0), op, "alpha_self");
-    TORCH_CHECK(alpha_self.dim() == 2 && alpha_self.size(1) == heads && alpha_self.scalar_type() == acc, op,
-                ": alpha_self must be [num_dst, ", heads, "] of ", acc, ", got ", alpha_self.sizes());
-  }
-  TORCH_CHECK(h_heads == heads || h_heads == 1, op, ": h_heads must be ", heads, " or 1, got ", h_heads);
-}
-
 at::Tensor gat_grad_h_cpu(const at::Tensor& t_indptr, const at::Tensor& t_dst, const at::Tensor& t_eid,
                           const at::Tensor& alpha, const at::Tensor& alpha_self, const at::Tensor& grad_out,
                           int64_t h_heads) {
   constexpr const char* op = "morphpipe::gat_grad_h";
-  check_grad_h_inputs(alpha, alpha_self, grad_out, t_eid.numel(), h_heads, op);
+  check_gat_grad_h(t_indptr, t_dst, t_eid, alpha, alpha_self, grad_out, h_heads, op);
   const int64_t num_dst = grad_out.size(0), H = grad_out.size(1), F = grad_out.size(2);
-  const int64_t num_src = t_indptr.numel() - 1;
-  check_csr(t_indptr, t_dst, num_dst, op);
-  check_csr(t_indptr, t_eid, t_eid.numel(), op);
-  TORCH_CHECK(alpha_self.numel() == 0 || num_dst <= num_src, op, ": self loops need num_dst <= num_src");
+  const int64_t num_src = t_indptr.numel() - 1, nnz = t_eid.numel();
+  // The transposed structure's "sources" are the destinations: t_dst entries lie in [0, num_dst).
+  check_csr_values(t_indptr, t_dst, num_dst, op);
+  check_edge_ids(t_eid, 0, op, {num_src, nnz, num_dst});
   auto out = at::empty({num_src, h_heads, F}, grad_out.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_out.scalar_type(), "gat_grad_h_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
@@ -318,11 +264,9 @@ at::Tensor gat_grad_h_scatter_cpu(const at::Tensor& indptr, const at::Tensor& in
                                   const at::Tensor& alpha_self, const at::Tensor& grad_out, int64_t num_src,
                                   int64_t h_heads) {
   constexpr const char* op = "morphpipe::gat_grad_h_scatter";
-  check_grad_h_inputs(alpha, alpha_self, grad_out, indices.numel(), h_heads, op);
+  check_gat_grad_h_scatter(indptr, indices, alpha, alpha_self, grad_out, num_src, h_heads, op);
+  check_csr_values(indptr, indices, num_src, op);
   const int64_t num_dst = grad_out.size(0), H = grad_out.size(1), F = grad_out.size(2);
-  TORCH_CHECK(indptr.numel() - 1 == num_dst, op, ": indptr has ", indptr.numel() - 1, " rows but grad_out ", num_dst);
-  check_csr(indptr, indices, num_src, op);
-  TORCH_CHECK(alpha_self.numel() == 0 || num_dst <= num_src, op, ": self loops need num_dst <= num_src");
   const auto acc = accumulate_dtype(grad_out);
   auto out = at::zeros({num_src, h_heads, F}, grad_out.options().dtype(acc));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_out.scalar_type(), "gat_grad_h_scatter_cpu", [&] {

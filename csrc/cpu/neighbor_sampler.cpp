@@ -1,4 +1,6 @@
-#include "neighbor_sampler.h"
+// Uniform multi-hop neighbour sampling on the CPU (NeighborSampler, behind CpuBatcher) and the op
+// `morphpipe::sample_neighbors`, which samples one batch with it on the calling thread.
+#include "cpu/neighbor_sampler.h"
 
 #include <torch/library.h>
 
@@ -6,36 +8,21 @@
 #include <cstring>
 #include <string>
 
+#include "common/sampler_checks.h"
+#include "common/sampling.h"
+
 namespace morphpipe {
 
-void check_topology(const at::Tensor& indptr, const at::Tensor& indices) {
+void check_cpu_topology(const at::Tensor& indptr, const at::Tensor& indices) {
   TORCH_CHECK(indptr.device().is_cpu() && indices.device().is_cpu(),
-              "graph topology: indptr and indices must be CPU tensors");
-  TORCH_CHECK(indptr.dim() == 1 && indptr.numel() >= 1,
-              "graph topology: indptr must be 1-D with num_nodes + 1 entries, got shape ", indptr.sizes());
-  TORCH_CHECK(indptr.scalar_type() == at::kLong, "graph topology: indptr must be int64, got ",
-              indptr.scalar_type(), "; convert with indptr.long()");
-  TORCH_CHECK(indices.dim() == 1, "graph topology: indices must be 1-D, got shape ", indices.sizes());
-  TORCH_CHECK(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong,
-              "graph topology: indices must be int32 or int64, got ", indices.scalar_type());
-  TORCH_CHECK(indptr.is_contiguous() && indices.is_contiguous(),
-              "graph topology: indptr and indices must be contiguous; call .contiguous()");
-  const int64_t last = indptr.data_ptr<int64_t>()[indptr.numel() - 1];
-  TORCH_CHECK(last == indices.numel(), "graph topology: indptr[-1] = ", last,
-              " but indices has ", indices.numel(), " entries; rebuild the CSC");
-}
-
-void check_fanouts(at::IntArrayRef fanouts) {
-  TORCH_CHECK(!fanouts.empty(), "fanouts: need at least one hop, e.g. [15, 10, 5]");
-  for (size_t hop = 0; hop < fanouts.size(); ++hop) {
-    TORCH_CHECK(fanouts[hop] == -1 || fanouts[hop] > 0, "fanouts[", hop, "] = ", fanouts[hop],
-                ": a fanout is a positive neighbour count or -1 for all neighbours");
-  }
+              "graph topology: indptr and indices must be CPU tensors for the CPU sampler, got ", indptr.device(),
+              " and ", indices.device());
+  check_topology(indptr, indices);
 }
 
 NeighborSampler::NeighborSampler(at::Tensor indptr, at::Tensor indices, std::vector<int64_t> fanouts)
     : indptr_(std::move(indptr)), indices_(std::move(indices)), fanouts_(std::move(fanouts)) {
-  check_topology(indptr_, indices_);
+  check_cpu_topology(indptr_, indices_);
   check_fanouts(fanouts_);
   indptr_data_ = indptr_.data_ptr<int64_t>();
   num_nodes_ = indptr_.numel() - 1;
@@ -131,12 +118,10 @@ SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, u
   node_map_.reserve(num_seeds * 8);
   for (int64_t i = 0; i < num_seeds; ++i) {
     const int64_t seed = seeds[i];
-    TORCH_CHECK(seed >= 0 && seed < num_nodes_, "seeds[", i, "] = ", seed, " is not a node id in [0, ",
-                num_nodes_, "); pass ids of nodes in the graph");
+    check_seed_id(i, seed, num_nodes_);
     bool inserted;
     node_map_.insert(seed, i, inserted);
-    TORCH_CHECK(inserted, "seeds[", i, "] = ", seed, " repeats an earlier seed of the same batch; "
-                "seeds of one batch must be distinct");
+    check_seed_first(i, seed, inserted);
     nodes_.push_back(seed);
   }
 
@@ -163,29 +148,13 @@ SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, u
   return result;
 }
 
-void gather_rows_into(const at::Tensor& source, const int64_t* rows, int64_t count, at::Tensor& out) {
-  const int64_t row_bytes = source.size(1) * source.element_size();
-  const char* src = static_cast<const char*>(source.data_ptr());
-  char* dst = static_cast<char*>(out.data_ptr());
-  constexpr int64_t kPrefetchDistance = 8;
-  for (int64_t i = 0; i < count; ++i) {
-    if (i + kPrefetchDistance < count) {
-      const char* ahead = src + rows[i + kPrefetchDistance] * row_bytes;
-      for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
-    }
-    std::memcpy(dst + i * row_bytes, src + rows[i] * row_bytes, row_bytes);
-  }
-}
-
 namespace {
 
 // Op `morphpipe::sample_neighbors`: samples the blocks of one batch on the calling thread.
 std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample_neighbors_cpu(
     const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& seeds, at::IntArrayRef fanouts,
     int64_t seed) {
-  TORCH_CHECK(seeds.dim() == 1, "seeds: expected a 1-D tensor of node ids, got shape ", seeds.sizes());
-  TORCH_CHECK(seeds.scalar_type() == at::kLong, "seeds: expected int64 node ids, got ", seeds.scalar_type(),
-              "; convert with seeds.long()");
+  check_seeds(seeds, "morphpipe::sample_neighbors");
   const at::Tensor seeds_contiguous = seeds.contiguous();
   NeighborSampler sampler(indptr.contiguous(), indices.contiguous(), fanouts.vec());
   auto allocator = BufferPool::create(at::TensorOptions(), /*max_idle=*/0);
@@ -194,36 +163,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample_
   return {blocks.input_nodes, blocks.block_indptrs, blocks.block_indices};
 }
 
-// Op `morphpipe::gather_rows`: out[i] = source[index[i]], rows split across OpenMP threads.
-at::Tensor gather_rows_cpu(const at::Tensor& source, const at::Tensor& index) {
-  TORCH_CHECK(source.dim() == 2, "source: expected a 2-D [rows, width] tensor, got shape ", source.sizes());
-  TORCH_CHECK(index.dim() == 1 && index.scalar_type() == at::kLong,
-              "index: expected a 1-D int64 tensor, got ", index.scalar_type(), " of shape ", index.sizes());
-  const at::Tensor source_contiguous = source.contiguous();
-  const at::Tensor index_contiguous = index.contiguous();
-  const int64_t count = index_contiguous.numel();
-  const int64_t num_rows = source_contiguous.size(0);
-  const int64_t* rows = index_contiguous.data_ptr<int64_t>();
-  for (int64_t i = 0; i < count; ++i) {
-    TORCH_CHECK(rows[i] >= 0 && rows[i] < num_rows, "index[", i, "] = ", rows[i], " is outside [0, ",
-                num_rows, ")");
-  }
-  at::Tensor out = at::empty({count, source_contiguous.size(1)}, source_contiguous.options());
-  constexpr int64_t kRowsPerTask = 256;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t begin = 0; begin < count; begin += kRowsPerTask) {
-    const int64_t chunk = std::min(kRowsPerTask, count - begin);
-    at::Tensor out_chunk = out.narrow(0, begin, chunk);
-    gather_rows_into(source_contiguous, rows + begin, chunk, out_chunk);
-  }
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(morphpipe, CPU, m) {
   m.impl("sample_neighbors", &sample_neighbors_cpu);
-  m.impl("gather_rows", &gather_rows_cpu);
 }
 
 }  // namespace morphpipe

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "buffer_pool.h"
-#include "node_map.h"
-#include "random.h"
+#include "common/random.h"
+#include "cpu/buffer_pool.h"
+#include "cpu/node_map.h"
 
 namespace morphpipe {
 
@@ -57,17 +57,8 @@ class NeighborSampler {
   std::vector<int64_t> begins_;   // start of each destination's neighbour list, this hop
 };
 
-// Validates the graph topology tensors handed to native code (dtypes, shapes, contiguity).
-void check_topology(const at::Tensor& indptr, const at::Tensor& indices);
-
-// Up to this fanout a neighbour list is sampled by Floyd's algorithm; above it, Floyd's membership checks
-// would cost more than a partial Fisher-Yates over the offsets (CPU) or reservoir sampling (GPU).
-constexpr int64_t kFloydMaxFanout = 64;
-
-// Validates fanouts: each is -1 (all neighbours) or positive.
-void check_fanouts(at::IntArrayRef fanouts);
-
-// Copies rows `rows[0..count)` of the 2-D contiguous `source` into the rows of `out`.
-void gather_rows_into(const at::Tensor& source, const int64_t* rows, int64_t count, at::Tensor& out);
+// The shared topology check (common/sampler_checks.h) for the CPU sampler, which reads the topology
+// from host memory: CPU tensors.
+void check_cpu_topology(const at::Tensor& indptr, const at::Tensor& indices);
 
 }  // namespace morphpipe

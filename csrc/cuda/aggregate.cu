@@ -7,7 +7,8 @@
 #include <limits>
 #include <tuple>
 
-#include "aggregate_common.cuh"
+#include "common/aggregate_checks.h"
+#include "cuda/aggregate_common.cuh"
 
 namespace morphpipe::cuda {
 
@@ -149,23 +150,20 @@ at::Tensor spmm_sum_cuda(const at::Tensor& indptr, const at::Tensor& indices, co
                          const std::optional<at::Tensor>& dst_scale, bool self_loop,
                          const std::optional<at::Tensor>& row_order) {
   constexpr const char* op = "morphpipe::spmm_sum";
-  check_structure(indptr, indices, op);
+  check_spmm_sum(indptr, indices, x, edge_weight, src_scale, dst_scale, row_order, op);
   const auto device = indptr.device();
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [num_src, F], got ", x.sizes());
-  check_rows(x, x.size(0), device, op, "x");
   const c10::cuda::CUDAGuard guard(device);
   const int64_t rows = indptr.numel() - 1, F = x.size(1), nnz = indices.numel();
   auto out = at::empty({rows, F}, x.options());
   if (rows == 0 || F == 0) return out;
-  const auto acc = accumulate_dtype(x);
   const int group = group_size(F);
+  const int64_t* order = optional_data<int64_t>(row_order);
   const at::Tensor status = new_status(device);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "spmm_sum_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
-    const acc_t* w = optional_factor<acc_t>(edge_weight, nnz, acc, device, op, "edge_weight");
-    const acc_t* ss = optional_factor<acc_t>(src_scale, x.size(0), acc, device, op, "src_scale");
-    const acc_t* ds = optional_factor<acc_t>(dst_scale, rows, acc, device, op, "dst_scale");
-    const int64_t* order = optional_order(row_order, rows, device, op);
+    const acc_t* w = optional_data<acc_t>(edge_weight);
+    const acc_t* ss = optional_data<acc_t>(src_scale);
+    const acc_t* ds = optional_data<acc_t>(dst_scale);
     with_group_size(group, [&](auto g) {
       constexpr int G = decltype(g)::value;
       spmm_sum_kernel<scalar_t, G><<<blocks_for(rows, G), kThreadsPerBlock, 0, current_stream()>>>(
@@ -183,13 +181,9 @@ at::Tensor spmm_sum_scatter_cuda(const at::Tensor& indptr, const at::Tensor& ind
                                  const std::optional<at::Tensor>& src_scale,
                                  const std::optional<at::Tensor>& dst_scale, bool self_loop, int64_t num_src) {
   constexpr const char* op = "morphpipe::spmm_sum_scatter";
-  check_structure(indptr, indices, op);
+  check_spmm_sum_scatter(indptr, indices, grad, edge_weight, src_scale, dst_scale, self_loop, num_src, op);
   const auto device = indptr.device();
   const int64_t rows = indptr.numel() - 1, nnz = indices.numel();
-  TORCH_CHECK(grad.dim() == 2, op, ": grad must be 2-D [rows, F], got ", grad.sizes());
-  check_rows(grad, rows, device, op, "grad");
-  TORCH_CHECK(num_src >= 0 && (!self_loop || rows <= num_src), op, ": self loops need rows=", rows,
-              " <= num_src=", num_src);
   const c10::cuda::CUDAGuard guard(device);
   const int64_t F = grad.size(1);
   const auto acc = accumulate_dtype(grad);
@@ -198,9 +192,9 @@ at::Tensor spmm_sum_scatter_cuda(const at::Tensor& indptr, const at::Tensor& ind
   const at::Tensor status = new_status(device);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "spmm_sum_scatter_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
-    const acc_t* w = optional_factor<acc_t>(edge_weight, nnz, acc, device, op, "edge_weight");
-    const acc_t* ss = optional_factor<acc_t>(src_scale, num_src, acc, device, op, "src_scale");
-    const acc_t* ds = optional_factor<acc_t>(dst_scale, rows, acc, device, op, "dst_scale");
+    const acc_t* w = optional_data<acc_t>(edge_weight);
+    const acc_t* ss = optional_data<acc_t>(src_scale);
+    const acc_t* ds = optional_data<acc_t>(dst_scale);
     with_group_size(group_size(F), [&](auto g) {
       constexpr int G = decltype(g)::value;
       spmm_sum_scatter_kernel<scalar_t, G>
@@ -218,21 +212,18 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_cuda(const at::Tensor& indptr, const
                                                  const at::Tensor& x, const std::optional<at::Tensor>& edge_weight,
                                                  const std::optional<at::Tensor>& row_order) {
   constexpr const char* op = "morphpipe::spmm_max";
-  check_structure(indptr, indices, op);
+  check_spmm_max(indptr, indices, x, edge_weight, row_order, op);
   const auto device = indptr.device();
-  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [num_src, F], got ", x.sizes());
-  check_rows(x, x.size(0), device, op, "x");
   const c10::cuda::CUDAGuard guard(device);
   const int64_t rows = indptr.numel() - 1, F = x.size(1), nnz = indices.numel();
   auto out = at::empty({rows, F}, x.options());
   auto arg = at::empty({rows, F}, x.options().dtype(at::kLong));
   if (rows == 0 || F == 0) return {out, arg};
-  const auto acc = accumulate_dtype(x);
+  const int64_t* order = optional_data<int64_t>(row_order);
   const at::Tensor status = new_status(device);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "spmm_max_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
-    const acc_t* w = optional_factor<acc_t>(edge_weight, nnz, acc, device, op, "edge_weight");
-    const int64_t* order = optional_order(row_order, rows, device, op);
+    const acc_t* w = optional_data<acc_t>(edge_weight);
     with_group_size(group_size(F), [&](auto g) {
       constexpr int G = decltype(g)::value;
       spmm_max_kernel<scalar_t, G><<<blocks_for(rows, G), kThreadsPerBlock, 0, current_stream()>>>(
@@ -250,16 +241,8 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_backward_cuda(const at::Tensor& indi
                                                           const std::optional<at::Tensor>& edge_weight,
                                                           bool need_grad_x, bool need_grad_weight) {
   constexpr const char* op = "morphpipe::spmm_max_backward";
+  check_spmm_max_backward(indices, argmax, grad, x, edge_weight, op);
   const auto device = indices.device();
-  TORCH_CHECK(indices.scalar_type() == at::kLong && indices.dim() == 1, op, ": indices must be 1-D int64");
-  check_cuda(indices, device, op, "indices");
-  TORCH_CHECK(grad.dim() == 2 && x.dim() == 2 && grad.size(1) == x.size(1), op,
-              ": grad [rows, F] and x [num_src, F] must share F, got ", grad.sizes(), " and ", x.sizes());
-  check_rows(grad, grad.size(0), device, op, "grad");
-  check_rows(x, x.size(0), device, op, "x");
-  check_rows(argmax, grad.size(0), device, op, "argmax");
-  TORCH_CHECK(argmax.scalar_type() == at::kLong && argmax.sizes() == grad.sizes(), op,
-              ": argmax must be int64 shaped like grad, got ", argmax.scalar_type(), " ", argmax.sizes());
   const c10::cuda::CUDAGuard guard(device);
   const int64_t nnz = indices.numel(), rows = grad.size(0), F = grad.size(1), num_src = x.size(0);
   const auto acc = accumulate_dtype(grad);
@@ -269,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_backward_cuda(const at::Tensor& indi
     const at::Tensor status = new_status(device);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "spmm_max_backward_cuda", [&] {
       using acc_t = acc_type<scalar_t>;
-      const acc_t* w = optional_factor<acc_t>(edge_weight, nnz, acc, device, op, "edge_weight");
+      const acc_t* w = optional_data<acc_t>(edge_weight);
       spmm_max_backward_kernel<scalar_t>
           <<<blocks_for(rows * F, 1), kThreadsPerBlock, 0, current_stream()>>>(
               indices.data_ptr<int64_t>(), argmax.data_ptr<int64_t>(), grad.data_ptr<scalar_t>(),
@@ -284,13 +267,9 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_backward_cuda(const at::Tensor& indi
 
 at::Tensor sddmm_cuda(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& a, const at::Tensor& b) {
   constexpr const char* op = "morphpipe::sddmm";
-  check_structure(indptr, indices, op);
+  check_sddmm(indptr, indices, a, b, op);
   const auto device = indptr.device();
   const int64_t rows = indptr.numel() - 1, nnz = indices.numel();
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1) && a.scalar_type() == b.scalar_type(), op,
-              ": a [rows, F] and b [num_src, F] must share F and dtype, got ", a.sizes(), " and ", b.sizes());
-  check_rows(a, rows, device, op, "a");
-  check_rows(b, b.size(0), device, op, "b");
   const c10::cuda::CUDAGuard guard(device);
   auto out = at::zeros({nnz}, a.options().dtype(accumulate_dtype(a)));
   if (rows == 0 || nnz == 0) return out;
@@ -314,11 +293,9 @@ at::Tensor sddmm_cuda(const at::Tensor& indptr, const at::Tensor& indices, const
 std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cuda(const at::Tensor& indptr, const at::Tensor& indices,
                                                                   int64_t num_src) {
   constexpr const char* op = "morphpipe::csr_transpose";
-  check_structure(indptr, indices, op);
-  TORCH_CHECK(num_src >= 0, op, ": num_src must be >= 0, got ", num_src);
+  check_csr_transpose(indptr, indices, num_src, op);
   const c10::cuda::CUDAGuard guard(indptr.device());
   const int64_t rows = indptr.numel() - 1, nnz = indices.numel();
-  TORCH_CHECK(rows > 0 || nnz == 0, op, ": indptr must run from 0 to nnz=", nnz, ", but it has no rows");
   auto dst = at::empty({nnz}, indices.options());
   if (rows > 0) {
     const at::Tensor status = new_status(indptr.device());

@@ -1,16 +1,16 @@
 // Shared by the fused CUDA aggregation and attention kernels (Seastar's recipe): one thread group
 // per destination (vertex-parallel, edge-sequential, partial sums in registers), the group being
 // 2^k threads for the largest 2^k <= feature width (at most a warp), several groups per block.
-// Index safety: host code checks shapes, dtypes and devices; kernels bounds-check every index
-// they read before using it, skip a bad one and report it through a status record (status.cuh),
-// which the host op reads back after the launch (one sync per op) and raises as the CPU ops do.
+// Index safety: host code checks shapes, dtypes and devices with the CPU ops' checks (common/*_checks.h);
+// kernels bounds-check every index they read before using it, skip a bad one and report it through a
+// status record (status.cuh), which the host op reads back after the launch (one sync per op) and
+// raises as the CPU ops do.
 // No CUDA_KERNEL_ASSERT: it stays in release builds and leaves the CUDA context unusable.
 // Only c10's CUDA headers are used (not ATen/cuda/CUDAContext.h), so a toolkit with just nvcc
 // and the runtime headers builds them.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -18,27 +18,18 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <type_traits>
 
+#include "common/accumulate.h"
 #include "cuda/status.cuh"
 
 namespace morphpipe::cuda {
-
-template <typename T>
-using acc_type = at::opmath_type<T>;
 
 constexpr int kThreadsPerBlock = 256;
 constexpr int kWarp = 32;
 
 // The stream kernels launch on: the current one of the current device.
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
-
-// The accumulation dtype for `x`: float for half types, x's own dtype otherwise.
-inline at::ScalarType accumulate_dtype(const at::Tensor& x) {
-  const auto dtype = x.scalar_type();
-  return (dtype == at::kHalf || dtype == at::kBFloat16) ? at::kFloat : dtype;
-}
 
 // Threads per destination: the largest power of two <= width, at most a warp (Seastar's feature-adaptive groups).
 inline int group_size(int64_t width) {
@@ -51,51 +42,6 @@ inline int group_size(int64_t width) {
 inline unsigned blocks_for(int64_t rows, int group) {
   const int64_t threads = std::max<int64_t>(rows, 1) * group;
   return static_cast<unsigned>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock);
-}
-
-// A CUDA tensor of `dtype` on `device`, contiguous, 1-D when `dims` is 1; shapes are checked by the caller.
-inline void check_cuda(const at::Tensor& t, const at::Device& device, const char* op, const char* name) {
-  TORCH_CHECK(t.is_cuda() && t.device() == device, op, ": ", name, " must be on ", device, ", got ", t.device());
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous; call .contiguous()");
-}
-
-// indptr [rows + 1] and indices [nnz], int64 CUDA tensors on one device. Their values are
-// bounds-checked inside the kernels, which report a bad one in the op's status record.
-inline void check_structure(const at::Tensor& indptr, const at::Tensor& indices, const char* op) {
-  TORCH_CHECK(indptr.scalar_type() == at::kLong && indices.scalar_type() == at::kLong, op,
-              ": indptr and indices must be int64, got ", indptr.scalar_type(), " and ", indices.scalar_type());
-  TORCH_CHECK(indptr.dim() == 1 && indptr.numel() >= 1 && indices.dim() == 1, op,
-              ": indptr must be 1-D [rows + 1] and indices 1-D [nnz], got ", indptr.sizes(), " and ",
-              indices.sizes());
-  check_cuda(indptr, indptr.device(), op, "indptr");
-  check_cuda(indices, indptr.device(), op, "indices");
-}
-
-// `t` has `rows` rows, sits on `device` and is contiguous.
-inline void check_rows(const at::Tensor& t, int64_t rows, const at::Device& device, const char* op,
-                       const char* name) {
-  check_cuda(t, device, op, name);
-  TORCH_CHECK(t.dim() >= 1 && t.size(0) == rows, op, ": ", name, " must have ", rows, " rows, got ", t.sizes());
-}
-
-// Data pointer of an optional 1-D factor of the accumulation dtype, nullptr when absent.
-template <typename acc_t>
-const acc_t* optional_factor(const std::optional<at::Tensor>& t, int64_t rows, at::ScalarType acc,
-                             const at::Device& device, const char* op, const char* name) {
-  if (!t.has_value() || !t->defined()) return nullptr;
-  check_rows(*t, rows, device, op, name);
-  TORCH_CHECK(t->dim() == 1 && t->scalar_type() == acc, op, ": ", name, " must be 1-D ", acc, ", got ",
-              t->scalar_type(), " ", t->sizes());
-  return t->data_ptr<acc_t>();
-}
-
-// Optional row order (int64 [rows]); its entries are bounds-checked in the kernels (reported, skipped).
-inline const int64_t* optional_order(const std::optional<at::Tensor>& order, int64_t rows, const at::Device& device,
-                                     const char* op) {
-  if (!order.has_value() || !order->defined()) return nullptr;
-  check_rows(*order, rows, device, op, "row_order");
-  TORCH_CHECK(order->dim() == 1 && order->scalar_type() == at::kLong, op, ": row_order must be 1-D int64");
-  return order->data_ptr<int64_t>();
 }
 
 // The destination a group works on and its edge range [begin, end); false for idle groups and bad

@@ -1,5 +1,5 @@
 // Fused bias + activation + dropout on CUDA, drawing the same mask bits as the CPU kernel
-// (cpu/dropout_mask.h): a warp covers 32 mask words (1024 elements); in step k lane l handles
+// (common/dropout_mask.h): a warp covers 32 mask words (1024 elements); in step k lane l handles
 // element 1024 * chunk + 32 * k + l (coalesced loads and stores) and the warp's ballot is word k.
 // The backward is elementwise; the bias gradient is grad_x's column sum (torch's reduction,
 // deterministic).
@@ -7,9 +7,9 @@
 
 #include <tuple>
 
-#include "aggregate_common.cuh"
-#include "cpu/bias_act_dropout.h"
-#include "cpu/dropout_mask.h"
+#include "common/bias_act_dropout_checks.h"
+#include "common/dropout_mask.h"
+#include "cuda/aggregate_common.cuh"
 
 namespace morphpipe::cuda {
 
@@ -70,7 +70,6 @@ std::tuple<at::Tensor, at::Tensor> bias_act_dropout_cuda(const at::Tensor& x, co
                                                          c10::string_view activation_name, double p, int64_t seed) {
   constexpr const char* op = "morphpipe::bias_act_dropout";
   check_bias_act_dropout(x, bias, p, op);
-  check_cuda(x, x.device(), op, "x");
   const Activation activation = parse_activation(std::string(activation_name), op);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.numel(), features = std::max<int64_t>(x.size(1), 1);
@@ -96,9 +95,6 @@ std::tuple<at::Tensor, at::Tensor> bias_act_dropout_backward_cuda(const at::Tens
   constexpr const char* op = "morphpipe::bias_act_dropout_backward";
   const Activation activation = parse_activation(std::string(activation_name), op);
   const bool use_mask = check_bias_act_dropout_backward(grad, out, mask, activation, p, op);
-  check_cuda(out, out.device(), op, "out");
-  check_cuda(grad, out.device(), op, "grad");
-  if (use_mask) check_cuda(mask, out.device(), op, "mask");
   const int64_t n = out.numel();
   const c10::cuda::CUDAGuard guard(out.device());
   auto grad_x = at::empty_like(out);

@@ -8,7 +8,8 @@
 #include <limits>
 #include <tuple>
 
-#include "aggregate_common.cuh"
+#include "common/gat_checks.h"
+#include "cuda/aggregate_common.cuh"
 
 namespace morphpipe::cuda {
 
@@ -30,10 +31,6 @@ template <typename acc_t>
 __device__ __forceinline__ acc_t attention(acc_t raw, acc_t slope, acc_t peak, acc_t inv) {
   return exp(leaky(raw, slope) - peak) * inv;
 }
-
-struct GatShape {
-  int64_t num_src, num_dst, heads, h_heads, F, nnz;
-};
 
 template <typename scalar_t, int G>
 __global__ void gat_forward_kernel(const int64_t* __restrict__ indptr, const int64_t* __restrict__ indices,
@@ -219,43 +216,20 @@ __global__ void gat_grad_h_scatter_kernel(const int64_t* __restrict__ indptr, co
   }
 }
 
-GatShape check_gat(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& h,
-                   const at::Tensor& score_src, const at::Tensor& score_dst, bool self_loop, const char* op) {
-  check_structure(indptr, indices, op);
-  const auto device = indptr.device();
-  TORCH_CHECK(h.dim() == 3, op, ": h must be [num_src, heads or 1, F], got ", h.sizes());
-  check_rows(h, h.size(0), device, op, "h");
-  const int64_t num_src = h.size(0), num_dst = indptr.numel() - 1;
-  TORCH_CHECK(score_src.dim() == 2 && score_dst.dim() == 2 && score_src.size(1) == score_dst.size(1), op,
-              ": score_src [num_src, heads] and score_dst [num_dst, heads] must share heads, got ", score_src.sizes(),
-              " and ", score_dst.sizes());
-  check_rows(score_src, num_src, device, op, "score_src");
-  check_rows(score_dst, num_dst, device, op, "score_dst");
-  const auto acc = accumulate_dtype(h);
-  TORCH_CHECK(score_src.scalar_type() == acc && score_dst.scalar_type() == acc, op, ": scores must be ", acc,
-              " (the accumulation dtype of h), got ", score_src.scalar_type(), " and ", score_dst.scalar_type());
-  const int64_t heads = score_src.size(1);
-  TORCH_CHECK(h.size(1) == heads || h.size(1) == 1, op, ": h has ", h.size(1), " heads but the scores ", heads,
-              "; use heads or 1 (shared)");
-  TORCH_CHECK(!self_loop || num_dst <= num_src, op, ": self loops need num_dst=", num_dst, " <= num_src=", num_src,
-              " (prefix convention)");
-  return {num_src, num_dst, heads, h.size(1), h.size(2), indices.numel()};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gat_forward_cuda(const at::Tensor& indptr, const at::Tensor& indices,
                                                                 const at::Tensor& h, const at::Tensor& score_src,
                                                                 const at::Tensor& score_dst, double negative_slope,
                                                                 bool self_loop,
                                                                 const std::optional<at::Tensor>& row_order) {
   constexpr const char* op = "morphpipe::gat_forward";
-  const GatShape s = check_gat(indptr, indices, h, score_src, score_dst, self_loop, op);
+  const GatShape s = check_gat(indptr, indices, h, score_src, score_dst, self_loop, row_order, op);
   const c10::cuda::CUDAGuard guard(indptr.device());
   auto out = at::empty({s.num_dst, s.heads, s.F}, h.options());
   auto stat_options = h.options().dtype(accumulate_dtype(h));
   auto row_max = at::empty({s.num_dst, s.heads}, stat_options);
   auto row_sum = at::empty({s.num_dst, s.heads}, stat_options);
   if (s.num_dst == 0 || s.heads == 0) return {out, row_max, row_sum};
-  const int64_t* order = optional_order(row_order, s.num_dst, indptr.device(), op);
+  const int64_t* order = optional_data<int64_t>(row_order);
   const at::Tensor status = new_status(indptr.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, h.scalar_type(), "gat_forward_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
@@ -278,29 +252,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
     const at::Tensor& score_dst, const at::Tensor& row_max, const at::Tensor& row_sum, const at::Tensor& grad_out,
     double negative_slope, bool self_loop, const std::optional<at::Tensor>& row_order) {
   constexpr const char* op = "morphpipe::gat_backward";
-  const GatShape s = check_gat(indptr, indices, h, score_src, score_dst, self_loop, op);
+  const GatShape s = check_gat_backward(indptr, indices, h, score_src, score_dst, row_max, row_sum, grad_out,
+                                        self_loop, row_order, op);
   const auto device = indptr.device();
-  const auto acc = accumulate_dtype(h);
-  for (const auto& [t, name] : {std::pair{row_max, "row_max"}, std::pair{row_sum, "row_sum"}}) {
-    check_rows(t, s.num_dst, device, op, name);
-    TORCH_CHECK(t.scalar_type() == acc && t.sizes() == score_dst.sizes(), op, ": ", name,
-                " must be the gat_forward statistic (", acc, ", shape ", score_dst.sizes(), "), got ", t.scalar_type(),
-                " ", t.sizes());
-  }
-  check_rows(grad_out, s.num_dst, device, op, "grad_out");
-  TORCH_CHECK(grad_out.dim() == 3 && grad_out.size(1) == s.heads && grad_out.size(2) == s.F &&
-                  grad_out.scalar_type() == h.scalar_type(),
-              op, ": grad_out must be [num_dst, heads, F] of h's dtype, got ", grad_out.sizes(), " ",
-              grad_out.scalar_type());
   const c10::cuda::CUDAGuard guard(device);
-  auto options = h.options().dtype(acc);
+  auto options = h.options().dtype(accumulate_dtype(h));
   auto alpha = at::zeros({s.nnz, s.heads}, options);
   auto grad_edge = at::zeros({s.nnz, s.heads}, options);
   auto alpha_self = at::zeros({self_loop ? s.num_dst : 0, s.heads}, options);
   auto grad_self = at::zeros({self_loop ? s.num_dst : 0, s.heads}, options);
   auto grad_dst = at::zeros({s.num_dst, s.heads}, options);
   if (s.num_dst == 0 || s.heads == 0) return {alpha, alpha_self, grad_edge, grad_self, grad_dst};
-  const int64_t* order = optional_order(row_order, s.num_dst, device, op);
+  const int64_t* order = optional_data<int64_t>(row_order);
   const at::Tensor status = new_status(device);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, h.scalar_type(), "gat_backward_cuda", [&] {
     using acc_t = acc_type<scalar_t>;
@@ -320,39 +283,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gat_backw
   return {alpha, alpha_self, grad_edge, grad_self, grad_dst};
 }
 
-// Checks alpha / alpha_self / grad_out of a grad_h call; returns (heads, F).
-std::pair<int64_t, int64_t> check_grad_h(const at::Tensor& alpha, const at::Tensor& alpha_self,
-                                         const at::Tensor& grad_out, int64_t nnz, int64_t h_heads,
-                                         const at::Device& device, const char* op) {
-  TORCH_CHECK(grad_out.dim() == 3, op, ": grad_out must be [num_dst, heads, F], got ", grad_out.sizes());
-  check_rows(grad_out, grad_out.size(0), device, op, "grad_out");
-  const int64_t heads = grad_out.size(1);
-  const auto acc = accumulate_dtype(grad_out);
-  check_rows(alpha, nnz, device, op, "alpha");
-  TORCH_CHECK(alpha.dim() == 2 && alpha.size(1) == heads && alpha.scalar_type() == acc, op, ": alpha must be [nnz, ",
-              heads, "] of ", acc, ", got ", alpha.sizes(), " ", alpha.scalar_type());
-  if (alpha_self.numel() > 0) {
-    check_rows(alpha_self, grad_out.size(0), device, op, "alpha_self");
-    TORCH_CHECK(alpha_self.dim() == 2 && alpha_self.size(1) == heads && alpha_self.scalar_type() == acc, op,
-                ": alpha_self must be [num_dst, ", heads, "] of ", acc, ", got ", alpha_self.sizes());
-  }
-  TORCH_CHECK(h_heads == heads || h_heads == 1, op, ": h_heads must be ", heads, " or 1, got ", h_heads);
-  return {heads, grad_out.size(2)};
-}
-
 at::Tensor gat_grad_h_cuda(const at::Tensor& t_indptr, const at::Tensor& t_dst, const at::Tensor& t_eid,
                            const at::Tensor& alpha, const at::Tensor& alpha_self, const at::Tensor& grad_out,
                            int64_t h_heads) {
   constexpr const char* op = "morphpipe::gat_grad_h";
-  check_structure(t_indptr, t_dst, op);
-  check_structure(t_indptr, t_eid, op);
+  check_gat_grad_h(t_indptr, t_dst, t_eid, alpha, alpha_self, grad_out, h_heads, op);
   const auto device = t_indptr.device();
-  const int64_t nnz = t_eid.numel();
-  TORCH_CHECK(t_dst.numel() == nnz, op, ": t_dst and t_eid must both have nnz entries");
-  const auto shape = check_grad_h(alpha, alpha_self, grad_out, nnz, h_heads, device, op);
-  const int64_t H = shape.first, F = shape.second;
+  const int64_t nnz = t_eid.numel(), H = grad_out.size(1), F = grad_out.size(2);
   const int64_t num_dst = grad_out.size(0), num_src = t_indptr.numel() - 1;
-  TORCH_CHECK(alpha_self.numel() == 0 || num_dst <= num_src, op, ": self loops need num_dst <= num_src");
   const c10::cuda::CUDAGuard guard(device);
   auto out = at::zeros({num_src, h_heads, F}, grad_out.options());
   if (num_src == 0 || F == 0) return out;
@@ -378,15 +316,10 @@ at::Tensor gat_grad_h_scatter_cuda(const at::Tensor& indptr, const at::Tensor& i
                                    const at::Tensor& alpha_self, const at::Tensor& grad_out, int64_t num_src,
                                    int64_t h_heads) {
   constexpr const char* op = "morphpipe::gat_grad_h_scatter";
-  check_structure(indptr, indices, op);
+  check_gat_grad_h_scatter(indptr, indices, alpha, alpha_self, grad_out, num_src, h_heads, op);
   const auto device = indptr.device();
-  const int64_t nnz = indices.numel();
-  const auto shape = check_grad_h(alpha, alpha_self, grad_out, nnz, h_heads, device, op);
-  const int64_t H = shape.first, F = shape.second;
+  const int64_t nnz = indices.numel(), H = grad_out.size(1), F = grad_out.size(2);
   const int64_t num_dst = grad_out.size(0);
-  TORCH_CHECK(indptr.numel() - 1 == num_dst, op, ": indptr has ", indptr.numel() - 1, " rows but grad_out ", num_dst);
-  TORCH_CHECK(num_src >= 0 && (alpha_self.numel() == 0 || num_dst <= num_src), op,
-              ": self loops need num_dst <= num_src");
   const c10::cuda::CUDAGuard guard(device);
   const auto acc = accumulate_dtype(grad_out);
   auto out = at::zeros({num_src, h_heads, F}, grad_out.options().dtype(acc));

@@ -9,7 +9,8 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "uva.cuh"
+#include "common/gather_checks.h"
+#include "cuda/uva.cuh"
 
 namespace morphpipe::cuda {
 namespace {
@@ -78,10 +79,8 @@ at::Tensor row_major_source(const at::Tensor& source, const char* op) {
 at::Tensor gather_rows_cached_cuda(const at::Tensor& source_in, const at::Tensor& index, const at::Tensor& cache_slot,
                                    const at::Tensor& cache_rows, bool check_index) {
   constexpr const char* op = "morphpipe::gather_rows";
-  TORCH_CHECK(source_in.dim() == 2, op, ": source must be a 2-D [rows, width] tensor, got shape ", source_in.sizes());
-  TORCH_CHECK(index.is_cuda() && index.dim() == 1 && index.scalar_type() == at::kLong, op,
-              ": index must be a 1-D int64 CUDA tensor (the device that gathers), got ", index.scalar_type(), " ",
-              index.sizes(), " on ", index.device());
+  check_gather_rows(source_in, index, op);
+  TORCH_CHECK(index.is_cuda(), op, ": index must be a CUDA tensor (the device that gathers), got ", index.device());
   const auto device = index.device();
   const c10::cuda::CUDAGuard guard(device);
   const at::Tensor source = row_major_source(source_in, op);
@@ -91,16 +90,7 @@ at::Tensor gather_rows_cached_cuda(const at::Tensor& source_in, const at::Tensor
   at::Tensor out = at::empty({count, source.size(1)}, source.options().device(device).pinned_memory(false));
   if (count == 0 || row_bytes == 0) return out;
   const bool cached = cache_slot.numel() > 0;
-  if (cached) {
-    TORCH_CHECK(cache_slot.scalar_type() == at::kInt && cache_slot.dim() == 1 && cache_slot.numel() == num_rows, op,
-                ": cache_slot must be int32 [rows of source] (", num_rows, "), got ", cache_slot.scalar_type(), " ",
-                cache_slot.sizes());
-    TORCH_CHECK(cache_rows.is_cuda() && cache_rows.dim() == 2 && cache_rows.size(1) == source.size(1) &&
-                    cache_rows.scalar_type() == source.scalar_type(),
-                op, ": cache_rows must be a CUDA tensor [num_cached, ", source.size(1), "] of ", source.scalar_type(),
-                ", got ", cache_rows.scalar_type(), " ", cache_rows.sizes(), " on ", cache_rows.device());
-    TORCH_CHECK(cache_slot.is_cuda(), op, ": cache_slot must be in device memory, got ", cache_slot.device());
-  }
+  if (cached) check_row_cache(cache_slot, cache_rows, source, op);
   const at::Tensor index_contiguous = index.contiguous();
   const auto* from = static_cast<const char*>(device_address(source, device, op, "source", /*contiguous=*/false));
   const auto* slot = cached ? static_cast<const int32_t*>(device_address(cache_slot, device, op, "cache_slot"))
@@ -131,8 +121,7 @@ at::Tensor gather_rows_cached_cuda(const at::Tensor& source_in, const at::Tensor
   if (check_index) {
     const at::Tensor host_status = status.cpu();
     const int64_t* reported = host_status.data_ptr<int64_t>();
-    TORCH_CHECK(reported[0] == kStatusOk, op, ": index[", reported[1], "] = ", reported[2], " is outside [0, ",
-                num_rows, ")");
+    if (reported[0] != kStatusOk) check_gathered_row(reported[1], reported[2], num_rows, op);
   }
   return out;
 }

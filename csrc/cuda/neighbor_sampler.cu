@@ -1,10 +1,10 @@
 // Route 1 neighbour sampling on the GPU (DUCATI / PyTorch-Direct): the topology stays in pinned
 // host memory and is read over UVA, except the neighbour lists of hot nodes, which a device cache
-// holds. Same semantics and output as the CPU sampler (csrc/cpu/neighbor_sampler.cpp): uniform
-// sampling without replacement per destination, fanouts[h] at hop h from the seeds (-1: all),
-// relabelling to local ids in order of discovery (so destinations are a prefix of the sources),
-// blocks input layer first. The random choices differ from the CPU's (another generator), their
-// distribution does not.
+// holds. Same semantics, output and argument checks (common/sampler_checks.h) as the CPU sampler
+// (csrc/cpu/neighbor_sampler.cpp): uniform sampling without replacement per destination, fanouts[h]
+// at hop h from the seeds (-1: all), relabelling to local ids in order of discovery (so destinations
+// are a prefix of the sources), blocks input layer first. The random choices differ from the CPU's
+// (another generator), their distribution does not.
 //
 // One hop, for the num_dst destinations found so far:
 //   1. count: a thread per destination reads its degree (cache or UVA) and how many it takes;
@@ -25,8 +25,9 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/neighbor_sampler.h"
-#include "uva.cuh"
+#include "common/sampler_checks.h"
+#include "common/sampling.h"
+#include "cuda/uva.cuh"
 
 namespace morphpipe::cuda {
 namespace {
@@ -291,10 +292,8 @@ struct NodeTable {
 // Throws the error a kernel recorded in `host_status` (kind, position, value), naming the input and the fix.
 void raise_status(const int64_t* host_status, int64_t num_nodes) {
   const int64_t kind = host_status[0], position = host_status[1], value = host_status[2];
-  TORCH_CHECK(kind != kStatusSeedOutOfRange, "seeds[", position, "] = ", value, " is not a node id in [0, ", num_nodes,
-              "); pass ids of nodes in the graph");
-  TORCH_CHECK(kind != kStatusSeedRepeated, "seeds[", position, "] = ", value,
-              " repeats an earlier seed of the same batch; seeds of one batch must be distinct");
+  if (kind == kStatusSeedOutOfRange) check_seed_id(position, value, num_nodes);
+  check_seed_first(position, value, kind != kStatusSeedRepeated);
   TORCH_CHECK(kind != kStatusNeighbourOutOfRange, "graph topology: a neighbour list holds node id ", value,
               " outside [0, ", num_nodes, "); validate the graph (GraphStore.validate) before sampling");
 }
@@ -307,25 +306,6 @@ std::vector<int64_t> read_back(const at::Tensor& status, const std::vector<at::T
   const int64_t* data = host.data_ptr<int64_t>();
   raise_status(data, num_nodes);
   return std::vector<int64_t>(data + 3, data + host.numel());
-}
-
-// The CPU sampler's topology check (shapes, dtypes, contiguity, indptr[-1] == indices.numel()) for
-// host topology; the same for topology already in device memory. Neighbour ids are checked as read.
-void check_host_topology(const at::Tensor& indptr, const at::Tensor& indices, const char* op) {
-  if (indptr.device().is_cpu() && indices.device().is_cpu()) {
-    check_topology(indptr, indices);
-    return;
-  }
-  TORCH_CHECK(indptr.dim() == 1 && indptr.numel() >= 1, op, ": indptr must be 1-D with num_nodes + 1 entries, got ",
-              indptr.sizes());
-  TORCH_CHECK(indptr.scalar_type() == at::kLong, op, ": indptr must be int64, got ", indptr.scalar_type(),
-              "; convert with indptr.long()");
-  TORCH_CHECK(indices.dim() == 1, op, ": indices must be 1-D, got shape ", indices.sizes());
-  TORCH_CHECK(indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong, op,
-              ": indices must be int32 or int64, got ", indices.scalar_type());
-  const int64_t last = indptr[indptr.numel() - 1].item<int64_t>();
-  TORCH_CHECK(last == indices.numel(), op, ": indptr[-1] = ", last, " but indices has ", indices.numel(),
-              " entries; rebuild the CSC");
 }
 
 template <typename index_t>
@@ -452,26 +432,14 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>> sample_
     int64_t seed, const at::Tensor& cache_slot, const at::Tensor& cache_indptr, const at::Tensor& cache_indices) {
   constexpr const char* op = "morphpipe::sample_neighbors";
   TORCH_CHECK(seeds.is_cuda(), op, ": seeds must be a CUDA tensor (the device that samples), got ", seeds.device());
-  TORCH_CHECK(seeds.dim() == 1 && seeds.scalar_type() == at::kLong, op,
-              ": seeds must be a 1-D int64 tensor of node ids, got ", seeds.scalar_type(), " ", seeds.sizes());
-  check_host_topology(indptr, indices, op);
+  check_seeds(seeds, op);
+  check_topology(indptr, indices);
   check_fanouts(fanouts);
   const auto device = seeds.device();
   const c10::cuda::CUDAGuard guard(device);
   const int64_t num_nodes = indptr.numel() - 1;
   const bool cached = cache_slot.numel() > 0;
-  if (cached) {
-    TORCH_CHECK(cache_slot.scalar_type() == at::kInt && cache_slot.dim() == 1 && cache_slot.numel() == num_nodes, op,
-                ": cache_slot must be int32 [num_nodes] (", num_nodes, "), got ", cache_slot.scalar_type(), " ",
-                cache_slot.sizes());
-    TORCH_CHECK(cache_indptr.scalar_type() == at::kLong && cache_indptr.dim() == 1 && cache_indptr.numel() >= 1, op,
-                ": cache_indptr must be 1-D int64 [num_cached + 1], got ", cache_indptr.scalar_type(), " ",
-                cache_indptr.sizes());
-    TORCH_CHECK(cache_indices.scalar_type() == indices.scalar_type(), op, ": cache_indices must have the dtype of "
-                "indices (", indices.scalar_type(), "), got ", cache_indices.scalar_type());
-    TORCH_CHECK(cache_slot.is_cuda() && cache_indptr.is_cuda() && cache_indices.is_cuda(), op,
-                ": the adjacency cache (cache_slot, cache_indptr, cache_indices) must be in device memory");
-  }
+  if (cached) check_adjacency_cache(cache_slot, cache_indptr, cache_indices, indices, num_nodes, op);
   const at::Tensor seeds_contiguous = seeds.contiguous();
   const auto* indptr_address = static_cast<const int64_t*>(device_address(indptr, device, op, "indptr"));
   const void* indices_address = device_address(indices, device, op, "indices");

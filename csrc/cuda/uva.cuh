@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "cpu/random.h"
+#include "common/random.h"
 #include "cuda/aggregate_common.cuh"
 #include "cuda/status.cuh"
 

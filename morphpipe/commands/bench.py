@@ -5,8 +5,9 @@ import argparse
 import json
 
 from morphpipe.commands.workload import parse_int_list
+from morphpipe.cores import usable_cores
 from morphpipe.outputs import check_output_file, write_text_atomic
-from morphpipe.sampling.cpu_batcher import CpuBatcher, usable_cores
+from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.throughput import measure_throughput
 
 

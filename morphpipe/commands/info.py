@@ -23,14 +23,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def native_status(verbose: bool = False) -> list[tuple[str, str]]:
     """Rows describing the native extension, building it if needed (a failure is reported, not raised)."""
-    config = native.build_config()
     try:
+        config = native.build_config()
         module = native.load(verbose=verbose)
     except native.NativeBuildError as error:
         return [("native ops", f"NOT BUILT: {error}")]
     openmp = module.openmp_max_threads()
     return [
-        ("native ops", f"built ({config.build_dir})"),
+        ("native ops", native.build_info()),
         ("CUDA kernels", "built" if module.built_with_cuda() else f"not built: {config.cuda_skip_reason}"),
         ("OpenMP threads", str(openmp) if openmp else "built without OpenMP"),
         ("OpenMP wait policy", wait_policy().line()),

@@ -26,12 +26,12 @@ import numpy as np
 import psutil
 from tqdm.auto import tqdm
 
+from morphpipe.cores import usable_cores
 from morphpipe.data.csc import KEY_NODE_LIMIT, csc_from_sorted_keys, fill_keys
 from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE, float32_to_storage, index_dtype_for
 from morphpipe.data.ondisk import GraphMeta, NpyChunkWriter, check_graph_output, save_array, write_meta
 from morphpipe.data.splits import SplitFractions, random_split
 from morphpipe.outputs import replacing_directory
-from morphpipe.profiler.hardware import usable_cores
 
 POWER_LAW = "power-law"
 COMMUNITY = "community"

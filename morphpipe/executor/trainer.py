@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn import functional
 from tqdm.auto import tqdm
 
+from morphpipe.cores import usable_cores
 from morphpipe.data import GraphStore
 from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.devices import InFlight, default_devices
@@ -32,10 +33,9 @@ from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.stats import EpochStats
-from morphpipe.executor.train_step import TrainStep, make_optimizer
+from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
-from morphpipe.profiler.hardware import usable_cores
 from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.serial_batcher import SerialBatcher

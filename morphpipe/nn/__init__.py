@@ -1,4 +1,4 @@
-"""GNN models over mini-batch Blocks (GraphSAGE, GCN, GAT) and an MLP baseline, built on `morphpipe.ops`.
+"""GNN models over mini-batch Blocks (GraphSAGE, GCN, GAT), an MLP baseline, and the training step that trains them.
 
 Every model is called as `model(blocks, x)` with `blocks` input layer first and
 `x = features[input_nodes]`, and returns logits for the last block's destinations (the seeds).
@@ -9,6 +9,7 @@ from morphpipe.nn.gat import GAT, GATConv
 from morphpipe.nn.gcn import GCN, GCNConv
 from morphpipe.nn.mlp import MLP
 from morphpipe.nn.sage import GraphSAGE, SAGEConv
+from morphpipe.nn.train_step import TrainStep, make_optimizer
 
 __all__ = [
     "GAT",
@@ -20,5 +21,7 @@ __all__ = [
     "GCNConv",
     "GraphSAGE",
     "SAGEConv",
+    "TrainStep",
     "build_model",
+    "make_optimizer",
 ]

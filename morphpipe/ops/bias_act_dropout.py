@@ -4,7 +4,7 @@
 in distribution, computed by `torch.ops.morphpipe.bias_act_dropout` (csrc/cpu,
 csrc/cuda): the keep mask comes from a counter-based generator (a keyed 32-bit hash of each
 element's index, keyed by SplitMix64 of a per-call seed, so p acts in steps of 2^-32; see
-`csrc/cpu/dropout_mask.h`) and is kept as one bit per element, the seed is drawn from torch's
+`csrc/common/dropout_mask.h`) and is kept as one bit per element, the seed is drawn from torch's
 default CPU generator (so `torch.manual_seed` reproduces a run, and a CUDA call needs no host
 sync), and CPU and CUDA draw the same bits for the same seed. In eval mode or with p = 0 nothing
 is drawn and no mask exists. `reference_bias_act_dropout` is the plain-PyTorch definition given a

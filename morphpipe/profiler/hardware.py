@@ -1,22 +1,21 @@
 """Hardware facts the planner needs: CPU cores (usable ones), host memory, GPUs and their PCIe links.
 
-CPU facts come from psutil, the scheduler affinity mask and the cgroup CPU quota; GPU facts
+CPU facts come from psutil and `morphpipe.cores` (affinity mask, cgroup CPU quota); GPU facts
 from NVML (nvidia-ml-py). Without an NVIDIA driver there are simply no GPUs, and `gpu_note`
 says why, once, instead of failing.
 """
 from __future__ import annotations
 
-import math
 import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
-if TYPE_CHECKING:
-    from morphpipe.profiler.profile import FieldReader
+from morphpipe.cores import usable_cores_with_notes
+from morphpipe.documents import FieldReader
 
 # Usable bandwidth of one PCIe lane in one direction, GB/s (10^9 bytes/s), after line encoding:
 # gen1/2 8b/10b, gen3-5 128b/130b, gen6 PAM4 with 242/256 FLIT encoding.
@@ -171,43 +170,6 @@ def _cpu_model() -> str:
             if line.lower().startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on: the default thread count for batching and generation."""
-    return usable_cores_with_notes(psutil.cpu_count(logical=True) or os.cpu_count() or 1)[0]
-
-
-def usable_cores_with_notes(logical: int) -> tuple[int, list[str]]:
-    """Cores this process may run on: the affinity mask, further capped by a cgroup CPU quota."""
-    notes: list[str] = []
-    usable = logical
-    if hasattr(os, "sched_getaffinity"):
-        usable = len(os.sched_getaffinity(0))
-        if usable < logical:
-            notes.append(f"CPU affinity allows {usable} of {logical} logical cores")
-    quota = _cgroup_cpu_quota()
-    if quota is not None and quota < usable:
-        notes.append(f"cgroup CPU quota allows {quota} cores of the {usable} in the affinity mask")
-        usable = quota
-    return max(1, usable), notes
-
-
-def _cgroup_cpu_quota() -> int | None:
-    """Whole cores allowed by a cgroup v2 `cpu.max` or v1 CFS quota, None when unlimited or unknown."""
-    v2 = Path("/sys/fs/cgroup/cpu.max")
-    try:
-        if v2.exists():
-            quota, period = v2.read_text().split()[:2]
-            return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
-        v1_quota = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
-        v1_period = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
-        if v1_quota.exists() and v1_period.exists():
-            quota_us = int(v1_quota.read_text())
-            return None if quota_us <= 0 else max(1, math.ceil(quota_us / int(v1_period.read_text())))
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _detect_gpus() -> tuple[list[GpuFacts], str, str | None]:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from morphpipe.executor.train_step import TrainStep, make_optimizer
 from morphpipe.nn import build_model
+from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.profiler.profile import PhaseTiming, ThreadScaling
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.gpu_batcher import GpuBatcher

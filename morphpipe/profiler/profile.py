@@ -9,165 +9,19 @@ thread counts instead, because batching and training then share the cores.
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from morphpipe.outputs import write_text_atomic
+from morphpipe.documents import FieldReader, JsonDocument
 from morphpipe.profiler.hardware import HardwareFacts
 
 SCHEMA_VERSION = 1
 PROFILE_KIND = "morphpipe.profile"
 DEVICES = ("cuda", "cpu")
-_FIX_PROFILE = "re-run `morphpipe tune` to write a fresh profile"
-
-
-class FieldReader:
-    """Reads typed fields of one JSON object; every error names the file, the field and the fix."""
-
-    def __init__(self, data: Any, source: str, fix: str, path: str = "") -> None:
-        self.source = source
-        self.fix = fix
-        self.path = path
-        if not isinstance(data, dict):
-            raise ValueError(f"{source}: {self._where()} must be a JSON object, got {_show(data)}; {fix}")
-        self.data: dict[str, Any] = data
-
-    def _where(self, name: str | None = None) -> str:
-        full = f"{self.path}.{name}" if self.path and name else (name or self.path)
-        return f"field '{full}'" if full else "the top level"
-
-    def error(self, name: str, problem: str, value: Any) -> ValueError:
-        """A ValueError naming the field, the problem, the bad value and the fix."""
-        return ValueError(f"{self.source}: {self._where(name)} {problem}, got {_show(value)}; {self.fix}")
-
-    def _get(self, name: str, optional: bool) -> Any:
-        if name not in self.data:
-            if optional:
-                return None
-            raise ValueError(f"{self.source}: {self._where(name)} is missing; {self.fix}")
-        return self.data[name]
-
-    def number(self, name: str, *, minimum: float | None = None, positive: bool = False,
-               optional: bool = False) -> float | None:
-        """A finite JSON number (ints accepted), optionally bounded below."""
-        value = self._get(name, optional)
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.error(name, "must be a finite number", value)
-        if positive and value <= 0:
-            raise self.error(name, "must be > 0", value)
-        if minimum is not None and value < minimum:
-            raise self.error(name, f"must be >= {minimum}", value)
-        return float(value)
-
-    def integer(self, name: str, *, minimum: int | None = None, optional: bool = False) -> int | None:
-        """A JSON integer, optionally bounded below."""
-        value = self._get(name, optional)
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(name, "must be an integer", value)
-        if minimum is not None and value < minimum:
-            raise self.error(name, f"must be >= {minimum}", value)
-        return value
-
-    def boolean(self, name: str) -> bool:
-        """A JSON true or false."""
-        value = self._get(name, optional=False)
-        if not isinstance(value, bool):
-            raise self.error(name, "must be true or false", value)
-        return value
-
-    def string(self, name: str, *, choices: Iterable[str] | None = None, optional: bool = False) -> str | None:
-        """A JSON string, optionally one of `choices`."""
-        value = self._get(name, optional)
-        if value is None and optional:
-            return None
-        if not isinstance(value, str):
-            raise self.error(name, "must be a string", value)
-        if choices is not None and value not in tuple(choices):
-            raise self.error(name, f"must be one of {', '.join(repr(c) for c in choices)}", value)
-        return value
-
-    def section(self, name: str, *, optional: bool = False) -> FieldReader | None:
-        """A nested JSON object, read with the same source and fix."""
-        value = self._get(name, optional)
-        if value is None and optional:
-            return None
-        full = f"{self.path}.{name}" if self.path else name
-        return FieldReader(value, self.source, self.fix, full)
-
-    def sections(self, name: str) -> list[FieldReader]:
-        """A JSON list of objects."""
-        value = self._get(name, False)
-        if not isinstance(value, list):
-            raise self.error(name, "must be a list", value)
-        full = f"{self.path}.{name}" if self.path else name
-        return [FieldReader(item, self.source, self.fix, f"{full}[{i}]") for i, item in enumerate(value)]
-
-    def scalars(self, name: str, *, optional: bool = False) -> dict[str, str | int | float | bool | None]:
-        """A JSON object of plain scalars (free-form metadata)."""
-        value = self._get(name, optional)
-        if value is None and optional:
-            return {}
-        if not isinstance(value, dict) or not all(
-            isinstance(v, (str, int, float, bool)) or v is None for v in value.values()
-        ):
-            raise self.error(name, "must be an object of strings, numbers or booleans", value)
-        return dict(value)
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def read_json_document(path: str | Path, kind: str, schema_version: int, fix: str) -> FieldReader:
-    """Parses a morphpipe JSON file and checks its `kind` and `schema_version` before anything else."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{source}: no such file; {fix}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"{source}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); {fix}"
-        ) from None
-    reader = FieldReader(data, source, fix)
-    check_document_header(reader, kind, schema_version)
-    return reader
-
-
-def check_document_header(reader: FieldReader, kind: str, schema_version: int) -> None:
-    """Checks `kind` (the right sort of file) and `schema_version` (one this code reads)."""
-    found_kind = reader.string("kind")
-    if found_kind != kind:
-        raise reader.error("kind", f"must be {kind!r} (is this the right file?)", found_kind)
-    version = reader.integer("schema_version", minimum=1)
-    if version > schema_version:
-        raise ValueError(
-            f"{reader.source}: field 'schema_version' is {version}, but this morphpipe reads schema "
-            f"{schema_version}; upgrade morphpipe, or {reader.fix}"
-        )
-    if version < schema_version:
-        raise ValueError(
-            f"{reader.source}: field 'schema_version' is {version}, an older schema than {schema_version} "
-            f"that this morphpipe no longer reads; {reader.fix}"
-        )
-
-
-def write_json_document(path: str | Path, document: Mapping[str, Any]) -> None:
-    """Writes JSON atomically: a failed or interrupted write leaves the previous file as it was."""
-    write_text_atomic(path, json.dumps(document, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 @dataclass(frozen=True)
@@ -333,8 +187,13 @@ class ThreadScaling:
 
 
 @dataclass
-class Profile:
+class Profile(JsonDocument):
     """Everything the planner knows about one workload on one machine (DESIGN.md, planning problem)."""
+
+    DOCUMENT_KIND = PROFILE_KIND
+    DOCUMENT_SCHEMA_VERSION = SCHEMA_VERSION
+    DOCUMENT_FIX = "re-run `morphpipe tune` to write a fresh profile"
+    DOCUMENT_SOURCE = "<profile>"
 
     hardware: HardwareFacts
     device: str
@@ -433,22 +292,6 @@ class Profile:
             "contention": dict(self.contention),
         }
 
-    def save(self, path: str | Path) -> None:
-        """Writes the profile as versioned JSON."""
-        write_json_document(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> Profile:
-        """Reads a profile, checking kind, schema version and every field."""
-        return cls.from_fields(read_json_document(path, PROFILE_KIND, SCHEMA_VERSION, _FIX_PROFILE))
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "<profile>") -> Profile:
-        """Validates an in-memory profile document (same checks as `load`)."""
-        reader = FieldReader(dict(data), source, _FIX_PROFILE)
-        check_document_header(reader, PROFILE_KIND, SCHEMA_VERSION)
-        return cls.from_fields(reader)
-
     @classmethod
     def from_fields(cls, reader: FieldReader) -> Profile:
         def timing(name: str) -> PhaseTiming | None:
@@ -460,7 +303,7 @@ class Profile:
             ThreadScaling.from_fields(reader, "cpu_training") if reader.data.get("cpu_training") is not None else None
         )
         hardware_section = reader.section("hardware")
-        try:
+        with reader.as_document_errors():
             return cls(
                 hardware=HardwareFacts.from_fields(hardware_section),
                 device=device,
@@ -476,10 +319,6 @@ class Profile:
                 created=reader.string("created"),
                 contention=reader.scalars("contention", optional=True),
             )
-        except ValueError as error:
-            if str(error).startswith(reader.source):
-                raise
-            raise ValueError(f"{reader.source}: {error}; {reader.fix}") from None
 
     @classmethod
     def synthetic(

@@ -7,13 +7,13 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm import tqdm
 
+from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.profiler.contention import ContentionMonitor
 from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.profiler.operators import OPERATORS, ProfilingSession
 from morphpipe.profiler.profile import Profile
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
-from morphpipe.scheduler.provenance import dataset_fingerprint
 
 DEVICES = ("auto", "cuda", "cpu")
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from morphpipe import native
+from morphpipe.cores import usable_cores
 from morphpipe.data import GraphStore
-from morphpipe.profiler.hardware import usable_cores
 from morphpipe.sampling.batcher import SeedBatcher
 from morphpipe.sampling.epochs import check_files, epoch_seed, note_first_use
 from morphpipe.sampling.minibatch import Block, MiniBatch

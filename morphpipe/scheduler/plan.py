@@ -4,16 +4,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
+from morphpipe.documents import FieldReader, JsonDocument
 from morphpipe.partitioner.partitioner import Split
-from morphpipe.profiler.profile import FieldReader, check_document_header, read_json_document, write_json_document
 
 PLAN_KIND = "morphpipe.plan"
 PLAN_SCHEMA_VERSION = 1
 SCHEDULE_KINDS = ("adaptive", "all-cpu", "all-gpu", "cpu-only")
-_FIX_PLAN = "re-create it with `morphpipe tune` (or plan_from_profile)"
 
 
 def count_of(count: int, noun: str) -> str:
@@ -22,7 +20,7 @@ def count_of(count: int, noun: str) -> str:
 
 
 @dataclass
-class Plan:
+class Plan(JsonDocument):
     """A CPU:GPU split with buffer sizes and thread counts, plus the predictions behind it.
 
     `shares_cores` (CPU-only plans) means batching and training take turns on the same cores
@@ -34,6 +32,11 @@ class Plan:
     planner's tolerance). `lower_bound_s` uses mean phase times, so a stochastic epoch can land
     slightly below it.
     """
+
+    DOCUMENT_KIND = PLAN_KIND
+    DOCUMENT_SCHEMA_VERSION = PLAN_SCHEMA_VERSION
+    DOCUMENT_FIX = "re-create it with `morphpipe tune` (or plan_from_profile)"
+    DOCUMENT_SOURCE = "<plan>"
 
     kind: str
     num_batches: int
@@ -128,22 +131,6 @@ class Plan:
             "profile": self.profile,
         }
 
-    def save(self, path: str | Path) -> None:
-        """Writes the plan as versioned JSON."""
-        write_json_document(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str | Path) -> Plan:
-        """Reads a plan, checking kind, schema version and every field."""
-        return cls.from_fields(read_json_document(path, PLAN_KIND, PLAN_SCHEMA_VERSION, _FIX_PLAN))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "<plan>") -> Plan:
-        """Validates an in-memory plan document (same checks as `load`)."""
-        reader = FieldReader(data, source, _FIX_PLAN)
-        check_document_header(reader, PLAN_KIND, PLAN_SCHEMA_VERSION)
-        return cls.from_fields(reader)
-
     @classmethod
     def from_fields(cls, reader: FieldReader) -> Plan:
         def numbers(name: str, **bounds: float | bool) -> dict[str, float]:
@@ -161,7 +148,7 @@ class Plan:
         if not isinstance(profile, dict):
             raise reader.error("profile", "must be an object (the profile summary)", profile)
         eq6_x = reader.number("eq6_x", minimum=0.0, optional=True)
-        try:
+        with reader.as_document_errors():
             return cls(
                 kind=reader.string("schedule", choices=SCHEDULE_KINDS),
                 num_batches=reader.integer("num_batches", minimum=1),
@@ -189,10 +176,6 @@ class Plan:
                 profile=profile,
                 created=reader.string("created"),
             )
-        except ValueError as error:
-            if str(error).startswith(reader.source):
-                raise
-            raise ValueError(f"{reader.source}: {error}; {reader.fix}") from None
 
     def describe(self) -> str:
         """A few human-readable lines."""

@@ -6,28 +6,13 @@ else instead of running a wrong split (or 1000 training threads on 2 cores) sile
 """
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from morphpipe.profiler.hardware import usable_cores
-
-SAMPLED_ENTRIES = 4096
-
-
-def dataset_fingerprint(graph) -> str:
-    """A short hash of a dataset's sizes and of evenly spaced entries of its topology, labels and splits (O(1) reads)."""
-    digest = hashlib.sha256()
-    sizes = (graph.num_nodes, graph.num_edges, graph.feature_dim, str(graph.features.dtype), graph.num_classes)
-    digest.update(repr(sizes).encode())
-    for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx):
-        digest.update(repr(tuple(tensor.shape)).encode())
-        if tensor.numel():
-            positions = torch.linspace(0, tensor.numel() - 1, min(SAMPLED_ENTRIES, tensor.numel())).long()
-            digest.update(tensor.reshape(-1)[positions].to(torch.int64).numpy().tobytes())
-    return digest.hexdigest()[:16]
+from morphpipe.cores import usable_cores
+from morphpipe.data.fingerprint import dataset_fingerprint
 
 
 def plan_mismatches(made_for: Mapping[str, Any], graph, settings: Mapping[str, Any]) -> list[str]:

@@ -1,10 +1,11 @@
-// The non-zeros of a dense feature matrix as CSR (Morphling's sparse first-layer path): one
-// counting pass and one filling pass over the rows, both OpenMP-parallel.
+// Op `morphpipe::dense_to_csr` (CPU only): the non-zeros of a dense feature matrix as CSR (Morphling's
+// sparse first-layer path): one counting pass and one filling pass over the rows, both OpenMP-parallel.
 #include <torch/library.h>
 
 #include <tuple>
 
-#include "aggregate_common.h"
+#include "common/tensor_checks.h"
+#include "cpu/aggregate_common.h"
 
 namespace morphpipe {
 
@@ -29,7 +30,7 @@ void dense_to_csr_kernel(const scalar_t* x, int64_t rows, int64_t cols, int64_t*
 std::tuple<at::Tensor, at::Tensor, at::Tensor> dense_to_csr_cpu(const at::Tensor& x) {
   constexpr const char* op = "morphpipe::dense_to_csr";
   TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [rows, cols], got shape ", x.sizes());
-  check_rows(x, x.size(0), op, "x");
+  check_on(x, at::kCPU, op, "x");
   const int64_t rows = x.size(0), cols = x.size(1);
   auto indptr = at::empty({rows + 1}, x.options().dtype(at::kLong));
   int64_t* ptr = indptr.data_ptr<int64_t>();

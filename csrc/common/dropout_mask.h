@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "random.h"
+#include "common/random.h"
 
 namespace morphpipe {
 

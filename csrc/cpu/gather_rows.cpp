@@ -1,0 +1,55 @@
+// Op `morphpipe::gather_rows` on the CPU, out[i] = source[index[i]] (feature gathering), and the row
+// copy it shares with CpuBatcher, which prefetches the rows a few ahead.
+#include "cpu/gather_rows.h"
+
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/gather_checks.h"
+
+namespace morphpipe {
+
+void gather_rows_into(const at::Tensor& source, const int64_t* rows, int64_t count, at::Tensor& out) {
+  const int64_t row_bytes = source.size(1) * source.element_size();
+  const char* src = static_cast<const char*>(source.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  constexpr int64_t kPrefetchDistance = 8;
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchDistance < count) {
+      const char* ahead = src + rows[i + kPrefetchDistance] * row_bytes;
+      for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
+    }
+    std::memcpy(dst + i * row_bytes, src + rows[i] * row_bytes, row_bytes);
+  }
+}
+
+namespace {
+
+// Op `morphpipe::gather_rows`: out[i] = source[index[i]], rows split across OpenMP threads.
+at::Tensor gather_rows_cpu(const at::Tensor& source, const at::Tensor& index) {
+  constexpr const char* op = "morphpipe::gather_rows";
+  check_gather_rows(source, index, op);
+  const at::Tensor source_contiguous = source.contiguous();
+  const at::Tensor index_contiguous = index.contiguous();
+  const int64_t count = index_contiguous.numel();
+  const int64_t num_rows = source_contiguous.size(0);
+  const int64_t* rows = index_contiguous.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) check_gathered_row(i, rows[i], num_rows, op);
+  at::Tensor out = at::empty({count, source_contiguous.size(1)}, source_contiguous.options());
+  constexpr int64_t kRowsPerTask = 256;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t begin = 0; begin < count; begin += kRowsPerTask) {
+    const int64_t chunk = std::min(kRowsPerTask, count - begin);
+    at::Tensor out_chunk = out.narrow(0, begin, chunk);
+    gather_rows_into(source_contiguous, rows + begin, chunk, out_chunk);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(morphpipe, CPU, m) { m.impl("gather_rows", &gather_rows_cpu); }
+
+}  // namespace morphpipe
