@@ -355,7 +355,8 @@ MUTANTS: list[dict] = [
          replace="for fanouts in ([4, 3, 2], [100, 1], [60]):",
          tests=[f"{BACKEND}::test_a_failing_backend_is_caught_with_its_reason[take-all]"], ci=False),
     dict(name="self-check-record-ignores-registered-checks", file="morphpipe/sampling/backend_check.py",
-         find="if verdict is None or (verdict.source_hash, verdict.torch_version, verdict.ops_checked) != (\n                *_build_identity(), registered_names()):",
+         find="if verdict is None or (verdict.source_hash, verdict.torch_version, verdict.ops_checked) != (\n"
+              "                *_build_identity(), registered_names()):",
          replace="if verdict is None or (verdict.source_hash, verdict.torch_version) != _build_identity():",
          tests=[f"{BACKEND}::test_a_record_made_before_a_check_was_registered_is_not_reused"], ci=False),
     dict(name="self-check-no-position-test", file="morphpipe/sampling/backend_check.py",
