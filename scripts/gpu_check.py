@@ -32,8 +32,8 @@ from dataclasses import asdict
 import morphpipe.ops  # registers the fused ops' self-check
 from morphpipe.sampling import backend_check as check
 device = torch.device("cuda", torch.cuda.current_device())
-with check.cuda_makers(device) as (kernels, reference):
-    verdict = check.run_self_check(device, kernels, reference)
+with check.cuda_makers(device) as (kernels, reference, gather):
+    verdict = check.run_self_check(device, kernels, reference, gather)
 check.record_verdict(verdict)
 print(verdict.summary())
 print("VERDICT " + json.dumps(asdict(verdict)))

@@ -1,9 +1,13 @@
 """The Route 1 self-check: before our CUDA kernels make batches on a device, they prove themselves there.
 
 On the first use of a device (GpuBatcher backend "auto"), a small generated graph is batched by
-both backends: the kernels' batches must pass every structure check (edges exist, no repeats,
-fanout respected, prefix convention, features and labels), and their neighbour draws must agree
-in distribution with the torch path (chi-square, Floyd and large-fanout paths). Packages that
+both backends through the entry points the GPU batcher calls: the kernels' batches must pass
+every structure check (edges exist, no repeats, fanout respected, prefix convention, features
+and labels), their neighbour draws must agree in distribution with the torch path (chi-square,
+Floyd and large-fanout paths) and show no trend towards either end of a neighbour list (a
+z-test on the drawn positions, which sees a slight preference that a chi-square over all
+neighbours misses), and the row gather must return exactly `table[ids]` for 65,536 ids over
+tables of several dtypes and widths (a gather wrong for one id in a thousand cannot pass). Packages that
 compute on the batches register their own checks with `register_self_check` (`morphpipe.ops`
 does, on import: its fused ops must match the reference ops); they form the verdict's ops part.
 Whatever fails or raises makes morphpipe use the torch path (and, through the registered
@@ -30,13 +34,17 @@ from morphpipe.sampling.minibatch import Block, MiniBatch
 log = logging.getLogger("morphpipe.sampling")
 
 RESULTS_FILE = "route1_self_check.json"
-P_VALUE_FLOOR = 1e-4  # a correct sampler fails one of the chi-square tests about once in 2,500 checks
+P_VALUE_FLOOR = 1e-4  # a correct sampler fails one of the six tests (two fanouts) about once in 1,700 checks
 HUB = 5
 HUB_DEGREE = 120
 TRIALS = 240
+GATHER_ROWS = 4_099  # rows of each gather check table: a prime, so no block size divides it
+GATHER_IDS = 1 << 16  # ids gathered from each table
 
 # Makes one batch of `seeds` (host int64) over the check graph with `fanouts`, deterministic for `seed`.
 BatchMaker = Callable[[torch.Tensor, Sequence[int], int], MiniBatch]
+# Gathers the rows `ids` (host int64) of a host `table` with the kernels' gather; the rows come back in any place.
+RowGather = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # A registered check of what computes on the batches: the problem it finds on a device, or None.
 DeviceCheck = Callable[[torch.device], str | None]
 # What the registering package does when its check failed: called with the device type and the problem.
@@ -169,8 +177,25 @@ def hub_counts(make: BatchMaker, graph, fanout: int, trials: int = TRIALS) -> to
     return counts
 
 
+def position_trend_pvalue(counts: torch.Tensor, fanout: int, trials: int) -> float:
+    """Two-sided p-value that `counts` (draws per position of one neighbour list over `trials` uniform draws of
+    `fanout` distinct positions) show no trend in position: a z-test on the sum of the drawn positions.
+
+    Drawing `f` of the positions 0..d-1 uniformly without replacement, their sum has mean
+    f (d - 1) / 2 and variance f (d - f) (d + 1) / 12, and trials are independent.
+    """
+    from scipy import stats
+
+    d = counts.numel()
+    total = float((torch.arange(d, dtype=torch.float64) * counts.to(torch.float64)).sum())
+    mean = trials * fanout * (d - 1) / 2
+    variance = trials * fanout * (d - fanout) * (d + 1) / 12
+    return float(2 * stats.norm.sf(abs(total - mean) / variance ** 0.5))
+
+
 def distribution_problem(candidate: BatchMaker, reference: BatchMaker, graph) -> str | None:
-    """Whether `candidate` draws the hub's neighbours uniformly and like `reference`, by chi-square tests."""
+    """Whether `candidate` draws the hub's neighbours uniformly (chi-square, and no trend along the list) and like
+    `reference` (chi-square)."""
     from scipy import stats  # a heavy import, needed only when a device is checked
 
     for fanout in (5, 60):
@@ -180,14 +205,48 @@ def distribution_problem(candidate: BatchMaker, reference: BatchMaker, graph) ->
         uniform = stats.chisquare(ours.numpy()).pvalue
         if not uniform > P_VALUE_FLOOR:
             return f"fanout {fanout}: the hub's neighbours are not drawn uniformly (chi-square p = {uniform:.2g})"
+        trend = position_trend_pvalue(ours, fanout, TRIALS)
+        if not trend > P_VALUE_FLOOR:
+            return (f"fanout {fanout}: draws lean towards one end of the neighbour list (position z-test "
+                    f"p = {trend:.2g})")
         same = stats.chi2_contingency(torch.stack([ours, theirs]).numpy()).pvalue
         if not same > P_VALUE_FLOOR:
             return f"fanout {fanout}: draws differ in distribution from the torch path (chi-square p = {same:.2g})"
     return None
 
 
-def sampler_problem(candidate: BatchMaker, reference: BatchMaker, graph=None) -> str | None:
-    """Structure on several fanouts (take-all, small, large) and distribution against the reference, or None."""
+def gather_tables(seed: int = 0) -> dict[str, torch.Tensor]:
+    """The gather check's host tables: every feature dtype, odd and wide rows, and labels as one int64 column."""
+    generator = torch.Generator().manual_seed(seed)
+    return {"float32 rows of 7": torch.randn(GATHER_ROWS, 7, generator=generator),
+            "float16 rows of 33": torch.randn(GATHER_ROWS, 33, generator=generator).to(torch.float16),
+            "bfloat16 rows of 128": torch.randn(GATHER_ROWS, 128, generator=generator).to(torch.bfloat16),
+            "int64 labels": torch.randint(0, 1 << 40, (GATHER_ROWS, 1), generator=generator)}
+
+
+def gather_problem(gather: RowGather, seed: int = 0) -> str | None:
+    """Whether `gather` returns exactly `table[ids]` for `GATHER_IDS` random ids (repeats, the first and last row
+    among them) from each of `gather_tables`, or what is wrong."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, GATHER_ROWS, (GATHER_IDS,), generator=generator)
+    ids[:2] = torch.tensor([GATHER_ROWS - 1, 0])
+    for name, table in gather_tables(seed).items():
+        got, expected = gather(table, ids).cpu(), table.index_select(0, ids)
+        if got.shape != expected.shape or got.dtype != expected.dtype:
+            return (f"gather of {name}: got {tuple(got.shape)} {got.dtype}, expected {tuple(expected.shape)} "
+                    f"{expected.dtype}")
+        wrong = torch.nonzero((got != expected).any(dim=1)).flatten()
+        if wrong.numel():
+            first = int(wrong[0])
+            return (f"gather of {name}: {wrong.numel()} of {ids.numel()} rows are not table[id] (first: row {first}, "
+                    f"id {int(ids[first])})")
+    return None
+
+
+def sampler_problem(candidate: BatchMaker, reference: BatchMaker, graph=None,
+                    gather: RowGather | None = None) -> str | None:
+    """Structure on several fanouts (take-all, small, large), distribution against the reference and, given the
+    kernels' `gather`, the gather check; None when all pass."""
     graph = graph if graph is not None else check_graph()
     seeds = torch.tensor([HUB, 0, 17, 3, 299, 150, 42, 8])
     try:
@@ -196,14 +255,17 @@ def sampler_problem(candidate: BatchMaker, reference: BatchMaker, graph=None) ->
                 problem = structure_problem(graph, candidate(seeds, fanouts, seed), fanouts)
                 if problem is not None:
                     return f"fanouts {fanouts}: {problem}"
-        return distribution_problem(candidate, reference, graph)
+        problem = gather_problem(gather) if gather is not None else None
+        return problem or distribution_problem(candidate, reference, graph)
     except Exception as error:  # noqa: BLE001 - any failure of the candidate is the verdict
         return f"raised {type(error).__name__}: {error}"
 
 
-def run_self_check(device: torch.device, kernels: BatchMaker, reference: BatchMaker, graph=None) -> Verdict:
-    """Checks the kernels' batches against the torch path, and runs the registered checks on `device`."""
-    sampler = sampler_problem(kernels, reference, graph)
+def run_self_check(device: torch.device, kernels: BatchMaker, reference: BatchMaker, gather: RowGather | None = None,
+                   graph=None) -> Verdict:
+    """Checks the kernels' batches against the torch path and their gather (when given) against indexing, and runs
+    the registered checks on `device`."""
+    sampler = sampler_problem(kernels, reference, graph, gather)
     ops_reason = registered_problem(device)
     return Verdict(device_key(device), sampler is None, sampler or "", ops_reason is None, ops_reason or "",
                    *_build_identity(), registered_names())
@@ -263,8 +325,8 @@ _lock = threading.Lock()
 def device_verdict(device: torch.device, path: Path | None = None,
                    makers: Callable[[torch.device], contextlib.AbstractContextManager] | None = None) -> Verdict:
     """The verdict for `device`: this process's, the recorded one if it judged this build with the checks registered
-    now, else a fresh check with the backends `makers(device)` yields (default: the CUDA kernels and the torch path
-    on the device)."""
+    now, else a fresh check with the backends `makers(device)` yields (default: the CUDA kernels, the torch path on
+    the device and the kernels' gather; see `cuda_makers`)."""
     key = device_key(device)
     with _lock:
         if key in _verdicts:
@@ -272,8 +334,8 @@ def device_verdict(device: torch.device, path: Path | None = None,
         verdict = recorded_verdicts(path).get(key)
         if verdict is None or (verdict.source_hash, verdict.torch_version, verdict.ops_checked) != (
                 *_build_identity(), registered_names()):
-            with (makers or cuda_makers)(device) as (kernels, reference):
-                verdict = run_self_check(device, kernels, reference)
+            with (makers or cuda_makers)(device) as (kernels, reference, gather):
+                verdict = run_self_check(device, kernels, reference, gather)
             record_verdict(verdict, path)
         apply_verdict(verdict, device.type)
         _verdicts[key] = verdict
@@ -281,10 +343,13 @@ def device_verdict(device: torch.device, path: Path | None = None,
 
 
 @contextlib.contextmanager
-def cuda_makers(device: torch.device, graph=None) -> Iterator[tuple[BatchMaker, BatchMaker]]:
-    """(kernels, torch path) batch makers over the check graph pinned for `device`, for as long as the block runs."""
+def cuda_makers(device: torch.device, graph=None) -> Iterator[tuple[BatchMaker, BatchMaker, RowGather]]:
+    """(kernels, torch path) batch makers over the check graph pinned for `device`, and the kernels' row gather,
+    for as long as the block runs. The kernels are called as the GPU batcher calls them (its cached entry points,
+    here with an empty cache)."""
     from morphpipe.sampling import torch_sampler
     from morphpipe.sampling.cpu_batcher import blocks_from_native
+    from morphpipe.sampling.gpu_cache import CachePlan, GpuCache
     from morphpipe.sampling.pinning import HostPinning
     from morphpipe.sampling.zero_copy import cuda_view
 
@@ -293,19 +358,26 @@ def cuda_makers(device: torch.device, graph=None) -> Iterator[tuple[BatchMaker, 
     parts = {"indptr": graph.indptr, "indices": graph.indices, "features": graph.features, "labels": graph.labels}
     with torch.cuda.device(device), HostPinning(parts) as pinned:
         views = torch_sampler.GraphTensors(**{name: cuda_view(pinned[name], device) for name in parts})
+        cache = GpuCache(CachePlan.empty(), graph.indptr, graph.indices, graph.features, device)
+        no_cache = torch.empty(0, dtype=torch.int32, device=device)
 
         def kernels(seeds: torch.Tensor, fanouts: Sequence[int], seed: int) -> MiniBatch:
             on_device = seeds.to(device)
-            input_nodes, indptrs, indices = ops.sample_neighbors(pinned["indptr"], pinned["indices"], on_device,
-                                                                 list(fanouts), seed)
-            x = ops.gather_rows(pinned["features"], input_nodes)
-            y = ops.gather_rows(pinned["labels"].view(-1, 1), on_device).view(-1)
+            input_nodes, indptrs, indices = ops.sample_neighbors_cached(
+                pinned["indptr"], pinned["indices"], on_device, list(fanouts), seed,
+                cache.adjacency_slot, cache.adjacency_indptr, cache.adjacency_indices)
+            x = ops.gather_rows_cached(pinned["features"], input_nodes, cache.feature_slot, cache.feature_rows, False)
+            y = ops.gather_rows_cached(pinned["labels"].view(-1, 1), on_device, no_cache, no_cache, False).view(-1)
             return MiniBatch(on_device, input_nodes, blocks_from_native(input_nodes.numel(), indptrs, indices), x, y)
 
         def reference(seeds: torch.Tensor, fanouts: Sequence[int], seed: int) -> MiniBatch:
             return torch_sampler.make_batch(views, seeds.to(device), fanouts, seed)
 
-        yield kernels, reference
+        def gather(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            with HostPinning({"table": table}) as pinned_table:
+                return ops.gather_rows_cached(pinned_table["table"], ids.to(device), no_cache, no_cache, False).cpu()
+
+        yield kernels, reference, gather
         torch.cuda.synchronize(device)
 
 
@@ -334,5 +406,5 @@ def verdict_rows(path: Path | None = None) -> list[tuple[str, str]]:
     return rows
 
 
-__all__ = ["Verdict", "check_graph", "cuda_makers", "device_verdict", "host_maker", "register_self_check",
-           "run_self_check", "sampler_problem", "structure_problem", "verdict_rows"]
+__all__ = ["Verdict", "check_graph", "cuda_makers", "device_verdict", "gather_problem", "host_maker",
+           "register_self_check", "run_self_check", "sampler_problem", "structure_problem", "verdict_rows"]

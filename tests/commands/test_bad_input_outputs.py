@@ -207,3 +207,27 @@ def test_replacing_file_and_directory_clean_up_after_an_exception(tmp_path) -> N
         (staging / "b.npy").write_text("new")
     assert [path.name for path in folder.iterdir()] == ["b.npy"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["folder", "result.json"]
+
+
+def test_a_stale_staging_directory_of_a_reused_pid_does_not_block(tmp_path) -> None:
+    """A killed run leaves `.NAME.partial-PID` behind; a later process that gets the same PID replaces it."""
+    folder = tmp_path / "folder"
+    stale = outputs.partial_path(folder)
+    stale.mkdir()
+    (stale / "half.npy").write_text("half")
+    with outputs.replacing_directory(folder) as staging:
+        (staging / "a.npy").write_text("new")
+    assert [path.name for path in folder.iterdir()] == ["a.npy"]
+    assert [path.name for path in tmp_path.iterdir()] == ["folder"]
+
+
+def test_replacing_a_directory_without_renameat2_leaves_only_the_new_one(tmp_path, monkeypatch) -> None:
+    """Where RENAME_EXCHANGE is unavailable, two renames swap the directories; the old one is then removed."""
+    monkeypatch.setattr(outputs, "_rename_exchange", lambda first, second: False)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "old.npy").write_bytes(OLD)
+    with outputs.replacing_directory(folder) as staging:
+        (staging / "new.npy").write_text("new")
+    assert [path.name for path in folder.iterdir()] == ["new.npy"]
+    assert [path.name for path in tmp_path.iterdir()] == ["folder"]

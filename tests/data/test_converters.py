@@ -205,3 +205,35 @@ def test_pyg_float_targets_are_refused():
     data = torch_geometric.data.Data(x=torch.ones(4, 2), y=torch.rand(4), edge_index=torch.tensor([SRC, DST]))
     with pytest.raises(GraphValidationError, match="data.y"):
         from_pyg(data)
+
+
+def test_float_labels_with_nan_are_unlabelled_nodes():
+    labels = np.array([0.0, np.nan, 1.0, 1.0])
+    store = from_edge_list(np.array([SRC, DST]), features=FEATURES, labels=labels,
+                           splits={"train": [0, 2], "val": [3], "test": []})
+    assert store.labels.tolist() == [0, -1, 1, 1] and store.num_classes == 2
+
+
+def test_pyg_masks_of_several_splits_use_the_first():
+    torch_geometric = pytest.importorskip("torch_geometric")
+    def columns(first, second):
+        return torch.tensor([first, second], dtype=torch.bool).T
+
+    data = torch_geometric.data.Data(  # column 0: train 0, 1, val 2, test 3; column 1: train 2, 3, val 0, test 1
+        x=torch.from_numpy(FEATURES), y=torch.from_numpy(LABELS), edge_index=torch.tensor([SRC, DST]),
+        train_mask=columns([1, 1, 0, 0], [0, 0, 1, 1]), val_mask=columns([0, 0, 1, 0], [1, 0, 0, 0]),
+        test_mask=columns([0, 0, 0, 1], [0, 1, 0, 0]))
+    with pytest.warns(UserWarning, match="holds 2 splits; using the first"):
+        store = from_pyg(data)
+    assert (store.train_idx.tolist(), store.val_idx.tolist(), store.test_idx.tolist()) == ([0, 1], [2], [3])
+
+
+def test_node_count_covers_feature_rows_beyond_the_last_edge():
+    """Nodes 4 and 5 have features and labels but no edges: they are nodes all the same."""
+    store = from_edge_list(np.array([SRC, DST]), features=np.ones((6, 2), dtype=np.float32),
+                           labels=np.array([0, 1, 1, 0, 1, 0]), splits={"train": [0, 5], "val": [4], "test": []})
+    assert store.num_nodes == 6 and neighbours(store)[4:] == [[], []]
+    store = from_edge_list(np.array([SRC, DST]), features=np.ones((6, 2), dtype=np.float32),
+                           splits={"train": [0, 5], "val": [4], "test": []},
+                           options=ConvertOptions(num_classes=2))
+    assert store.num_nodes == 6

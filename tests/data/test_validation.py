@@ -122,6 +122,17 @@ def test_non_finite_scan_is_chunked_over_a_memory_mapped_file(tmp_path, monkeypa
 def test_large_values_are_finite():
     features = torch.full((5, 4), 60000.0, dtype=torch.float16)
     make_store(features=features).validate()
+    # bfloat16 keeps float32's exponent range: 1e38 and 2^127 are finite there (float16's would overflow).
+    for value in (1e38, 2.0 ** 127, -3e38):
+        make_store(features=torch.full((5, 4), value, dtype=torch.bfloat16)).validate()
+
+
+def test_out_of_range_positions_are_counted_across_scan_chunks(monkeypatch):
+    """The scan reads 2 int64 values per chunk; the bad value's position is counted from the array's start."""
+    monkeypatch.setattr(validation, "SCAN_CHUNK_BYTES", 16)
+    expect_error(make_store(indices=torch.tensor([4, 0, 1, 2, 9])), "indices", "value 9 at position 4")
+    expect_error(make_store(labels=torch.tensor([0, 1, 2, 0, 7])), "labels", "node 4 has label 7")
+    expect_error(make_store(test_idx=torch.tensor([3, 4, 4, 9])), "test_idx", "node id 9 at position 3")
 
 
 def test_split_ids_out_of_range():

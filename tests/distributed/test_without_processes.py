@@ -65,6 +65,17 @@ def test_split_errors_name_the_fix() -> None:
         apportion(10, [1.0, 0.0])
 
 
+def test_apportion_gives_the_leftover_seeds_to_the_largest_remainders() -> None:
+    # By hand: 10 seeds by weights 1:2:4 are quotas 1.43, 2.86, 5.71; floors 1, 2, 5 leave two seeds, which go to
+    # the largest remainders (.86, then .71), not the smallest.
+    assert apportion(10, [1.0, 2.0, 4.0]) == [1, 3, 6]
+    # 11 by 3:3:5: quotas 3.0, 3.0, 5.0 exactly; 9 by 1:1:1:1:5: quotas 1, 1, 1, 1, 5.
+    assert apportion(11, [3.0, 3.0, 5.0]) == [3, 3, 5]
+    assert apportion(9, [1.0, 1.0, 1.0, 1.0, 5.0]) == [1, 1, 1, 1, 5]
+    # 8 by 1:1:1: quotas 2.67 each: the two extra seeds go to the lowest ranks on a tie.
+    assert apportion(8, [1.0, 1.0, 1.0]) == [3, 3, 2]
+
+
 def test_exactly_once_check_names_the_seeds() -> None:
     check_exactly_once(torch.ones(5, dtype=torch.int32), 0)
     with pytest.raises(RuntimeError, match=r"epoch 2: 2 training seeds .*seed #1 x2, seed #3 x0"):
@@ -86,7 +97,21 @@ def test_launcher_environments() -> None:
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.launcher) == (3, 4, 1, 2, "mpirun")
 
 
+def test_launcher_defaults_and_addresses() -> None:
+    """Without LOCAL_RANK / LOCAL_WORLD_SIZE every rank is on one node: its local rank is its rank; an IPv6
+    address is bracketed in the rendezvous URL."""
+    one_node = {key: value for key, value in TORCHRUN.items() if not key.startswith("LOCAL_")}
+    env = detect(one_node)
+    assert (env.rank, env.local_rank, env.local_world_size) == (1, 1, 2)
+    ompi = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "MASTER_ADDR": "node0", "MASTER_PORT": "1234"}
+    env = detect(ompi)
+    assert (env.rank, env.local_rank, env.local_world_size) == (2, 2, 3)
+    assert detect({**TORCHRUN, "MASTER_ADDR": "fe80::1"}).init_method == "tcp://[fe80::1]:29500"
+    assert detect({**TORCHRUN, "MASTER_ADDR": "::1"}).init_method == "tcp://[::1]:29500"
+
+
 @pytest.mark.parametrize("change, message", [
+    ({"MASTER_PORT": "0"}, "MASTER_PORT='0' must be a TCP port in 1..65535"),
     ({"RANK": "2"}, r"RANK=2 must lie in \[0, WORLD_SIZE=2\)"),
     ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
     ({"MASTER_PORT": None}, "MASTER_PORT is not set while MASTER_ADDR is"),

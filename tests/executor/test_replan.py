@@ -181,3 +181,70 @@ def test_a_quiet_profile_is_never_taken_again() -> None:
     replanner = Replanner(slow, reprofile=lambda: pytest.fail("a profile from a quiet machine was taken again"))
     plan = plan_from_profile(slow, engine="fast")
     assert not replanner.observe(run_epoch(quiet, plan, 0), plan).reprofiled
+
+
+def observe_ratios(replanner: Replanner, plan: Plan, ratios: list[float], monkeypatch) -> list[float]:
+    """Feeds epochs whose CPU batching took `ratios` times what the profile predicts; the estimate after each."""
+    from types import SimpleNamespace
+
+    from morphpipe.executor import replan
+    from morphpipe.profiler.profile import PhaseTiming
+
+    predicted = replan.predicted_phases(replanner.profile, plan)["cpu_batch"]
+    factors = []
+    for epoch, ratio in enumerate(ratios):
+        measured = replan.MeasuredPhases(cpu_batch=PhaseTiming.from_samples([ratio * predicted]))
+        monkeypatch.setattr(replan, "measure_phases", lambda result, plan, measured=measured: measured)
+        replanner.observe(SimpleNamespace(epoch=epoch), plan)
+        factors.append(replanner.factors["cpu_batch"])
+    return factors
+
+
+def test_the_estimate_smooths_small_changes_and_jumps_on_a_level_shift(monkeypatch) -> None:
+    """By the definition: a ratio within `shift` of the estimate moves it by `smoothing` of the difference; one
+    further away replaces it, and later small changes are measured from the new level."""
+    profile = profile_of(**BEFORE)
+    plan = plan_from_profile(profile, engine="fast")
+    replanner = Replanner(profile, smoothing=0.2, shift=0.25)
+    factors = observe_ratios(replanner, plan, [1.1, 2.0, 2.2, 2.2], monkeypatch)
+    assert factors == pytest.approx([1.02, 2.0, 2.04, 2.072])
+
+
+def test_a_busy_profile_is_taken_again_when_a_phase_ran_faster_by_more_than_the_gain(monkeypatch) -> None:
+    busy, quiet = busy_and_quiet_profiles()
+    plan = plan_from_profile(busy, engine="fast")
+    calls = []
+    slightly = Replanner(busy, reprofile=lambda: calls.append("slightly") or quiet, reprofile_gain=0.15)
+    observe_ratios(slightly, plan, [0.9, 0.9, 0.9], monkeypatch)  # the estimate nears 0.9: within the gain
+    clearly = Replanner(busy, reprofile=lambda: calls.append("clearly") or quiet, reprofile_gain=0.15)
+    observe_ratios(clearly, plan, [0.7], monkeypatch)  # a level shift to 0.7: the co-tenant has gone
+    assert calls == ["clearly"] and clearly.decisions[0].reprofiled and not slightly.decisions[0].reprofiled
+
+
+def test_batching_time_per_batch_divides_by_the_threads_only_when_they_run_side_by_side() -> None:
+    """Records of 40 ms builds: with 2 batching threads beside training, a batch is delivered every 20 ms; when
+    batching and training take turns on the cores, each build is the delivered time."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    profile = Profile.synthetic(t_cb=0.04, t_m=0.08, cores=2, device="cpu", num_batches=4)
+    plan = plan_from_profile(profile, engine="fast")
+    records = [SimpleNamespace(phase="batch", device="cpu", start=k, end=k + 0.04) for k in range(4)]
+    result = SimpleNamespace(trace=records, build_s=[])
+    side_by_side = dataclasses.replace(plan, cpu_threads=2, shares_cores=False)
+    taking_turns = dataclasses.replace(plan, cpu_threads=2, shares_cores=True)
+    assert measure_phases(result, side_by_side).cpu_batch.mean_s == pytest.approx(0.02)
+    assert measure_phases(result, taking_turns).cpu_batch.mean_s == pytest.approx(0.04)
+
+
+def test_uva_transfer_scales_with_gpu_batching_and_schedules_differ_in_any_field() -> None:
+    import dataclasses
+
+    profile = profile_of(**BEFORE).replaced(uva_transfer_s=0.002)  # the transfer part of a UVA batch
+    scaled = rescaled_profile(profile, {"gpu_batch": 3.0, "train": 0.5})
+    assert scaled.uva_transfer_s == pytest.approx(3.0 * profile.uva_transfer_s)
+    plan = plan_from_profile(profile, engine="fast")
+    assert same_schedule(plan, dataclasses.replace(plan))
+    for change in ({"cbs": plan.cbs + 1}, {"gbs": plan.gbs + 1}, {"n_cpu": plan.n_cpu + 1, "n_gpu": plan.n_gpu - 1},
+                   {"cpu_threads": plan.cpu_threads + 1}, {"shares_cores": not plan.shares_cores}):
+        assert not same_schedule(plan, dataclasses.replace(plan, **change)), change

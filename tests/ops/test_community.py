@@ -164,6 +164,10 @@ def test_partition_cached_on_disk(tmp_path, monkeypatch):
     files[0].write_bytes(b"not an npy file")
     third, _ = cached_partition(indptr, indices, 50, 8, "bfs", tmp_path)
     np.testing.assert_array_equal(first, third)
+    for wrong in (np.zeros(49, dtype=np.int64), np.zeros((50, 2), dtype=np.int64), first.astype(np.int32)):
+        np.save(files[0], wrong)  # a readable array that cannot be this graph's membership
+        again, _ = cached_partition(indptr, indices, 50, 8, "bfs", tmp_path)
+        np.testing.assert_array_equal(first, again)
 
 
 def test_graph_block_survives_to_and_keeps_decompositions():

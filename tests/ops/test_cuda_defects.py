@@ -59,6 +59,35 @@ def test_anonymous_and_shared_file_memory_is_accepted(tmp_path):
     check_registrable("features", shared, read_only_supported=False)
 
 
+class RecordingCudaHost:
+    """Stands in for the native module's cudaHostRegister / cudaHostUnregister and records the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def cuda_host_register(self, tensor: torch.Tensor, read_only: bool) -> str:
+        self.calls.append(("register", tensor.data_ptr()))
+        return ""
+
+    def cuda_host_unregister(self, tensor: torch.Tensor) -> str:
+        self.calls.append(("unregister", tensor.data_ptr()))
+        return ""
+
+
+def test_a_shared_registration_is_undone_by_its_last_user_only():
+    """Two batchers over one graph register its features once; the first to close must not unpin them."""
+    from morphpipe.sampling.pinning import _Registrations
+
+    host, registrations, features = RecordingCudaHost(), _Registrations(), torch.ones(64, 4)
+    address = features.data_ptr()
+    assert registrations.acquire(host, features, True) == "" and registrations.acquire(host, features, True) == ""
+    assert host.calls == [("register", address)]
+    assert registrations.release(host, features) == ""
+    assert host.calls == [("register", address)] and registrations.holds(features), "the other user still reads it"
+    assert registrations.release(host, features) == ""
+    assert host.calls == [("register", address), ("unregister", address)] and not registrations.holds(features)
+
+
 # --- native build cache key -----------------------------------------------------------------------------------
 
 

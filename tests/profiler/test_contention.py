@@ -36,6 +36,16 @@ def test_other_processes_or_steal_are_flagged() -> None:
         ContentionMonitor().stop()
 
 
+def test_shares_are_of_our_cores() -> None:
+    """On 8 cores, one core of other work is 12.5% of them and 5% stolen per core is under the 10% threshold:
+    quiet; two and a half cores of other work (31%) is busy."""
+    one_of_eight = fake_machine(other_cores=1.0, cores=8).start().stop()
+    assert one_of_eight.other_cores == pytest.approx(1.0) and not one_of_eight.busy
+    stolen = fake_machine(other_cores=0.0, steal_share=0.05, cores=4).start().stop()
+    assert stolen.steal_share == pytest.approx(0.05) and not stolen.busy
+    assert fake_machine(other_cores=2.5, cores=8).start().stop().busy
+
+
 def test_a_cpu_burner_beside_us_is_flagged() -> None:
     cpus = our_cpus()
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in cpus]
