@@ -223,7 +223,7 @@ def test_two_ranks_agree_when_only_one_rank_meets_a_non_finite_value(tmp_path) -
     out of range (its loss stays finite), and rank 0 must stop or skip the same step."""
     script = tmp_path / "rank.py"
     script.write_text(RANK.format(tests=str(Path(__file__).parent), store=tmp_path / "store"))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # the repository root
     ranks = [subprocess.Popen([sys.executable, str(script), str(rank)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for rank in range(2)]
     try:
