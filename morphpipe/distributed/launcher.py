@@ -2,7 +2,8 @@
 
 When a rank exits with an error, the others get `grace_s` seconds to notice the broken
 collective and stop on their own, then they are terminated: no rank outlives a failed one
-for long, and the launcher exits with the first failing rank's status.
+for long, and the launcher names the first failing rank and how it ended (its exit status, or the
+signal that killed it) and exits with that status (128 + N for signal N, as a shell reports it).
 """
 from __future__ import annotations
 
@@ -57,10 +58,21 @@ def launch(command: Sequence[str], nproc: int, *, grace_s: float = 5.0, env: Map
     if failed is None:
         failed = next(((r, p.returncode) for r, p in enumerate(processes) if p.returncode != 0), None)
     if failed is not None:
-        print(f"morphpipe: rank {failed[0]} of {nproc} exited with status {failed[1]}; stopped the run",
+        print(f"morphpipe: rank {failed[0]} of {nproc} {exit_description(failed[1])}; stopped the run",
               file=sys.stderr, flush=True)
-        return failed[1] if failed[1] > 0 else 1
+        return failed[1] if failed[1] > 0 else 128 - failed[1]
     return 0
+
+
+def exit_description(returncode: int) -> str:
+    """How a rank ended, from its Popen return code: 'exited with status N' or 'was killed by SIGKILL (signal 9)'."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "an unknown signal"
+    return f"was killed by {name} (signal {-returncode})"
 
 
 class Terminated(KeyboardInterrupt):

@@ -32,6 +32,7 @@ from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.stats import EpochStats
+from morphpipe.executor.stopping import StepStop, StopRequest, TrainingStopped
 from morphpipe.executor.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
@@ -129,7 +130,8 @@ class Trainer:
     `model_spec` (build_model's arguments) is saved with it so `morphpipe evaluate` can rebuild the
     model. `eval_mode` is how `evaluate` measures by default: "sampled" or "full" (exact).
     With a `replanner`, every epoch's measured phase times feed it, and the next epoch runs the
-    plan it switches to (`self.plan` is always the plan in force).
+    plan it switches to (`self.plan` is always the plan in force). When `stop` is requested, `fit`
+    raises TrainingStopped after the current step (dropping the unfinished epoch) or epoch (checkpointed).
     """
 
     def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
@@ -138,7 +140,8 @@ class Trainer:
                  device: str | torch.device | None = None, seed: int = 0, gpu_batcher: GpuBatcherFactory | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
                  progress: bool = True, log: Callable[[str], None] | None = None, eval_mode: str = "sampled",
-                 model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None) -> None:
+                 model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None,
+                 stop: StopRequest | None = None) -> None:
         self.graph = graph
         self.plan = plan
         self.fanouts = check_fanouts(fanouts)
@@ -160,6 +163,7 @@ class Trainer:
         self.cores = usable_cores()
         self.gpu_batcher = gpu_batcher
         self.replanner = replanner
+        self.stop = stop
         self.executor = self._executor(plan)
 
     def _executor(self, plan: Plan) -> Executor:
@@ -202,9 +206,13 @@ class Trainer:
             validate = False
         first = self._resume()
         for epoch in range(first, epochs):
-            with torch_threads(training_threads(self.plan)):
-                result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
-                val_acc = self.evaluate("val") if validate else None
+            try:
+                with torch_threads(training_threads(self.plan)):
+                    result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
+                    val_acc = self.evaluate("val") if validate else None
+            except StepStop as stopped:
+                raise self._stopped(epoch, f"during epoch {epoch + 1} after {stopped.steps} of "
+                                           f"{self.plan.num_batches} steps (that epoch is dropped)") from None
             stats = self._stats(result, val_acc, cpu_share, op_choices)
             if self.replanner is not None and epoch + 1 < epochs:
                 decision = self.replanner.observe(result, self.plan)
@@ -215,7 +223,21 @@ class Trainer:
             self.log(stats.line(epochs))
             if self.checkpoints is not None:
                 self.save(epoch + 1)
+            if self.stop is not None and self.stop.requested and epoch + 1 < epochs:
+                raise self._stopped(epoch + 1, f"after epoch {epoch + 1}")
         return self.history
+
+    def _stopped(self, epochs_done: int, where: str) -> TrainingStopped:
+        """The TrainingStopped for a stop `where` with `epochs_done` completed: what is kept and how to resume."""
+        reason = f"stopped by {self.stop.reason or 'request'} {where}" if self.stop is not None else f"stopped {where}"
+        if self.checkpoints is None:
+            return TrainingStopped(f"{reason}; nothing was saved (no checkpoint directory was given): a rerun starts "
+                                   "over", epochs_done)
+        if epochs_done == 0:
+            return TrainingStopped(f"{reason}; no epoch was completed, so there is no checkpoint in "
+                                   f"{self.checkpoints.directory} yet: a rerun starts over", epochs_done)
+        return TrainingStopped(f"{reason}; the checkpoint in {self.checkpoints.directory} holds {epochs_done} "
+                               "completed epochs: run the same command again to resume from it", epochs_done)
 
     def _train_epoch(self, epoch: int, epochs: int) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
         """One epoch through the executor, with a progress bar; also the process's CPU utilisation and op choices."""
@@ -225,8 +247,14 @@ class Trainer:
         wall_before = time.perf_counter()
         with tqdm(total=self.plan.num_batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                   disable=not self.progress) as bar:
+            steps = 0
+
             def advance(_: InFlight) -> None:
+                nonlocal steps
+                steps += 1
                 bar.update(1)
+                if self.stop is not None and self.stop.requested:
+                    raise StepStop(steps)
 
             result = self.executor.run_epoch(epoch, on_step=advance)
         wall = time.perf_counter() - wall_before
