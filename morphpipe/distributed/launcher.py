@@ -39,7 +39,7 @@ def launch(command: Sequence[str], nproc: int, *, grace_s: float = 5.0, env: Map
     deadline: float | None = None
     previous = _stop_on_sigterm()
     try:
-        while any(p.poll() is None for p in processes):
+        while [p.poll() for p in processes].count(None):  # poll every rank: `any` would stop at the first live one
             if failed is None:
                 failed = next(((r, p.returncode) for r, p in enumerate(processes)
                                if p.returncode not in (None, 0)), None)
