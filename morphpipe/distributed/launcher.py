@@ -41,8 +41,7 @@ def launch(command: Sequence[str], nproc: int, *, grace_s: float = 5.0, env: Map
     try:
         while [p.poll() for p in processes].count(None):  # poll every rank: `any` would stop at the first live one
             if failed is None:
-                failed = next(((r, p.returncode) for r, p in enumerate(processes)
-                               if p.returncode not in (None, 0)), None)
+                failed = first_failure(processes)
                 if failed is not None:
                     deadline = time.monotonic() + grace_s
             if deadline is not None and time.monotonic() > deadline:
@@ -56,12 +55,19 @@ def launch(command: Sequence[str], nproc: int, *, grace_s: float = 5.0, env: Map
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if failed is None:
-        failed = next(((r, p.returncode) for r, p in enumerate(processes) if p.returncode != 0), None)
+        failed = first_failure(processes)
     if failed is not None:
         print(f"morphpipe: rank {failed[0]} of {nproc} {exit_description(failed[1])}; stopped the run",
               file=sys.stderr, flush=True)
         return failed[1] if failed[1] > 0 else 128 - failed[1]
     return 0
+
+
+def first_failure(processes: Sequence[subprocess.Popen]) -> tuple[int, int] | None:
+    """(rank, return code) of the rank to blame among those that ended badly: one a signal killed first (its
+    peers then fail on the broken collective, often before the launcher's next poll), else the lowest rank."""
+    failed = [(rank, p.returncode) for rank, p in enumerate(processes) if p.returncode not in (None, 0)]
+    return min(failed, key=lambda item: (item[1] >= 0, item[0]), default=None)
 
 
 def exit_description(returncode: int) -> str:
