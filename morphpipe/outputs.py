@@ -5,13 +5,15 @@ checkpoints) goes through `replacing_file` or `replacing_directory`: the new res
 under a hidden sibling name (`.NAME.partial-PID`), flushed to disk, then renamed over the old one
 in one step, so a command that fails or is interrupted at any point leaves the previous result
 byte-identical and removes its partial files. A process killed with SIGKILL (or a power cut)
-cannot clean up: it may leave a `.NAME.partial-PID` entry beside the result, never a damaged result.
+cannot clean up: it may leave a `.NAME.partial-PID` entry beside the result, never a damaged result;
+the next replacement of that result (or `remove_stale_partials`) deletes the entries of dead PIDs.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -85,6 +87,43 @@ def partial_path(target: Path) -> Path:
     return target.with_name(f".{target.stem}.partial-{os.getpid()}{target.suffix}")
 
 
+def remove_stale_partials(target: str | os.PathLike) -> list[Path]:
+    """Deletes the partial entries (`.NAME.partial-PID`, `.NAME.old-PID`) of `target` left by dead processes.
+
+    Only names of exactly this pattern for this target are touched, and only when no process with
+    that PID exists (a live one, even of another user, keeps its entry). Returns what was removed.
+    """
+    target = Path(target).expanduser()
+    if not target.parent.is_dir():
+        return []
+    pattern = re.compile(rf"\.{re.escape(target.stem)}\.partial-(\d+){re.escape(target.suffix)}|"
+                         rf"\.{re.escape(target.name)}\.old-(\d+)")
+    removed = []
+    for entry in target.parent.iterdir():
+        match = pattern.fullmatch(entry.name)
+        if match is None or _pid_alive(int(match.group(1) or match.group(2))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with `pid` exists (this one included)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or a PID beyond the system's range: never ours to judge)
+    return True
+
+
 @contextmanager
 def replacing_file(path: str | os.PathLike, option: str = "output") -> Iterator[Path]:
     """Yields a temporary path to write the result to; on success it replaces `path` atomically.
@@ -95,6 +134,7 @@ def replacing_file(path: str | os.PathLike, option: str = "output") -> Iterator[
     temporary = partial_path(target)
     with _errors_named_by_target(target, temporary, option):
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_partials(target)
         try:
             yield temporary
             if not temporary.is_file():
@@ -126,6 +166,7 @@ def replacing_directory(path: str | os.PathLike, option: str = "output") -> Iter
     staging = partial_path(target)
     with _errors_named_by_target(target, staging, option):
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_partials(target)
         if staging.exists():
             shutil.rmtree(staging)
         staging.mkdir()

@@ -458,10 +458,10 @@ MUTANTS: list[dict] = [
          replace='if header.get("sha256") is None:',
          tests=[f"{CHECKPOINT}::test_damaged_checkpoint_is_refused"], ci=False),
     dict(name="outputs-stale-staging-blocks", file="morphpipe/outputs.py",
-         find="""    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()""",
-         replace="""    staging.mkdir()""",
+         find="""        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()""",
+         replace="""        staging.mkdir()""",
          tests=[f"{OUTPUTS}::test_a_stale_staging_directory_of_a_reused_pid_does_not_block"], ci=False),
     dict(name="outputs-two-rename-swap-leaves-the-old-directory", file="morphpipe/outputs.py",
          find="    os.rename(aside, staging)\n",

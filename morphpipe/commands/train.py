@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -89,10 +90,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Loads the data, gets a plan, trains, reports test accuracy (as one rank when a launcher started us)."""
+    """Loads the data, gets a plan, trains, reports test accuracy (as one rank when a launcher started us).
+
+    During mini-batch training SIGTERM stops at the next step or epoch end (see
+    `morphpipe.executor.stopping`): the message says where to resume from; the exit status is 143.
+    """
     if train_distributed.wants_distributed(args):
         return train_distributed.run(args)
     from morphpipe.data import load_dataset
+    from morphpipe.executor.stopping import STOP_EXIT_STATUS, StopRequest, TrainingStopped
     from morphpipe.executor.trainer import Trainer
     from morphpipe.sampling.gpu_batcher import GpuBatcher
 
@@ -118,12 +124,17 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     spec = model_spec(graph, args, settings)
     model = model_from_spec(spec)
-    with Trainer(graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
-                 seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
-                 progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None,
-                 eval_mode=args.eval_mode, model_spec=spec, replanner=replanner,
-                 on_nonfinite=args.on_nonfinite) as trainer:
-        history = trainer.fit(args.epochs)
+    stop = StopRequest()
+    with stop.on_sigterm(), Trainer(
+            graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
+            seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
+            progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None, eval_mode=args.eval_mode,
+            model_spec=spec, replanner=replanner, on_nonfinite=args.on_nonfinite, stop=stop) as trainer:
+        try:
+            history = trainer.fit(args.epochs)
+        except TrainingStopped as stopped:
+            print(f"morphpipe train: {stopped}", file=sys.stderr, flush=True)
+            return STOP_EXIT_STATUS
         test_acc = trainer.evaluate("test") if "test" not in empty else None
         final_plan = trainer.plan
     if args.save_plan is not None:

@@ -2,7 +2,8 @@
 
 When a rank exits with an error, the others get `grace_s` seconds to notice the broken
 collective and stop on their own, then they are terminated: no rank outlives a failed one
-for long, and the launcher exits with the first failing rank's status.
+for long, and the launcher names the first failing rank and how it ended (its exit status, or the
+signal that killed it) and exits with that status (128 + N for signal N, as a shell reports it).
 """
 from __future__ import annotations
 
@@ -38,10 +39,9 @@ def launch(command: Sequence[str], nproc: int, *, grace_s: float = 5.0, env: Map
     deadline: float | None = None
     previous = _stop_on_sigterm()
     try:
-        while any(p.poll() is None for p in processes):
+        while [p.poll() for p in processes].count(None):  # poll every rank: `any` would stop at the first live one
             if failed is None:
-                failed = next(((r, p.returncode) for r, p in enumerate(processes)
-                               if p.returncode not in (None, 0)), None)
+                failed = first_failure(processes)
                 if failed is not None:
                     deadline = time.monotonic() + grace_s
             if deadline is not None and time.monotonic() > deadline:
@@ -55,12 +55,30 @@ def launch(command: Sequence[str], nproc: int, *, grace_s: float = 5.0, env: Map
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if failed is None:
-        failed = next(((r, p.returncode) for r, p in enumerate(processes) if p.returncode != 0), None)
+        failed = first_failure(processes)
     if failed is not None:
-        print(f"morphpipe: rank {failed[0]} of {nproc} exited with status {failed[1]}; stopped the run",
+        print(f"morphpipe: rank {failed[0]} of {nproc} {exit_description(failed[1])}; stopped the run",
               file=sys.stderr, flush=True)
-        return failed[1] if failed[1] > 0 else 1
+        return failed[1] if failed[1] > 0 else 128 - failed[1]
     return 0
+
+
+def first_failure(processes: Sequence[subprocess.Popen]) -> tuple[int, int] | None:
+    """(rank, return code) of the rank to blame among those that ended badly: one a signal killed first (its
+    peers then fail on the broken collective, often before the launcher's next poll), else the lowest rank."""
+    failed = [(rank, p.returncode) for rank, p in enumerate(processes) if p.returncode not in (None, 0)]
+    return min(failed, key=lambda item: (item[1] >= 0, item[0]), default=None)
+
+
+def exit_description(returncode: int) -> str:
+    """How a rank ended, from its Popen return code: 'exited with status N' or 'was killed by SIGKILL (signal 9)'."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "an unknown signal"
+    return f"was killed by {name} (signal {-returncode})"
 
 
 class Terminated(KeyboardInterrupt):

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from morphpipe.documents import parse_json
-from morphpipe.outputs import check_output_dir, replacing_file
+from morphpipe.outputs import check_output_dir, remove_stale_partials, replacing_file
 
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = "morphpipe-checkpoint"
@@ -271,7 +271,10 @@ class Checkpointing:
         return entries
 
     def load(self) -> TrainingState | None:
-        """The checkpoint in the directory, or None when there is none yet."""
+        """The checkpoint in the directory, or None when there is none yet; first removes the partial
+        checkpoint files that killed writers left there (`remove_stale_partials`)."""
+        for stale in remove_stale_partials(self.directory / CHECKPOINT_FILE):
+            self.log(f"removed {stale}, a partial checkpoint left by a process that was killed while writing it")
         return load_checkpoint(self.directory)
 
     def resume(self, meta: dict[str, Any]) -> TrainingState | None:

@@ -33,6 +33,7 @@ from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.stats import EpochStats
+from morphpipe.executor.stopping import StepStop, StopRequest, TrainingStopped
 from morphpipe.nn.finite_guard import FiniteGuard
 from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
@@ -133,6 +134,8 @@ class Trainer:
     plan it switches to (`self.plan` is always the plan in force). `on_nonfinite` is what a step with
     labels outside the classes or a NaN/infinite loss or gradient does: "stop" (a NonFiniteError naming
     the epoch, batch and seeds) or "skip-batch" (no update; counted in the epoch's stats).
+    When `stop` is requested, `fit` raises TrainingStopped after the current step (dropping the
+    unfinished epoch) or epoch (checkpointed).
     """
 
     def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
@@ -142,7 +145,7 @@ class Trainer:
                  checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
                  progress: bool = True, log: Callable[[str], None] | None = None, eval_mode: str = "sampled",
                  model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None,
-                 on_nonfinite: str = "stop") -> None:
+                 on_nonfinite: str = "stop", stop: StopRequest | None = None) -> None:
         self.graph = graph
         self.plan = plan
         self.fanouts = check_fanouts(fanouts)
@@ -165,6 +168,7 @@ class Trainer:
         self.cores = usable_cores()
         self.gpu_batcher = gpu_batcher
         self.replanner = replanner
+        self.stop = stop
         self.executor = self._executor(plan)
 
     def _executor(self, plan: Plan) -> Executor:
@@ -208,9 +212,13 @@ class Trainer:
         first = self._resume()
         for epoch in range(first, epochs):
             self.guard.start_epoch(epoch)
-            with torch_threads(training_threads(self.plan)):
-                result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
-                val_acc = self.evaluate("val") if validate else None
+            try:
+                with torch_threads(training_threads(self.plan)):
+                    result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
+                    val_acc = self.evaluate("val") if validate else None
+            except StepStop as stopped:
+                raise self._stopped(epoch, f"during epoch {epoch + 1} after {stopped.steps} of "
+                                           f"{self.plan.num_batches} steps (that epoch is dropped)") from None
             stats = self._stats(result, val_acc, cpu_share, op_choices)
             if self.replanner is not None and epoch + 1 < epochs:
                 decision = self.replanner.observe(result, self.plan)
@@ -221,7 +229,21 @@ class Trainer:
             self.log(stats.line(epochs))
             if self.checkpoints is not None:
                 self.save(epoch + 1)
+            if self.stop is not None and self.stop.requested and epoch + 1 < epochs:
+                raise self._stopped(epoch + 1, f"after epoch {epoch + 1}")
         return self.history
+
+    def _stopped(self, epochs_done: int, where: str) -> TrainingStopped:
+        """The TrainingStopped for a stop `where` with `epochs_done` completed: what is kept and how to resume."""
+        reason = f"stopped by {self.stop.reason or 'request'} {where}" if self.stop is not None else f"stopped {where}"
+        if self.checkpoints is None:
+            return TrainingStopped(f"{reason}; nothing was saved (no checkpoint directory was given): a rerun starts "
+                                   "over", epochs_done)
+        if epochs_done == 0:
+            return TrainingStopped(f"{reason}; no epoch was completed, so there is no checkpoint in "
+                                   f"{self.checkpoints.directory} yet: a rerun starts over", epochs_done)
+        return TrainingStopped(f"{reason}; the checkpoint in {self.checkpoints.directory} holds {epochs_done} "
+                               "completed epochs: run the same command again to resume from it", epochs_done)
 
     def _train_epoch(self, epoch: int, epochs: int) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
         """One epoch through the executor, with a progress bar; also the process's CPU utilisation and op choices."""
@@ -231,8 +253,14 @@ class Trainer:
         wall_before = time.perf_counter()
         with tqdm(total=self.plan.num_batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                   disable=not self.progress) as bar:
+            steps = 0
+
             def advance(_: InFlight) -> None:
+                nonlocal steps
+                steps += 1
                 bar.update(1)
+                if self.stop is not None and self.stop.requested:
+                    raise StepStop(steps)
 
             result = self.executor.run_epoch(epoch, on_step=advance)
         wall = time.perf_counter() - wall_before

@@ -21,6 +21,7 @@ import torch
 from morphpipe.data import PRESETS, GraphStore, generate
 from morphpipe.distributed.env import free_port
 from morphpipe.distributed.launcher import launch, rank_environment
+from morphpipe.executor.checkpoint import load_checkpoint
 from morphpipe.nn.train_step import TrainStep
 from morphpipe.profiler import Profile
 from morphpipe.sampling.cpu_batcher import sample_neighbors
@@ -117,6 +118,23 @@ def test_a_failing_rank_stops_both_and_the_killed_run_resumes_to_the_same_result
     resumed = torch.load(out / "rank0.pt")
     assert resumed["history"] == EPOCHS
     check_same(resumed["params"], reference)
+
+
+def test_a_sigkilled_rank_is_named_the_other_stopped_and_the_resumed_run_is_the_same(dataset, workdir, reference,
+                                                                                   capfd) -> None:
+    out, checkpoint = workdir / "sigkill", workdir / "sigkill-checkpoint"
+    steps = -(-1800 // worker.GLOBAL_BATCH)
+    status = run_worker(dataset, out, "even", EPOCHS, "--checkpoint", str(checkpoint), "--kill-at", str(steps + 3))
+    ended = time.time()
+    assert status == 128 + 9
+    assert "rank 1 of 2 was killed by SIGKILL (signal 9); stopped the run" in capfd.readouterr().err
+    assert ended - float((out / "failed_at").read_text()) < 10.0, "rank 0 is stopped, not left in a collective"
+    assert load_checkpoint(checkpoint).epoch == 1 and not (out / "rank0.pt").exists()
+    assert run_worker(dataset, out, "even", EPOCHS, "--checkpoint", str(checkpoint)) == 0
+    resumed = torch.load(out / "rank0.pt")
+    assert resumed["history"] == EPOCHS
+    check_same(resumed["params"], reference)
+    assert not list(checkpoint.glob(".*partial-*"))
 
 
 def train_command(dataset: Path, workdir: Path, name: str) -> list[str]:

@@ -1,16 +1,18 @@
 """One rank of the distributed tests (launched twice by tests/distributed/test_runs.py; not a test module).
 
-usage: distributed_worker.py DATASET OUTDIR SPLIT EPOCHS [--checkpoint DIR] [--fail-at STEP]
+usage: distributed_worker.py DATASET OUTDIR SPLIT EPOCHS [--checkpoint DIR] [--fail-at STEP] [--kill-at STEP]
 
 GraphSAGE with every neighbour sampled (fanouts -1,-1) and no dropout, so a batch's gradient
 does not depend on how it is cut between ranks; weights 2:1 for the weighted split; a
 synthetic one-core CPU profile plans each rank. `--fail-at K` makes rank 1's loss raise on its
-K-th training step (counted from the start of this run). Each rank writes OUTDIR/rank{r}.pt:
+K-th training step (counted from the start of this run); `--kill-at K` makes rank 1 SIGKILL itself there. Each rank writes OUTDIR/rank{r}.pt:
 its parameters and the seeds of each step of its last epoch.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -52,6 +54,9 @@ def main(args: argparse.Namespace) -> int:
         if env.rank == 1 and calls[0] == args.fail_at:
             (Path(args.outdir) / "failed_at").write_text(repr(time.time()))
             raise RuntimeError(f"injected failure at step {calls[0]} on rank 1")
+        if env.rank == 1 and calls[0] == args.kill_at:
+            (Path(args.outdir) / "failed_at").write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
         return torch.nn.functional.cross_entropy(logits, labels)
 
     with DistributedTrainer(graph, build(graph), plan, split, fanouts=FANOUTS, predicted_epoch_s=1.0, lr=LR,
@@ -72,5 +77,6 @@ if __name__ == "__main__":
     parser.add_argument("epochs", type=int)
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--fail-at", type=int, default=0)
+    parser.add_argument("--kill-at", type=int, default=0)
     arguments = parser.parse_args()
     raise SystemExit(run_rank(lambda: main(arguments), detect(), program="distributed_worker"))

@@ -1,0 +1,107 @@
+"""Kill -9 and SIGTERM at awkward moments: the resumed run equals an uninterrupted one, nothing is left damaged.
+
+The short form of `scripts/soak_kill.py`: `morphpipe train --checkpoint-dir` on the tiny preset,
+SIGKILLed inside a checkpoint write (held open by the stall hook) and during a training step, then
+resumed to the end, must reach the uninterrupted run's parameters and metrics exactly, with every
+checkpoint readable and no partial file left. This is the one long test here (about 30 s on 2
+cores: four `morphpipe train` processes); the signal path cannot be checked in-process.
+Stale-partial removal and SIGTERM are checked on their own, quickly.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from morphpipe.data import PRESETS, generate
+from morphpipe.distributed.launcher import exit_description
+from morphpipe.executor.checkpoint import load_checkpoint
+from morphpipe.executor.stopping import STOP_EXIT_STATUS
+from morphpipe.outputs import partial_path, remove_stale_partials, replacing_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import soak_kill  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return generate(PRESETS["tiny"].spec, tmp_path_factory.mktemp("kill") / "tiny", progress=False)
+
+
+def dead_pid() -> int:
+    """The PID of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_partials_of_dead_writers_are_removed_and_live_ones_and_lookalikes_kept(tmp_path) -> None:
+    target = tmp_path / "checkpoint.pt"
+    dead, live = dead_pid(), os.getppid()
+    dead_file = tmp_path / f".checkpoint.partial-{dead}.pt"
+    dead_dir = tmp_path / f".checkpoint.pt.old-{dead}"
+    live_file = tmp_path / f".checkpoint.partial-{live}.pt"
+    other_target = tmp_path / f".plan.partial-{dead}.json"
+    lookalike = tmp_path / f".checkpoint.partial-{dead}.pt.bak"
+    for path in (dead_file, live_file, other_target, lookalike):
+        path.write_bytes(b"half")
+    dead_dir.mkdir()
+    (dead_dir / "inside").write_bytes(b"x")
+    assert sorted(remove_stale_partials(target)) == sorted([dead_file, dead_dir])
+    assert live_file.exists() and other_target.exists() and lookalike.exists()
+    with replacing_file(tmp_path / "plan.json") as temporary:  # a replacement clears its own target's leftovers
+        assert temporary == partial_path(tmp_path / "plan.json")
+        temporary.write_text("{}")
+    assert not other_target.exists() and (tmp_path / "plan.json").read_text() == "{}"
+
+
+def test_sigkill_in_a_checkpoint_write_and_in_a_step_then_resume_equals_the_uninterrupted_run(dataset,
+                                                                                             tmp_path) -> None:
+    reference_run = soak_kill.SoakRun(dataset, tmp_path / "reference", epochs=2)
+    soak_kill.finish(reference_run, 300)
+    reference = soak_kill.Outcome.of(reference_run)
+    run = soak_kill.SoakRun(dataset, tmp_path / "killed", epochs=2)
+    where, code = soak_kill.kill_once(run, "checkpoint-write", 0.0, 300)
+    assert code == -signal.SIGKILL and where.startswith("checkpoint write")
+    assert load_checkpoint(run.directory / "checkpoint") is None, "the first checkpoint never replaced anything"
+    assert len(soak_kill.partials(run)) == 1, "the killed writer's partial checkpoint is left behind"
+    where, code = soak_kill.kill_once(run, "step", 0.0, 300)
+    assert code == -signal.SIGKILL and where.startswith("step"), where
+    assert soak_kill.partials(run) == [], "the resume removed the dead writer's partial"
+    soak_kill.finish(run, 300)
+    assert soak_kill.Outcome.of(run).differences(reference) == []
+    assert soak_kill.partials(run) == []
+
+
+def test_sigterm_stops_at_the_next_step_and_says_where_to_resume(dataset, tmp_path) -> None:
+    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2)
+    watched = soak_kill.Watched(run.command(), run.environment())
+    assert watched.wait_for(watched.in_step, 300), watched.lines[-10:]
+    watched.process.send_signal(signal.SIGTERM)
+    assert watched.finish(60) == STOP_EXIT_STATUS
+    text = "\n".join(watched.lines)
+    assert "morphpipe train: stopped by SIGTERM during epoch 1 after" in text and "(that epoch is dropped)" in text
+    assert f"no checkpoint in {tmp_path / 'checkpoint'} yet: a rerun starts over" in text
+    plain = [item for item in run.command() if item != "--checkpoint-dir" and not item.endswith("checkpoint")]
+    watched = soak_kill.Watched(plain, run.environment())
+    assert watched.wait_for(watched.in_step, 300)
+    watched.process.send_signal(signal.SIGTERM)
+    assert watched.finish(60) == STOP_EXIT_STATUS
+    assert "nothing was saved (no checkpoint directory was given)" in "\n".join(watched.lines)
+
+
+def test_the_launcher_names_the_rank_a_signal_killed_and_stops_the_others(tmp_path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text("import os, signal, time\n"
+                      "if os.environ['RANK'] == '1':\n    time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)\n"
+                      "time.sleep(120)\n")
+    result = subprocess.run([sys.executable, "-c", f"import sys; from morphpipe.distributed.launcher import launch; "
+                             f"sys.exit(launch([sys.executable, {str(script)!r}], 2, grace_s=1.0))"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 128 + signal.SIGKILL
+    assert "rank 1 of 2 was killed by SIGKILL (signal 9); stopped the run" in result.stderr
+    assert exit_description(3) == "exited with status 3"
