@@ -78,7 +78,8 @@ def test_sigkill_in_a_checkpoint_write_and_in_a_step_then_resume_equals_the_unin
 
 
 def test_sigterm_stops_at_the_next_step_and_says_where_to_resume(dataset, tmp_path) -> None:
-    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2)
+    # Batches of 8 seeds: an epoch of some 200 steps, so the signal lands inside it on a quiet machine too.
+    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2, batch_size=8)
     watched = soak_kill.Watched(run.command(), run.environment())
     assert watched.wait_for(watched.in_step, 300), watched.lines[-10:]
     watched.process.send_signal(signal.SIGTERM)
