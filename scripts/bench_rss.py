@@ -29,9 +29,10 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between RSS samples (default 0.2)")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-epoch figures here")
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: more `morphpipe train` arguments")
-    args = parser.parse_args()
-    extra = [a for a in args.train_args if a != "--"]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    extra = argv[cut + 1:]  # after --: more `morphpipe train` arguments
     command = [sys.executable, "-m", "morphpipe", "train", args.dataset, "--epochs", str(args.epochs), *extra]
     print("running:", " ".join(command), flush=True)
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)

@@ -16,6 +16,12 @@ def dataset_fingerprint(graph) -> str:
     for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx):
         digest.update(repr(tuple(tensor.shape)).encode())
         if tensor.numel():
-            positions = torch.linspace(0, tensor.numel() - 1, min(SAMPLED_ENTRIES, tensor.numel())).long()
+            positions = sampled_positions(tensor.numel())
             digest.update(tensor.reshape(-1)[positions].to(torch.int64).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def sampled_positions(numel: int) -> torch.Tensor:
+    """Up to SAMPLED_ENTRIES evenly spaced positions in [0, numel), computed in float64: float32 rounds the last
+    position of a 20M-entry tensor past its end."""
+    return torch.linspace(0, numel - 1, min(SAMPLED_ENTRIES, numel), dtype=torch.float64).long()
