@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from typing import NoReturn
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -37,8 +38,9 @@ def start_rank(env: DistEnv, *, cuda: bool = False, timeout_s: float = DEFAULT_T
     return cores
 
 
-def run_rank(main: Callable[[], int], env: DistEnv, program: str = "morphpipe train") -> int:
-    """Runs `main` as rank `env.rank`; on an error prints it with the rank and exits the process with status 1."""
+def run_rank(main: Callable[[], int], env: DistEnv, program: str = "morphpipe train") -> NoReturn:
+    """Runs `main` as rank `env.rank` and ends the process with its status; on an error prints it with the rank and
+    exits with status 1."""
     try:
         status = main()
     except BaseException as error:  # noqa: BLE001 - any failure must stop this rank and, through it, the others
@@ -49,4 +51,13 @@ def run_rank(main: Callable[[], int], env: DistEnv, program: str = "morphpipe tr
         os._exit(1)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return status
+    finish_rank(status)
+
+
+def finish_rank(status: int) -> NoReturn:
+    """Ends a finished rank at once, skipping interpreter finalization: a daemon thread still inside a native
+    call (one that released the GIL) is ended there by pthread_exit, which aborts the whole process ("terminate
+    called without an active exception") after its work is done and reported: seen under load on 2 gloo ranks."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

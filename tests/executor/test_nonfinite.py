@@ -185,6 +185,7 @@ RANK = textwrap.dedent('''
     sys.path.insert(0, {tests!r})
     from test_nonfinite import FEATURES, CLASSES, FANOUTS, LONELY, graph_from_tensors
     from morphpipe.distributed import SeedSplit, local_profile
+    from morphpipe.distributed.runtime import finish_rank
     from morphpipe.distributed.trainer import DistributedTrainer
     from morphpipe.nn import build_model
     from morphpipe.nn.finite_guard import NonFiniteError
@@ -214,7 +215,9 @@ RANK = textwrap.dedent('''
                 result["finite"] = all(bool(torch.isfinite(p).all()) for p in trainer.module.parameters())
             except NonFiniteError as error:
                 result["error"] = str(error)
-    print(json.dumps(results))
+    print(json.dumps(results), flush=True)
+    dist.destroy_process_group()
+    finish_rank(0)
 ''')
 
 
