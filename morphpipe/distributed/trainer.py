@@ -32,6 +32,7 @@ from morphpipe.executor.evaluate import accuracy
 from morphpipe.executor.executor import Executor
 from morphpipe.executor.trainer import GpuBatcherFactory, torch_threads, training_device, training_threads
 from morphpipe.nn.finite_guard import FiniteGuard, skipped_text
+from morphpipe.nn.train_step import TrainStep
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.epochs import epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
@@ -40,47 +41,37 @@ from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan
 
 
-class DistributedStep:
-    """Forward, loss normalised by the global step's seeds, backward (DDP all-reduces), optimizer step.
+class DistributedStep(TrainStep):
+    """TrainStep with the loss normalised by the global step's seeds before backward (DDP all-reduces).
 
     A rank whose labels are out of range or whose loss is not finite makes its loss NaN before
     backward, so the all-reduced gradients are NaN on every rank and the guard's check, made on
     those gradients, stops or skips the step on all ranks alike, with no extra collective.
     """
 
+    after_all_reduce = True
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], split: SeedSplit, n_cpu: int,
                  guard: FiniteGuard | None = None) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.loss_fn = loss_fn
-        self.guard = guard or FiniteGuard()
+        super().__init__(model, optimizer, loss_fn, guard)
         self.rank = dist.get_rank()
         self.split = split
         self.n_cpu = n_cpu
-        self.dtype = next(model.parameters()).dtype
         self.trained: list[torch.Tensor] = []
 
     def step_of(self, batch: MiniBatch) -> int:
         """The global step a batch belongs to: Route 0 holds steps 0..n_cpu-1, Route 1 the rest."""
         return batch.batch_index + (self.n_cpu if batch.route == 1 else 0)
 
-    def __call__(self, batch: MiniBatch) -> torch.Tensor:
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        logits = self.model(batch.blocks, batch.x.to(self.dtype))
-        labels, labels_ok = self.guard.safe_labels(batch.y, logits.shape[-1])
-        loss = self.loss_fn(logits, labels)
+    def backward(self, batch: MiniBatch, loss: torch.Tensor, labels_ok: torch.Tensor) -> None:
         scale = batch.num_seeds * self.split.world_size / self.split.step_total(self.step_of(batch))
         poison = torch.where(labels_ok & torch.isfinite(loss), 1.0, float("nan"))
         (loss * (scale * poison)).backward()
         self.trained.append(batch.seeds.detach().to("cpu"))
-        if not self.guard.allows_update(loss=loss, labels_ok=labels_ok, logits=logits, labels=batch.y, seeds=batch.seeds,
-                                        inputs=(batch.x, batch.input_nodes), model=self.model, after_all_reduce=True,
-                                        where=f"step {self.step_of(batch) + 1} on rank {self.rank}"):
-            return torch.full_like(loss.detach(), float("nan"))
-        self.optimizer.step()
-        return loss.detach()
+
+    def place(self, batch: MiniBatch) -> str:
+        return f"step {self.step_of(batch) + 1} on rank {self.rank}"
 
 
 @dataclass

@@ -63,13 +63,23 @@ class TrainStep:
         logits = self.model(batch.blocks, batch.x.to(self.dtype))
         labels, labels_ok = self.guard.safe_labels(batch.y, logits.shape[-1])
         loss = self.loss_fn(logits, labels)
-        loss.backward()
+        self.backward(batch, loss, labels_ok)
         if not self.guard.allows_update(loss=loss, labels_ok=labels_ok, logits=logits, labels=batch.y, seeds=batch.seeds,
                                         inputs=(batch.x, batch.input_nodes), model=self.model,
-                                        where=batch_place(batch)):
+                                        after_all_reduce=self.after_all_reduce, where=self.place(batch)):
             return torch.full_like(loss.detach(), float("nan"))
         self.optimizer.step()
         return loss.detach()
+
+    after_all_reduce = False  # True where backward all-reduces the gradients (the guard then names every rank)
+
+    def backward(self, batch: MiniBatch, loss: torch.Tensor, labels_ok: torch.Tensor) -> None:
+        """Backpropagates the batch's loss; a data-parallel step scales it first."""
+        loss.backward()
+
+    def place(self, batch: MiniBatch) -> str:
+        """Where `batch` sits, for the guard's messages."""
+        return batch_place(batch)
 
 
 def batch_place(batch: MiniBatch) -> str:
