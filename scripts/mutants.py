@@ -15,7 +15,7 @@ WIDE = "tests/ops/test_wide_and_params.py"
 NN = "tests/nn/test_layer_params.py"
 DIST = "tests/distributed/test_without_processes.py"
 REPLAN = "tests/executor/test_replan.py"
-LAYERWISE = "tests/executor/test_layerwise.py"
+LAYERWISE = "tests/nn/test_layerwise.py"
 COMMUNITY = "tests/ops/test_community.py"
 GPU_BATCHER = "tests/sampling/test_gpu_batcher.py"
 BACKEND = "tests/sampling/test_backend_check.py"
@@ -83,7 +83,7 @@ MUTANTS: list[dict] = [
          find="if after.start < before.end - tolerance_s:",
          replace="if after.start < before.start - tolerance_s:",
          tests=[f"{GUARDS}::test_overlap_check_fires_on_one_lane_only"], ci=True),
-    dict(name="accuracy-mean-of-batch-accuracies", file="morphpipe/executor/evaluate.py",
+    dict(name="accuracy-mean-of-batch-accuracies", file="morphpipe/nn/evaluate.py",
          find="correct += int((logits.argmax(dim=1) == batch.y).sum())",
          replace="correct += float((logits.argmax(dim=1) == batch.y).float().mean()) * seeds.numel() / len(batcher)",
          tests=[f"{GUARDS}::test_accuracy_is_correct_seeds_over_all_seeds"], ci=False),
@@ -288,15 +288,15 @@ MUTANTS: list[dict] = [
          replace='keys = ("kind", "n_cpu", "n_gpu", "gbs",',
          tests=[f"{REPLAN}::test_uva_transfer_scales_with_gpu_batching_and_schedules_differ_in_any_field"], ci=False),
     # layer-wise inference
-    dict(name="layerwise-chunk-degrees-local", file="morphpipe/executor/layerwise.py",
+    dict(name="layerwise-chunk-degrees-local", file="morphpipe/nn/layerwise.py",
          find="int(src_ids.numel()), int(dst.numel()), self.out_degrees[src_ids])",
          replace="int(src_ids.numel()), int(dst.numel()))",
          tests=[f"{LAYERWISE}::test_layerwise_equals_whole_graph"], ci=False),
-    dict(name="layerwise-local-ids-not-reset", file="morphpipe/executor/layerwise.py",
+    dict(name="layerwise-local-ids-not-reset", file="morphpipe/nn/layerwise.py",
          find="self._local[src_ids] = -1",
          replace="self._local[dst] = -1",
          tests=[f"{LAYERWISE}::test_layerwise_equals_whole_graph"], ci=False),
-    dict(name="layerwise-budget-ignores-live-table", file="morphpipe/executor/layerwise.py",
+    dict(name="layerwise-budget-ignores-live-table", file="morphpipe/nn/layerwise.py",
          find="if size + live_bytes <= self.budget:",
          replace="if size <= self.budget:",
          tests=[f"{LAYERWISE}::test_tables_memory_mapped_when_over_budget"], ci=False),

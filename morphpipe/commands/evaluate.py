@@ -8,8 +8,8 @@ from pathlib import Path
 from morphpipe.commands import arguments
 from morphpipe.commands.train import resolve_device
 from morphpipe.commands.workload import model_from_spec
-from morphpipe.executor.evaluate import EVAL_MODES
-from morphpipe.executor.trainer import SPLITS
+from morphpipe.nn.evaluate import EVAL_MODES
+from morphpipe.nn.task import SPLITS
 
 MIB = 1 << 20
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     """Loads the checkpoint and the data, rebuilds the model, prints the accuracy of each split."""
     from morphpipe.data import load_dataset
     from morphpipe.executor.checkpoint import load_checkpoint
-    from morphpipe.executor.evaluate import accuracy, full_accuracy
+    from morphpipe.nn.evaluate import accuracy, full_accuracy
     from morphpipe.ops.community import GraphBlock
 
     state = load_checkpoint(args.checkpoint)

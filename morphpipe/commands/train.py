@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.data import load_dataset
     from morphpipe.executor.stopping import STOP_EXIT_STATUS, StopRequest, TrainingStopped
     from morphpipe.executor.trainer import Trainer
-    from morphpipe.sampling.gpu_batcher import GpuBatcher
+    from morphpipe.nn.task import make_task
 
     check_outputs(args)
     graph = load_dataset(args.dataset)
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     with stop.on_sigterm(), Trainer(
             graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
             seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
-            progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None, eval_mode=args.eval_mode,
+            progress=not args.no_progress, eval_mode=args.eval_mode, task=make_task(str(settings["task"])),
             model_spec=spec, replanner=replanner, on_nonfinite=args.on_nonfinite, stop=stop) as trainer:
         try:
             history = trainer.fit(args.epochs)

@@ -9,10 +9,11 @@ from torch import nn
 from morphpipe.commands import arguments
 from morphpipe.nn import build_model
 from morphpipe.nn.factory import MODELS
+from morphpipe.nn.task import TASKS, make_task
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.profiler.profiler import Profiler
 
-DEFAULTS = {"model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None}
+DEFAULTS = {"task": "node", "model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None}
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
@@ -34,6 +35,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser, from_plan: bool) -> 
         return f"default: the plan's, else {value}" if from_plan else f"default {value}"
 
     parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
+    parser.add_argument("--task", default=default("task"), choices=list(TASKS),
+                        help=f"what is trained: node (classification) ({says('node')})")
     parser.add_argument("--model", default=default("model"), choices=list(MODELS), help=f"model ({says('sage')})")
     parser.add_argument("--hidden", type=arguments.positive_int, default=None, help="hidden width (default: the paper's per model)")
     parser.add_argument("--fanouts", default=default("fanouts"),
@@ -61,7 +64,7 @@ def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, objec
         graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]),
         hidden=settings["hidden"], device=args.device,
         thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
-        seed=args.seed, progress=progress, **options,
+        seed=args.seed, progress=progress, task=make_task(str(settings["task"])), **options,
     )
 
 

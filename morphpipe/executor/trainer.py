@@ -21,33 +21,29 @@ from typing import Any
 import psutil
 import torch
 from torch import nn
-from torch.nn import functional
 from tqdm.auto import tqdm
 
 from morphpipe.cores import usable_cores
 from morphpipe.data import GraphStore
 from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.devices import InFlight, default_devices
-from morphpipe.executor.evaluate import EVAL_MODES, accuracy, full_accuracy
 from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.stats import EpochStats
 from morphpipe.executor.stopping import StepStop, StopRequest, TrainingStopped
 from morphpipe.nn.finite_guard import FiniteGuard
+from morphpipe.nn.task import EvalSettings, NodeClassification, Task, check_eval_mode, check_split
 from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.batcher import Batcher
-from morphpipe.sampling.cpu_batcher import CpuBatcher
-from morphpipe.sampling.serial_batcher import SerialBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan
 
-# Makes a Route 1 batcher over `seeds` on the training device: factory(graph, fanouts, batch_size, seeds=..., seed=...,
-# device=...).
+# Makes a Route 1 batcher over `seeds` on the training device in place of the task's own: factory(graph, fanouts,
+# batch_size, seeds=..., seed=..., device=...).
 GpuBatcherFactory = Callable[..., Batcher]
-SPLITS = ("train", "val", "test")
 
 
 def training_device(plan: Plan, device: str | torch.device | None = None) -> torch.device:
@@ -95,20 +91,6 @@ def choice_counts_since(before: dict[str, dict[str, int]]) -> dict[str, dict[str
     return since
 
 
-def check_eval_mode(mode: str) -> str:
-    """`mode` if it is an evaluation mode, else a ValueError naming the choices."""
-    if mode not in EVAL_MODES:
-        raise ValueError(f"eval mode must be one of {EVAL_MODES}, got {mode!r}")
-    return mode
-
-
-def check_split(split: str) -> str:
-    """`split` if it names one of the graph's seed splits, else a ValueError naming the choices."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return split
-
-
 class LogOnce:
     """Logs each message the first time only (layer-wise inference says where its tables live on every call)."""
 
@@ -125,8 +107,10 @@ class LogOnce:
 class Trainer:
     """Trains `model` on `graph` for epochs under `plan`, with validation, progress bars and checkpoints.
 
-    `optimizer` defaults to torch's fused Adam(lr) (`make_optimizer`), `loss_fn` to cross entropy (any `(logits, labels) -> loss`).
-    `gpu_batcher` makes the Route 1 batcher when the plan has GPU batches. With `checkpoint_dir`
+    `task` is what is trained (`morphpipe.nn.task`: the units an epoch visits, each route's batcher, the loss and
+    the metric); the default is node classification with `loss_fn` (cross entropy unless given; give one or the
+    other). `optimizer` defaults to torch's fused Adam(lr) (`make_optimizer`). `gpu_batcher`, when given, makes
+    the Route 1 batcher in place of the task's. With `checkpoint_dir`
     a checkpoint is written after every epoch and `fit` continues from the one found there;
     `model_spec` (build_model's arguments) is saved with it so `morphpipe evaluate` can rebuild the
     model. `eval_mode` is how `evaluate` measures by default: "sampled" or "full" (exact).
@@ -145,7 +129,11 @@ class Trainer:
                  checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
                  progress: bool = True, log: Callable[[str], None] | None = None, eval_mode: str = "sampled",
                  model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None,
-                 on_nonfinite: str = "stop", stop: StopRequest | None = None) -> None:
+                 on_nonfinite: str = "stop", stop: StopRequest | None = None, task: Task | None = None) -> None:
+        if task is not None and loss_fn is not None:
+            raise ValueError("give either task= (whose loss trains) or loss_fn= (for node classification), not both")
+        self.task = task or NodeClassification(loss_fn)
+        self.task.check_graph(graph)
         self.graph = graph
         self.plan = plan
         self.fanouts = check_fanouts(fanouts)
@@ -158,7 +146,7 @@ class Trainer:
         self.model = model.to(self.device)
         self.optimizer = optimizer or make_optimizer(self.model.parameters(), lr, self.device)
         self.guard = FiniteGuard(on_nonfinite)
-        self.step = TrainStep(self.model, self.optimizer, loss_fn or functional.cross_entropy, self.guard)
+        self.step = TrainStep(self.model, self.optimizer, self.task, self.guard)
         self.progress = progress
         self.log = log or tqdm.write
         self._say_once = LogOnce(self.log)
@@ -173,22 +161,19 @@ class Trainer:
 
     def _executor(self, plan: Plan) -> Executor:
         """The batchers of both routes and the Executor that runs `plan`'s epochs."""
-        routes = route_seeds(self.graph.train_idx, self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
+        routes = route_seeds(self.task.seeds(self.graph), self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
         cpu_batcher: Batcher | None = None
-        if plan.n_cpu and plan.shares_cores:
-            cpu_batcher = SerialBatcher(self.graph, self.fanouts, self.batch_size, seeds=routes.cpu, seed=self.seed)
-        elif plan.n_cpu:
-            cpu_batcher = CpuBatcher(self.graph, self.fanouts, self.batch_size, num_threads=plan.cpu_threads,
-                                     seeds=routes.cpu, seed=self.seed, pin_memory=self.device.type == "cuda")
+        if plan.n_cpu:
+            cpu_batcher = self.task.batcher(self.graph, self.fanouts, self.batch_size, route=0, seeds=routes.cpu,
+                                            seed=self.seed, serial=plan.shares_cores, num_threads=plan.cpu_threads,
+                                            pin_memory=self.device.type == "cuda")
         gpu_route = None
-        if plan.n_gpu:
-            if self.gpu_batcher is None:
-                raise ValueError(
-                    f"the plan puts {plan.n_gpu} batches on Route 1 (GPU batching over UVA), and no GPU batcher was "
-                    "given; pass gpu_batcher=<factory>, or train with an all-CPU plan"
-                )
+        if plan.n_gpu and self.gpu_batcher is not None:
             gpu_route = self.gpu_batcher(self.graph, self.fanouts, self.batch_size, seeds=routes.gpu, seed=self.seed,
                                           device=self.device)
+        elif plan.n_gpu:
+            gpu_route = self.task.batcher(self.graph, self.fanouts, self.batch_size, route=1, seeds=routes.gpu,
+                                          seed=self.seed, device=self.device)
         return Executor(plan.split, default_devices(self.device), self.step, cpu_batcher=cpu_batcher,
                         gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
 
@@ -206,7 +191,7 @@ class Trainer:
     def fit(self, epochs: int, *, validate: bool = True) -> list[EpochStats]:
         """Trains until `epochs` epochs are done (continuing from a checkpoint), returns every epoch's stats."""
         check_positive("epochs", epochs)
-        if validate and self.graph.val_idx.numel() == 0:
+        if validate and self.task.seeds(self.graph, "val").numel() == 0:
             self.log("the validation split is empty: epochs run without validation accuracy")
             validate = False
         first = self._resume()
@@ -279,21 +264,24 @@ class Trainer:
         )
 
     def evaluate(self, split: str = "val", mode: str | None = None) -> float:
-        """Accuracy on the 'train', 'val' or 'test' seeds: `mode` "sampled" (mini-batch inference with the
-        training fanouts) or "full" (exact layer-wise inference); None: the trainer's `eval_mode`."""
+        """The task's metric (accuracy for node classification) on the 'train', 'val' or 'test' split: `mode`
+        "sampled" (mini-batch inference with the training fanouts) or "full" (exact layer-wise inference); None:
+        the trainer's `eval_mode`."""
         mode = self.eval_mode if mode is None else check_eval_mode(mode)
-        seeds = getattr(self.graph, f"{check_split(split)}_idx")
-        if mode == "full":
-            if self._graph_block is None:
-                self._graph_block = GraphBlock.of(self.graph.indptr, self.graph.indices)
-            return full_accuracy(self.model, self.graph, seeds, device=self.device, graph_block=self._graph_block,
-                                 progress=self.progress, log=self._say_once)
-        return accuracy(self.model, self.graph, seeds, self.fanouts, batch_size=self.eval_batch_size,
-                        device=self.device, seed=self.seed)
+        settings = EvalSettings(self.fanouts, self.eval_batch_size, self.seed, mode, self.progress, self._say_once)
+        return self.task.evaluate(self.model, self.graph, self.task.seeds(self.graph, check_split(split)), settings,
+                                  device=self.device, graph_block=self.graph_block)
+
+    def graph_block(self) -> GraphBlock:
+        """The whole graph as one block, for exact inference; built on first use and kept."""
+        if self._graph_block is None:
+            self._graph_block = GraphBlock.of(self.graph.indptr, self.graph.indices)
+        return self._graph_block
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must agree with to be continued by this trainer."""
-        return {**run_meta(self.graph, self.model), "fanouts": list(self.fanouts), "batch_size": self.batch_size,
+        return {**run_meta(self.graph, self.model), **self.task.meta(), "fanouts": list(self.fanouts),
+                "batch_size": self.batch_size,
                 "seed": self.seed, "num_batches": self.plan.num_batches}
 
     def save(self, epochs_done: int) -> Path:
