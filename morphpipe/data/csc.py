@@ -106,42 +106,73 @@ def csc_from_sorted_keys(
     dedupe: bool = False,
     progress: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decodes sorted keys into (indptr, indices), dropping repeated keys and/or self loops on the way.
-
-    Works in chunks through scratch buffers allocated once (first-touch page faults are a large
-    part of the cost otherwise). A key is a self loop exactly when it is a multiple of N + 1.
-    """
+    """Decodes sorted keys into (indptr, indices), dropping repeated keys and/or self loops on the way."""
     indices = np.empty(keys.size, dtype=index_dtype_for(num_nodes))
-    counts = np.zeros(num_nodes, dtype=np.int64)
-    size = min(CHUNK_EDGES, keys.size)
-    dst, scratch = np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64)
-    keep, mask = np.empty(size, dtype=bool), np.empty(size, dtype=bool)
+    decoder = SortedKeyDecoder(num_nodes, drop_self_loops=drop_self_loops, dedupe=dedupe, max_block=keys.size)
     written = 0
     starts = range(0, keys.size, CHUNK_EDGES)
     for start in tqdm(starts, desc="CSC", unit="chunk", disable=not progress or len(starts) < 2, leave=False):
-        chunk = keys[start:start + CHUNK_EDGES]
+        written += decoder.decode(keys[start:start + CHUNK_EDGES], indices[written:])
+    indices.resize(written, refcheck=False)
+    return decoder.indptr(), indices
+
+
+class SortedKeyDecoder:
+    """Turns ascending packed keys, given block after block, into neighbour ids and per-destination counts.
+
+    Works in chunks through scratch buffers allocated once (first-touch page faults are a large
+    part of the cost otherwise). A key is a self loop exactly when it is a multiple of N + 1; a
+    repeated key is recognised across blocks too. The counts live in the indptr array itself
+    (N + 1 int64, the one array of the CSC that stays in memory).
+    """
+
+    def __init__(self, num_nodes: int, *, drop_self_loops: bool = False, dedupe: bool = False,
+                 max_block: int = CHUNK_EDGES):
+        self.num_nodes = num_nodes
+        self.drop_self_loops = drop_self_loops
+        self.dedupe = dedupe
+        self._indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+        self._previous: int | None = None  # last key of the previous block
+        size = max(1, min(CHUNK_EDGES, max_block))
+        self._dst, self._scratch = np.empty(size, dtype=np.int64), np.empty(size, dtype=np.int64)
+        self._keep, self._mask = np.empty(size, dtype=bool), np.empty(size, dtype=bool)
+
+    def decode(self, keys: np.ndarray, out: np.ndarray) -> int:
+        """Writes the source ids of the kept keys of `keys` (the next keys in order) to `out`; returns how many."""
+        written = 0
+        for start in range(0, keys.size, self._dst.size):
+            written += self._decode_chunk(keys[start:start + self._dst.size], out[written:])
+        return written
+
+    def _decode_chunk(self, chunk: np.ndarray, out: np.ndarray) -> int:
         length = chunk.size
+        if not length:
+            return 0
         kept = chunk
-        if dedupe or drop_self_loops:
+        keep, num_nodes = self._keep, self.num_nodes
+        if self.dedupe or self.drop_self_loops:
             keep[:length] = True
-            if dedupe:
+            if self.dedupe:
                 np.not_equal(chunk[1:], chunk[:-1], out=keep[1:length])
-                keep[0] = start == 0 or chunk[0] != keys[start - 1]
-            if drop_self_loops:
-                np.remainder(chunk, num_nodes + 1, out=scratch[:length])
-                np.not_equal(scratch[:length], 0, out=mask[:length])
-                keep[:length] &= mask[:length]
+                keep[0] = self._previous is None or chunk[0] != self._previous
+            if self.drop_self_loops:
+                np.remainder(chunk, num_nodes + 1, out=self._scratch[:length])
+                np.not_equal(self._scratch[:length], 0, out=self._mask[:length])
+                keep[:length] &= self._mask[:length]
             kept = chunk[keep[:length]]
+        self._previous = int(chunk[-1])
         count = kept.size
-        np.floor_divide(kept, num_nodes, out=dst[:count])
-        np.multiply(dst[:count], num_nodes, out=scratch[:count])
-        np.subtract(kept, scratch[:count], out=indices[written:written + count], casting="unsafe")
-        written += count
+        dst, scratch = self._dst[:count], self._scratch[:count]
+        np.floor_divide(kept, num_nodes, out=dst)
+        np.multiply(dst, num_nodes, out=scratch)
+        np.subtract(kept, scratch, out=out[:count], casting="unsafe")
         if count:
             first = int(dst[0])
-            np.subtract(dst[:count], first, out=dst[:count])
-            counts[first:first + int(dst[count - 1]) + 1] += np.bincount(dst[:count])
-    indices.resize(written, refcheck=False)
-    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    return indptr, indices
+            np.subtract(dst, first, out=dst)
+            self._indptr[1 + first:2 + first + int(dst[-1])] += np.bincount(dst)
+        return count
+
+    def indptr(self) -> np.ndarray:
+        """int64 [N + 1] offsets of the keys decoded so far; call once, after the last block."""
+        np.cumsum(self._indptr, out=self._indptr)
+        return self._indptr

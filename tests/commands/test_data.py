@@ -137,3 +137,13 @@ def test_convert_pyg_file(tmp_path):
 def test_convert_missing_source(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run("data", "convert", "edgelist", str(tmp_path / "nope.csv"), "-o", str(tmp_path / "out"))
+
+
+def test_generate_memory_budget(tmp_path, capsys):
+    out = tmp_path / "g"
+    with pytest.raises(ValueError, match=r"--memory-budget is 1\.0 MiB; fix: --memory-budget \d+M or more"):
+        run("data", "generate", "--kind", "power-law", "--nodes", "50000", "-o", str(out), "--memory-budget", "1M")
+    assert run("data", "generate", "--kind", "power-law", "--nodes", "50000", "--avg-degree", "40", "-o", str(out),
+               "--memory-budget", "64MiB") == 0
+    assert "sorted on disk in" in capsys.readouterr().err
+    assert GraphStore.load(out).num_nodes == 50_000
