@@ -176,7 +176,7 @@ def test_presets_match_their_descriptions():
 
 
 def test_unknown_preset_lists_the_presets():
-    with pytest.raises(ValueError, match="tiny, default, bench-1m, bench-10m"):
+    with pytest.raises(ValueError, match="tiny, default, bench-1m, bench-10m, papers100m-like"):
         get_preset("huge")
 
 
@@ -197,3 +197,22 @@ def test_a_budget_below_what_the_topology_needs_is_refused_with_the_number(tmp_p
                                          r"fix: --memory-budget \d+M or more"):
         generate(big, tmp_path / "g", progress=False, memory_budget=1 << 20)
     assert not (tmp_path / "g").exists()
+
+
+def test_papers100m_like_preset_is_shaped_like_papers100m(tmp_path):
+    papers = PRESETS["papers100m-like"].spec
+    assert (papers.num_nodes, papers.feature_dim, papers.feature_dtype, papers.num_classes, papers.undirected) == \
+        (111_059_956, 128, "float16", 172, False)
+    assert 1.55e9 <= papers.num_nodes * papers.avg_degree <= 1.65e9
+    needs = generators.generation_needs(papers, memory_budget=6 << 30, directory=tmp_path)
+    assert needs.sort.num_runs > 1 and needs.budget - needs.held_bytes >= 2 << 30
+    assert 36e9 <= needs.peak_disk_bytes <= 40e9  # 28.4 GB features, 6.5 GB int32 indices, 2.7 GB per-node arrays
+    # The same shape at 1/5000 of the nodes: directed, skewed in-degree, 1.1% of the nodes in the train split.
+    store = build(tmp_path, papers.with_overrides(num_nodes=22_212))
+    degrees = store.in_degrees().numpy()
+    assert 14 <= store.num_edges / store.num_nodes <= 14.55
+    assert degrees.max() > 20 * degrees.mean()
+    assert store.train_idx.numel() == round(0.011 * 22_212) and store.num_classes == 172
+    dst = np.repeat(np.arange(store.num_nodes), degrees)
+    forward = set(zip(store.indices.numpy()[:2000].tolist(), dst[:2000].tolist()))
+    assert sum((d, s) in forward for s, d in forward) < 0.1 * len(forward), "directed: few reverse edges"
