@@ -9,6 +9,7 @@ keys fit one run nothing is spilled, and the build is the in-memory sort.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -173,7 +174,8 @@ def _merge(spill: Path, runs: list[tuple[int, int]], block_keys: int) -> Iterato
 
     Every run keeps a block in memory; the keys up to the smallest last key among the blocks of runs
     with more on disk are all the keys that can come next, so they are taken from every block,
-    sorted together and yielded; each block's rest moves to its front and is topped up from disk.
+    sorted together and yielded; each block's rest moves to its front (memmove: no temporary copy) and is
+    topped up from disk.
     """
     blocks = [np.empty(min(block_keys, length), dtype=np.int64) for _, length in runs]
     held = [0] * len(runs)  # keys of each block in memory
@@ -197,7 +199,7 @@ def _merge(spill: Path, runs: list[tuple[int, int]], block_keys: int) -> Iterato
                 take = block.size if boundary is None else int(np.searchsorted(block, boundary, side="right"))
                 merged[size:size + take] = block[:take]
                 size += take
-                block[:block.size - take] = block[take:]
+                ctypes.memmove(block.ctypes.data, block[take:].ctypes.data, (block.size - take) * KEY_BYTES)
                 held[index] -= take
             if not size:
                 return
