@@ -22,7 +22,7 @@ from morphpipe.commands import arguments
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
-from morphpipe.data.ondisk import check_graph_output
+from morphpipe.data.ondisk import check_graph_output, nearest_existing_dir
 from morphpipe.data.presets import PRESETS, get_preset
 from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
 from morphpipe.data.summary import summarize
@@ -141,6 +141,7 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=arguments.seed, default=0, help="seed for whatever is generated (0)")
     parser.add_argument("--split-scheme", help="ogb: the split/<scheme> directory, when there are several")
     parser.add_argument("--name", help="dataset name (default: from the source)")
+    parser.add_argument("--memory-budget", type=arguments.byte_size, help=MEMORY_BUDGET_HELP + " (beside the output)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
     parser.set_defaults(func=run_convert)
 
@@ -153,6 +154,7 @@ def run_convert(args: argparse.Namespace) -> int:
         make_undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedupe=args.dedupe,
         num_nodes=args.num_nodes, name=args.name, seed=args.seed, split=args.split,
         feature_dim=args.feature_dim, num_classes=args.num_classes, progress=True,
+        memory_budget=args.memory_budget, scratch_dir=nearest_existing_dir(out.absolute().parent),
     )
     source = Path(args.source)
     if not source.exists():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import tempfile
 import warnings
 import zipfile
 import zlib
@@ -25,11 +26,14 @@ import numpy as np
 import scipy.sparse
 import torch
 
-from morphpipe.data.csc import as_node_ids, build_csc_arrays
-from morphpipe.data.dtypes import FEATURE_DTYPES
+from morphpipe.data.csc import as_node_ids, build_csc_arrays, edge_key_chunks
+from morphpipe.data.dtypes import FEATURE_DTYPES, index_dtype_for
+from morphpipe.data.external_csc import KEY_BYTES, SortPlan, build_csc_on_disk, default_memory_budget
+from morphpipe.data.ondisk import load_array
 from morphpipe.data.splits import SplitFractions, as_split_ids, random_split
 from morphpipe.data.store import GraphStore
 from morphpipe.data.validation import UNLABELLED, GraphValidationError
+from morphpipe.numeric import format_bytes
 
 SPLIT_NAMES = ("train", "val", "test")
 ArrayLike = np.ndarray | torch.Tensor
@@ -51,10 +55,14 @@ class ConvertOptions:
     feature_dim: int = 64  # of generated random features
     num_classes: int | None = None  # default: max label + 1 (2 for generated labels)
     progress: bool = False  # tqdm bar while building the CSC
+    # Bytes the CSC build may use (default: half the available memory); edges beyond it are sorted on disk.
+    memory_budget: int | None = None
+    scratch_dir: str | os.PathLike | None = None  # where edges sorted on disk go (default: the system's temp dir)
 
     def __post_init__(self) -> None:
         for name, value, allow_none in (("num_nodes", self.num_nodes, True), ("feature_dim", self.feature_dim, False),
-                                        ("num_classes", self.num_classes, True)):
+                                        ("num_classes", self.num_classes, True),
+                                        ("memory_budget", self.memory_budget, True)):
             if value is None and allow_none:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -103,7 +111,7 @@ def read_edge_file(path: Path) -> np.ndarray:
     if not path.is_file():
         raise FileNotFoundError(f"edge list {path} does not exist")
     if path.suffix in (".npy", ".npz") or _starts_with(path, (NPY_MAGIC, ZIP_MAGIC)):
-        return _edge_array(load_npy(path, "edges"), str(path))
+        return _edge_array(load_npy(path, "edges", mmap_mode="r"), str(path))
     fix = "give one 'source destination' (or 'source,destination') pair per line, as text or a complete .gz of it"
     try:
         first = _first_data_line(path)
@@ -309,9 +317,7 @@ def assemble(parts: GraphParts, options: ConvertOptions, default_name: str, sour
     src, dst = as_node_ids(parts.src, "src"), as_node_ids(parts.dst, "dst")
     num_nodes = options.num_nodes if options.num_nodes is not None else \
         parts.num_nodes or _infer_num_nodes(src, dst, features, labels, parts)
-    indptr, indices = build_csc_arrays(src, dst, num_nodes, make_undirected=options.make_undirected,
-                                       drop_self_loops=options.drop_self_loops, dedupe=options.dedupe,
-                                       progress=options.progress)
+    indptr, indices = _build_csc(src, dst, num_nodes, options)
     generated = []
     rng = np.random.default_rng(np.random.SeedSequence([options.seed, 0xC0DE]))
     features = features if features is not None else parts.features
@@ -350,6 +356,32 @@ def assemble(parts: GraphParts, options: ConvertOptions, default_name: str, sour
     )
     store.validate()
     return store
+
+
+def _build_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, options: ConvertOptions) -> tuple[np.ndarray, ...]:
+    """(indptr, indices): sorted in memory when the edge keys and indices fit the memory budget, else by the external
+    sort into a scratch directory, whose indices file stays memory-mapped (copy-on-write) after it is unlinked."""
+    num_keys = src.size * (2 if options.make_undirected else 1)
+    budget = options.memory_budget if options.memory_budget is not None else default_memory_budget()
+    in_memory = num_keys * (KEY_BYTES + index_dtype_for(num_nodes).itemsize) + (num_nodes + 1) * 8
+    if in_memory <= budget:
+        return build_csc_arrays(src, dst, num_nodes, make_undirected=options.make_undirected,
+                                drop_self_loops=options.drop_self_loops, dedupe=options.dedupe,
+                                progress=options.progress)
+    needed = (num_nodes + 1) * 8 + SortPlan.minimum_bytes(num_keys)
+    if budget < needed:
+        raise GraphValidationError("memory_budget", f"is {format_bytes(budget)}, below the {format_bytes(needed)} "
+                                   f"the topology of {num_nodes:,} nodes needs (indptr, {num_nodes + 1:,} int64 "
+                                   "values, stays in memory; the edge sort needs at least "
+                                   f"{format_bytes(SortPlan.minimum_bytes(num_keys))})",
+                                   f"give --memory-budget {-(-needed // 2**20)}M or more")
+    with tempfile.TemporaryDirectory(dir=options.scratch_dir, prefix=".morphpipe-csc-") as scratch:
+        indptr, _ = build_csc_on_disk(edge_key_chunks(src, dst, num_nodes, make_undirected=options.make_undirected),
+                                      num_keys, num_nodes, scratch, memory_budget=budget - (num_nodes + 1) * 8,
+                                      drop_self_loops=options.drop_self_loops, dedupe=options.dedupe,
+                                      progress=options.progress)
+        indices = load_array(scratch, "indices", mmap=True)
+    return indptr, indices
 
 
 def _infer_num_nodes(src: np.ndarray, dst: np.ndarray, features: ArrayLike | None, labels: ArrayLike | None,
@@ -409,7 +441,8 @@ def _split_arrays(splits: Splits, num_nodes: int) -> dict[str, np.ndarray]:
 
 def _options_record(options: ConvertOptions) -> dict[str, Any]:
     record = asdict(options)
-    del record["progress"]
+    for how in ("progress", "memory_budget", "scratch_dir"):  # how the graph was built, not what it holds
+        del record[how]
     record["split"] = list(options.split.as_tuple())
     return record
 

@@ -5,6 +5,8 @@ orders each neighbour list, and puts duplicate edges next to each other for dedu
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -64,8 +66,9 @@ def as_node_ids(values, field: str) -> np.ndarray:
     return array
 
 
-def check_edge_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> None:
-    """Both endpoint arrays have the same length and hold ids in [0, num_nodes)."""
+def check_edge_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int, first_edge: int = 0) -> None:
+    """Both endpoint arrays have the same length and hold ids in [0, num_nodes); `first_edge` is the position of
+    their first edge in the whole edge list (for the message)."""
     if not 0 <= num_nodes <= KEY_NODE_LIMIT:
         raise GraphValidationError("num_nodes", f"is {num_nodes}, expected 0 <= num_nodes <= {KEY_NODE_LIMIT}",
                                    "pass the number of nodes of the graph")
@@ -75,8 +78,8 @@ def check_edge_ids(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> None:
     for field, ids in (("src", src), ("dst", dst)):
         if ids.size and (ids.min() < 0 or ids.max() >= num_nodes):
             position = int(np.flatnonzero((ids < 0) | (ids >= num_nodes))[0])
-            raise GraphValidationError(field, f"node id {int(ids[position])} at edge {position} is outside "
-                                       f"[0, {num_nodes})", "remap ids to 0..num_nodes-1 or raise num_nodes")
+            raise GraphValidationError(field, f"node id {int(ids[position])} at edge {first_edge + position} is "
+                                       f"outside [0, {num_nodes})", "remap ids to 0..num_nodes-1 or raise num_nodes")
 
 
 def pack_edge_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, make_undirected: bool = False) -> np.ndarray:
@@ -89,6 +92,24 @@ def pack_edge_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int, *, make_und
         if make_undirected:
             fill_keys(keys[num_edges + start:num_edges + stop], dst[start:stop], src[start:stop], num_nodes)
     return keys
+
+
+def edge_key_chunks(src: np.ndarray, dst: np.ndarray, num_nodes: int, *,
+                    make_undirected: bool = False) -> Iterator[np.ndarray]:
+    """The keys of `pack_edge_keys`, a chunk at a time through one reused buffer, the ids of each chunk checked as it
+    is read (so memory-mapped endpoint arrays are read once, in order)."""
+    if src.shape != dst.shape:
+        check_edge_ids(src, dst, num_nodes)
+    keys = np.empty(min(CHUNK_EDGES, src.size), dtype=np.int64)
+    for start in range(0, src.size, CHUNK_EDGES):
+        stop = min(start + CHUNK_EDGES, src.size)
+        check_edge_ids(src[start:stop], dst[start:stop], num_nodes, start)
+        chunk = keys[:stop - start]
+        fill_keys(chunk, src[start:stop], dst[start:stop], num_nodes)
+        yield chunk
+        if make_undirected:
+            fill_keys(chunk, dst[start:stop], src[start:stop], num_nodes)
+            yield chunk
 
 
 def fill_keys(out: np.ndarray, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> None:

@@ -33,7 +33,8 @@ from morphpipe.cores import usable_cores
 from morphpipe.data.csc import KEY_NODE_LIMIT, fill_keys
 from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE, float32_to_storage, index_dtype_for
 from morphpipe.data.external_csc import SortPlan, build_csc_on_disk, default_memory_budget
-from morphpipe.data.ondisk import GraphMeta, NpyChunkWriter, check_graph_output, save_array, write_meta
+from morphpipe.data.ondisk import (GraphMeta, NpyChunkWriter, check_graph_output, nearest_existing_dir, save_array,
+                                   write_meta)
 from morphpipe.data.splits import SplitFractions, random_split
 from morphpipe.numeric import check_float, check_int, format_bytes
 from morphpipe.outputs import replacing_directory
@@ -234,9 +235,7 @@ def generation_needs(spec: GeneratorSpec, memory_budget: int | None = None,
     sort_budget = max(1, budget - sum(held.values()))
     feature_bytes = num_nodes * spec.feature_dim * FEATURE_STORAGE[spec.feature_dtype].itemsize
     graph_bytes = feature_bytes + num_keys * index_bytes + num_nodes * 8 * 3
-    existing = Path(directory).expanduser().absolute()
-    while not existing.exists():
-        existing = existing.parent
+    existing = nearest_existing_dir(directory)
     return GenerationNeeds(num_nodes, num_keys, budget, held, SortPlan.for_budget(num_keys, sort_budget),
                            graph_bytes, feature_bytes, shutil.disk_usage(existing).free, existing)
 

@@ -131,6 +131,14 @@ def check_graph_output(out_dir: str | os.PathLike, overwrite: bool) -> Path:
     return out
 
 
+def nearest_existing_dir(path: str | os.PathLike) -> Path:
+    """`path` or its nearest existing ancestor directory (absolute): where a new output's file system is."""
+    existing = Path(path).expanduser().absolute()
+    while not existing.is_dir():
+        existing = existing.parent
+    return existing
+
+
 def foreign_entries(directory: Path) -> list[str]:
     """Names of the entries of an existing directory that are not files of a graph (sorted)."""
     ours = {META_FILE, f".{META_FILE}.tmp"} | {f"{name}.npy" for name in ARRAY_FIELDS} | \
