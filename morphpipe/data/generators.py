@@ -130,9 +130,18 @@ def generate(
     needs = check_fits_in_memory(spec, out, memory_budget)
     if progress:
         print(f"{name or preset or spec.kind}: {needs.describe()}", file=sys.stderr, flush=True)
-    with replacing_directory(out, "output") as staging:
-        _generate_into(staging, spec, name or preset or f"{spec.kind}-{spec.num_nodes}", preset, progress, timings,
-                       needs.sort_budget)
+    try:
+        with replacing_directory(out, "output") as staging:
+            _generate_into(staging, spec, name or preset or f"{spec.kind}-{spec.num_nodes}", preset, progress,
+                           timings, needs.sort_budget)
+    except OSError as error:  # numpy's writes say "N requested and M written" when the disk fills up
+        free = shutil.disk_usage(needs.disk_path).free
+        failure = OSError(f"generating {out} failed while writing ({error}); {format_bytes(free)} is free now on "
+                          f"{needs.disk_path}, the graph needs about {format_bytes(needs.peak_disk_bytes)} at peak; "
+                          f"whatever was at {out} is unchanged; fix: free disk space or choose another output "
+                          "directory")
+        failure.errno = error.errno
+        raise failure from error
     return out
 
 

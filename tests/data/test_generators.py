@@ -1,13 +1,18 @@
 """Generators and presets: determinism, degree skew, homophily, and a graph where neighbours beat own features."""
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import scipy.sparse
 import torch
 
 from morphpipe.data import PRESETS, GeneratorSpec, GraphStore, SplitFractions, generate, get_preset
-from morphpipe.data import generators
+from morphpipe.data import external_csc, generators
 from morphpipe.data.ondisk import read_meta
 
 
@@ -216,3 +221,51 @@ def test_papers100m_like_preset_is_shaped_like_papers100m(tmp_path):
     dst = np.repeat(np.arange(store.num_nodes), degrees)
     forward = set(zip(store.indices.numpy()[:2000].tolist(), dst[:2000].tolist()))
     assert sum((d, s) in forward for s, d in forward) < 0.1 * len(forward), "directed: few reverse edges"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs: a file system that really fills up (needs root and mount; skipped elsewhere)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_during_generation_leaves_the_previous_graph_intact(small_tmpfs, monkeypatch):
+    generate(spec(), small_tmpfs / "g", progress=False)
+    before = file_bytes(small_tmpfs / "g")
+    bigger = spec(num_nodes=20_000, avg_degree=20, feature_dim=64)  # ~1.6 MB of sort runs, 5 MB of features
+    with pytest.raises(ValueError, match="GiB on disk at peak|MiB"):
+        generate(bigger, small_tmpfs / "g", progress=False, overwrite=True)
+    real_usage = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=1 << 40))  # the check passes
+    with pytest.raises(OSError, match=r"failed while writing \(\d+ requested and \d+ written\); .* is free "
+                                      r"now on .*whatever was at .* is unchanged"):
+        generate(bigger, small_tmpfs / "g", progress=False, overwrite=True, memory_budget=64 << 20)
+    assert [path.name for path in small_tmpfs.iterdir()] == ["g"]
+    assert file_bytes(small_tmpfs / "g") == before
+
+
+@pytest.mark.parametrize("where", ["sort runs", "features"])
+def test_a_write_error_during_generation_leaves_the_previous_graph_intact(tmp_path, monkeypatch, where):
+    """The same with the error injected (runs everywhere): while spilling sorted runs, or writing features."""
+    generate(spec(), tmp_path / "g", progress=False)
+    before = file_bytes(tmp_path / "g")
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "sort runs":
+        monkeypatch.setattr(external_csc, "_spill", disk_full)
+    else:
+        monkeypatch.setattr(generators.NpyChunkWriter, "write", disk_full)
+    big = spec(num_nodes=20_000, avg_degree=20)
+    held = generators.generation_needs(big).held_bytes
+    with pytest.raises(OSError, match="No space left on device"):
+        generate(big, tmp_path / "g", progress=False, overwrite=True, memory_budget=held + (1 << 20))
+    assert [path.name for path in tmp_path.iterdir()] == ["g"]
+    assert file_bytes(tmp_path / "g") == before
