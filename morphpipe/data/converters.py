@@ -11,7 +11,9 @@ substitution is announced with a warning and recorded in meta.json (`source.gene
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
+import itertools
 import os
 import tempfile
 import warnings
@@ -93,37 +95,78 @@ def from_edge_list(source: str | os.PathLike | ArrayLike, *, features: ArrayLike
     A (2, 2) array is read as (2, E).
     """
     options = options or ConvertOptions()
-    if isinstance(source, (str, os.PathLike)):
-        edges = read_edge_file(Path(source))
-        default_name = Path(source).name.split(".")[0]
-    else:
-        edges = _edge_array(source.detach().cpu().numpy() if isinstance(source, torch.Tensor) else np.asarray(source),
-                            "edges")
-        default_name = "edgelist"
-    parts = GraphParts(src=edges[0], dst=edges[1])
-    return assemble(parts, options, default_name, {"kind": "converted", "converter": "edgelist",
-                                                   "input": _describe(source)},
-                    features=features, labels=labels, splits=splits)
+    with contextlib.ExitStack() as scratch:
+        if isinstance(source, (str, os.PathLike)):
+            edges = read_edge_file(Path(source), spill=_text_spill(Path(source), options, scratch))
+            default_name = Path(source).name.split(".")[0]
+        else:
+            edges = _edge_array(source.detach().cpu().numpy() if isinstance(source, torch.Tensor) else
+                                np.asarray(source), "edges")
+            default_name = "edgelist"
+        parts = GraphParts(src=edges[0], dst=edges[1])
+        return assemble(parts, options, default_name, {"kind": "converted", "converter": "edgelist",
+                                                       "input": _describe(source)},
+                        features=features, labels=labels, splits=splits)
 
 
-def read_edge_file(path: Path) -> np.ndarray:
-    """(2, E) int64 edges from a .npy, .csv, .txt (or their .gz) file."""
+# Lines of a text edge list parsed at once, and an upper estimate of the parsed int64 bytes per byte of text
+# ("1 2\n": 4 bytes of text, 16 parsed; gzip shrinks such text about 4 times).
+TEXT_CHUNK_LINES = 1 << 20
+TEXT_EXPANSION = 4
+GZIP_EXPANSION = 16
+
+
+def read_edge_file(path: Path, spill: Path | None = None) -> np.ndarray:
+    """(2, E) int64 edges from a .npy (memory-mapped), .csv, .txt (or their .gz) file.
+
+    Text is parsed a chunk of lines at a time; with `spill` (a file path) the parsed edges are written there
+    and memory-mapped, so memory stays bounded whatever the file's size.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"edge list {path} does not exist")
     if path.suffix in (".npy", ".npz") or _starts_with(path, (NPY_MAGIC, ZIP_MAGIC)):
         return _edge_array(load_npy(path, "edges", mmap_mode="r"), str(path))
     fix = "give one 'source destination' (or 'source,destination') pair per line, as text or a complete .gz of it"
+    line = 0
     try:
-        first = _first_data_line(path)
-        delimiter = "," if "," in first[1] else None
-        table = np.loadtxt(path, dtype=np.int64, delimiter=delimiter, comments="#", skiprows=first[0],
-                           usecols=(0, 1), ndmin=2)
+        skip, first = _first_data_line(path)
+        delimiter = "," if "," in first else None
+        opener = gzip.open if path.suffix == ".gz" else open
+        tables, rows = [], 0
+        with opener(path, "rt") as handle, (open(spill, "wb") if spill else contextlib.nullcontext()) as out:
+            list(itertools.islice(handle, skip))
+            line = skip
+            while lines := list(itertools.islice(handle, TEXT_CHUNK_LINES)):
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
+                    table = np.loadtxt(lines, dtype=np.int64, delimiter=delimiter, comments="#", usecols=(0, 1),
+                                       ndmin=2)
+                line += len(lines)
+                rows += table.shape[0]
+                if out is None:
+                    tables.append(table)
+                else:
+                    table.tofile(out)
     except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as error:
         raise GraphValidationError("edges", f"{path} is damaged or not text ({type(error).__name__}: {error})",
                                    fix) from error
     except ValueError as error:
-        raise GraphValidationError("edges", f"{path} is not a table of integer node ids ({error})", fix) from error
-    return np.ascontiguousarray(table.T)
+        raise GraphValidationError("edges", f"{path} is not a table of integer node ids (in the "
+                                   f"{TEXT_CHUNK_LINES:,} lines after line {line}: {error})", fix) from error
+    if spill is not None:
+        return np.memmap(spill, dtype=np.int64, mode="r", shape=(rows, 2)).T if rows else np.zeros((2, 0), np.int64)
+    return np.ascontiguousarray(np.concatenate(tables).T) if tables else np.zeros((2, 0), dtype=np.int64)
+
+
+def _text_spill(path: Path, options: ConvertOptions, scratch: contextlib.ExitStack) -> Path | None:
+    """A scratch file for the parsed edges of a text file that may not fit half the memory budget, else None."""
+    if path.suffix in (".npy", ".npz") or not path.is_file():
+        return None
+    budget = options.memory_budget if options.memory_budget is not None else default_memory_budget()
+    if path.stat().st_size * (GZIP_EXPANSION if path.suffix == ".gz" else TEXT_EXPANSION) <= budget // 2:
+        return None
+    directory = scratch.enter_context(tempfile.TemporaryDirectory(dir=options.scratch_dir, prefix=".morphpipe-edges-"))
+    return Path(directory) / "edges.int64"
 
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -218,7 +261,16 @@ def from_ogb(directory: str | os.PathLike, *, split_scheme: str | None = None,
     if not (raw / "edge.csv.gz").is_file():
         raise FileNotFoundError(f"{raw / 'edge.csv.gz'} not found: {root} is not an OGB node-property-prediction "
                                 "directory (expected raw/ and split/ inside)")
-    edges = read_edge_file(raw / "edge.csv.gz")
+    options = options or ConvertOptions()
+    with contextlib.ExitStack() as scratch:
+        edges = read_edge_file(raw / "edge.csv.gz", spill=_text_spill(raw / "edge.csv.gz", options, scratch))
+        return _from_ogb_parts(root, edges, split_scheme, options, features, labels, splits)
+
+
+def _from_ogb_parts(root: Path, edges: np.ndarray, split_scheme: str | None, options: ConvertOptions,
+                    features: ArrayLike | None, labels: ArrayLike | None, splits: Splits | None) -> GraphStore:
+    """The rest of `from_ogb` once the edges are read: node count, features, labels, splits."""
+    raw = root / "raw"
     num_nodes = int(np.loadtxt(raw / "num-node-list.csv.gz", dtype=np.int64, delimiter=",", ndmin=1)[0]) \
         if (raw / "num-node-list.csv.gz").is_file() else None
     parts = GraphParts(src=edges[0], dst=edges[1], num_nodes=num_nodes)
@@ -230,7 +282,6 @@ def from_ogb(directory: str | os.PathLike, *, split_scheme: str | None = None,
     if scheme_dir is not None:
         parts.splits = {name: _read_ids(scheme_dir / f"{file}.csv.gz")
                         for name, file in zip(SPLIT_NAMES, ("train", "valid", "test"))}
-    options = options or ConvertOptions()
     return assemble(parts, options, root.name, {"kind": "converted", "converter": "ogb", "input": str(root),
                                                 "split_scheme": scheme_dir.name if scheme_dir else None},
                     features=features, labels=labels, splits=splits)

@@ -297,11 +297,18 @@ def test_external_sort_gives_the_in_memory_csc(tmp_path, converter, options, ext
     assert torch.equal(GraphStore.load(tmp_path / "saved").indices, in_memory.indices)
 
 
-def test_external_sort_leaves_no_scratch_files(tmp_path, external_runs):
+@pytest.mark.parametrize("source", ["array", "text"])
+def test_external_sort_leaves_no_scratch_files(tmp_path, external_runs, source):
+    edges = random_edge_table()
+    if source == "text":
+        np.savetxt(tmp_path / "edges.txt", edges, fmt="%d")
+        edges = tmp_path / "edges.txt"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
     with pytest.warns(UserWarning):
-        store = from_edge_list(random_edge_table(), options=ConvertOptions(memory_budget=SMALL_BUDGET,
-                                                                           scratch_dir=tmp_path, num_nodes=20_000))
-    assert external_runs and list(tmp_path.iterdir()) == [] and store.num_edges == 200_000
+        store = from_edge_list(edges, options=ConvertOptions(memory_budget=SMALL_BUDGET, scratch_dir=scratch,
+                                                             num_nodes=20_000))
+    assert external_runs and list(scratch.iterdir()) == [] and store.num_edges == 200_000
 
 
 def test_budget_below_the_topology_is_refused_with_the_number_needed():
