@@ -15,12 +15,13 @@ import contextlib
 import gzip
 import itertools
 import os
+import shutil
 import tempfile
 import warnings
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, field
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from morphpipe.data.splits import SplitFractions, as_split_ids, random_split
 from morphpipe.data.store import GraphStore
 from morphpipe.data.validation import UNLABELLED, GraphValidationError
 from morphpipe.numeric import format_bytes
+from morphpipe.outputs import partial_path, remove_stale_partials
 
 SPLIT_NAMES = ("train", "val", "test")
 ArrayLike = np.ndarray | torch.Tensor
@@ -165,8 +167,22 @@ def _text_spill(path: Path, options: ConvertOptions, scratch: contextlib.ExitSta
     budget = options.memory_budget if options.memory_budget is not None else default_memory_budget()
     if path.stat().st_size * (GZIP_EXPANSION if path.suffix == ".gz" else TEXT_EXPANSION) <= budget // 2:
         return None
-    directory = scratch.enter_context(tempfile.TemporaryDirectory(dir=options.scratch_dir, prefix=".morphpipe-edges-"))
-    return Path(directory) / "edges.int64"
+    return scratch.enter_context(scratch_directory(options.scratch_dir, "edges")) / "edges.int64"
+
+
+@contextlib.contextmanager
+def scratch_directory(parent: str | os.PathLike | None, purpose: str) -> Iterator[Path]:
+    """A hidden directory `.morphpipe-PURPOSE.partial-PID` in `parent` (default: the system's temporary directory),
+    removed on exit; one that a killed conversion left is removed by the next (`remove_stale_partials`)."""
+    target = Path(parent if parent is not None else tempfile.gettempdir()) / f"morphpipe-{purpose}"
+    remove_stale_partials(target)
+    directory = partial_path(target)
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -426,7 +442,7 @@ def _build_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, options: Conver
                                    "values, stays in memory; the edge sort needs at least "
                                    f"{format_bytes(SortPlan.minimum_bytes(num_keys))})",
                                    f"give --memory-budget {-(-needed // 2**20)}M or more")
-    with tempfile.TemporaryDirectory(dir=options.scratch_dir, prefix=".morphpipe-csc-") as scratch:
+    with scratch_directory(options.scratch_dir, "csc") as scratch:
         indptr, _ = build_csc_on_disk(edge_key_chunks(src, dst, num_nodes, make_undirected=options.make_undirected),
                                       num_keys, num_nodes, scratch, memory_budget=budget - (num_nodes + 1) * 8,
                                       drop_self_loops=options.drop_self_loops, dedupe=options.dedupe,

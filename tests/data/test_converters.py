@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gzip
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -309,6 +311,23 @@ def test_external_sort_leaves_no_scratch_files(tmp_path, external_runs, source):
         store = from_edge_list(edges, options=ConvertOptions(memory_budget=SMALL_BUDGET, scratch_dir=scratch,
                                                              num_nodes=20_000))
     assert external_runs and list(scratch.iterdir()) == [] and store.num_edges == 200_000
+
+
+def test_scratch_left_by_a_killed_conversion_is_removed(tmp_path):
+    dead = _dead_pid()
+    left = tmp_path / f".morphpipe-csc.partial-{dead}"
+    left.mkdir()
+    (left / ".sorted-runs.tmp").write_bytes(b"x" * 100)
+    with converters.scratch_directory(tmp_path, "csc") as scratch:
+        assert scratch.name == f".morphpipe-csc.partial-{os.getpid()}" and not left.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _dead_pid() -> int:
+    """The id of a process that has exited."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def test_budget_below_the_topology_is_refused_with_the_number_needed():
