@@ -32,6 +32,8 @@ MERGE_BYTES_PER_KEY = 2 * KEY_BYTES
 # Share of the available memory a build may use when no budget is given.
 DEFAULT_MEMORY_SHARE = 0.5
 SPILL_FILE = ".sorted-runs.tmp"
+# Most runs a build accepts from its budget (the merge keeps a block of each in memory).
+MAX_RUNS = 256
 
 
 def default_memory_budget() -> int:
@@ -73,9 +75,10 @@ class SortPlan:
 
     @staticmethod
     def minimum_bytes(num_keys: int) -> int:
-        """The least sort memory accepted: one in-memory sort for small inputs, else 1 MiB (smaller blocks make
-        the merge crawl)."""
-        return min(num_keys * (KEY_BYTES + DECODE_BYTES_PER_KEY), 1 << 20)
+        """The least sort memory accepted: one in-memory sort for small inputs, else enough for at most MAX_RUNS
+        runs and at least 1 MiB (smaller blocks make the merge crawl)."""
+        return min(num_keys * (KEY_BYTES + DECODE_BYTES_PER_KEY),
+                   max(1 << 20, 2 * (-(-num_keys // MAX_RUNS)) * KEY_BYTES))
 
 
 def build_csc_on_disk(

@@ -96,3 +96,10 @@ def test_plan_spills_only_beyond_the_budget():
     assert plan.num_runs * plan.block_keys * 16 <= 2 << 30
     with pytest.raises(ValueError, match="budget"):
         SortPlan.for_budget(10, 0)
+
+
+def test_minimum_budget_keeps_the_runs_few():
+    assert SortPlan.minimum_bytes(1_000) == 1_000 * 42  # small inputs: one run in memory
+    assert SortPlan.minimum_bytes(10**6) == 1 << 20
+    for num_keys in (10**8, 16 * 10**8):
+        assert SortPlan.for_budget(num_keys, SortPlan.minimum_bytes(num_keys)).num_runs <= 256
