@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse
 import torch
 
-from morphpipe.data.csc import as_node_ids, build_csc_arrays, edge_key_chunks
+from morphpipe.data.csc import CHUNK_EDGES, as_node_ids, build_csc_arrays, edge_key_chunks, release_mapped_pages
 from morphpipe.data.dtypes import FEATURE_DTYPES, index_dtype_for
 from morphpipe.data.external_csc import KEY_BYTES, SortPlan, build_csc_on_disk, default_memory_budget
 from morphpipe.data.ondisk import load_array
@@ -454,7 +454,7 @@ def _build_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, options: Conver
 def _infer_num_nodes(src: np.ndarray, dst: np.ndarray, features: ArrayLike | None, labels: ArrayLike | None,
                      parts: GraphParts) -> int:
     """max id + 1 over the edges, at least the number of feature rows or labels given."""
-    counts = [int(ids.max()) + 1 for ids in (src, dst) if ids.size]
+    counts = [_max_id(ids) + 1 for ids in (src, dst) if ids.size]
     for rows in (features, labels, parts.features, parts.labels):
         if rows is not None:
             counts.append(len(rows))
@@ -462,6 +462,15 @@ def _infer_num_nodes(src: np.ndarray, dst: np.ndarray, features: ArrayLike | Non
         raise GraphValidationError("num_nodes", "cannot be inferred from an empty edge list",
                                    "pass num_nodes in the options (--num-nodes)")
     return max(counts)
+
+
+def _max_id(ids: np.ndarray) -> int:
+    """ids.max(), a chunk at a time, so the pages of a memory-mapped edge list leave the resident set once read."""
+    largest = int(ids[0])
+    for start in range(0, ids.size, CHUNK_EDGES):
+        largest = max(largest, int(ids[start:start + CHUNK_EDGES].max()))
+        release_mapped_pages(ids[start:start + CHUNK_EDGES])
+    return largest
 
 
 def _feature_tensor(features: ArrayLike) -> torch.Tensor:

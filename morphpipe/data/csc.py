@@ -5,6 +5,7 @@ orders each neighbour list, and puts duplicate edges next to each other for dedu
 """
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 
 import numpy as np
@@ -110,6 +111,28 @@ def edge_key_chunks(src: np.ndarray, dst: np.ndarray, num_nodes: int, *,
         if make_undirected:
             fill_keys(chunk, dst[start:stop], src[start:stop], num_nodes)
             yield chunk
+        release_mapped_pages(src[start:stop])
+        release_mapped_pages(dst[start:stop])
+
+
+def release_mapped_pages(view: np.ndarray) -> None:
+    """Drops the pages lying wholly under a 1-D view of a memory-mapped file from this process's resident set.
+
+    They stay in the page cache (touching them again maps them back), so a mapped file read once,
+    chunk by chunk, does not pile up in the process's RSS. Does nothing for arrays in memory.
+    """
+    mapping = view
+    while isinstance(mapping, np.ndarray) and not isinstance(mapping, np.memmap):
+        mapping = mapping.base
+    if not isinstance(mapping, np.memmap) or getattr(mapping, "_mmap", None) is None or view.size == 0:
+        return
+    region = mapping._mmap
+    origin = np.frombuffer(region, dtype=np.uint8).ctypes.data
+    low = view.ctypes.data - origin + min(0, (view.size - 1) * view.strides[0])
+    high = low + abs((view.size - 1) * view.strides[0]) + view.itemsize
+    first, last = -(-low // mmap.PAGESIZE) * mmap.PAGESIZE, high // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        region.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def fill_keys(out: np.ndarray, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> None:
