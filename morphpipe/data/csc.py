@@ -116,7 +116,7 @@ def edge_key_chunks(src: np.ndarray, dst: np.ndarray, num_nodes: int, *,
 
 
 def release_mapped_pages(view: np.ndarray) -> None:
-    """Drops the pages lying wholly under a 1-D view of a memory-mapped file from this process's resident set.
+    """Drops the pages lying wholly under a 1-D view of a read-only memory-mapped file from this process's resident set.
 
     They stay in the page cache (touching them again maps them back), so a mapped file read once,
     chunk by chunk, does not pile up in the process's RSS. Does nothing for arrays in memory.
@@ -124,7 +124,9 @@ def release_mapped_pages(view: np.ndarray) -> None:
     mapping = view
     while isinstance(mapping, np.ndarray) and not isinstance(mapping, np.memmap):
         mapping = mapping.base
-    if not isinstance(mapping, np.memmap) or getattr(mapping, "_mmap", None) is None or view.size == 0:
+    # Read-only maps only: dropping pages of a copy-on-write map ("c") would discard the caller's changes.
+    if not isinstance(mapping, np.memmap) or mapping.mode != "r" or getattr(mapping, "_mmap", None) is None or \
+            view.size == 0:
         return
     region = mapping._mmap
     origin = np.frombuffer(region, dtype=np.uint8).ctypes.data

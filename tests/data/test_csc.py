@@ -122,3 +122,12 @@ def test_edge_chunks_of_a_mapped_file_do_not_pile_up_in_rss(tmp_path, layout, mo
     grown = process.memory_info().rss - before - keys.nbytes
     assert np.array_equal(keys, csc.pack_edge_keys(edges[0], edges[1], 1000))
     assert grown < 48 << 20, f"{grown >> 20} MiB of the 192 MiB file stayed resident"
+
+
+def test_pages_of_a_copy_on_write_map_are_kept(tmp_path):
+    """Dropping the pages of a "c" map would discard the caller's in-memory changes: they are left alone."""
+    np.save(tmp_path / "edges.npy", np.zeros((2, 1 << 16), dtype=np.int64))
+    edges = np.load(tmp_path / "edges.npy", mmap_mode="c")
+    edges[0] = 1
+    keys = np.concatenate([chunk.copy() for chunk in csc.edge_key_chunks(edges[0], edges[1], 2)])
+    assert np.all(keys == 1) and np.all(edges[0] == 1)
