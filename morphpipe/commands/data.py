@@ -22,13 +22,15 @@ from morphpipe.commands import arguments
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
-from morphpipe.data.ondisk import check_graph_output
+from morphpipe.data.ondisk import check_graph_output, nearest_existing_dir
 from morphpipe.data.presets import PRESETS, get_preset
 from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
 from morphpipe.data.summary import summarize
 from morphpipe.data.validation import GraphValidationError
 
 CONVERTERS = ("edgelist", "scipy", "ogb", "pyg")
+MEMORY_BUDGET_HELP = ("memory the build may use, e.g. 6G (default: half the available memory); edges beyond it are "
+                      "sorted on disk in runs, and a budget below what the per-node arrays need is refused")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,6 +67,7 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", help="dataset name recorded in meta.json")
     parser.add_argument("--root", help="dataset cache directory (default: $MORPHPIPE_DATA_DIR or "
                                        "~/.cache/morphpipe/datasets)")
+    parser.add_argument("--memory-budget", type=arguments.byte_size, help=MEMORY_BUDGET_HELP)
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_generate)
@@ -90,10 +93,12 @@ def run_generate(args: argparse.Namespace) -> int:
                 named = sorted(changed) + (["name"] if args.name else [])
                 raise ValueError(f"options {', '.join(named)} change the preset; the cache only holds presets as "
                                  "defined, so give -o DIR")
-            path = ensure_preset(preset, root=args.root, progress=progress, regenerate=args.force)
+            path = ensure_preset(preset, root=args.root, progress=progress, regenerate=args.force,
+                                 memory_budget=args.memory_budget)
         else:
             path = generate(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
-                            preset=None if changed else preset.name, progress=progress, overwrite=args.force)
+                            preset=None if changed else preset.name, progress=progress, overwrite=args.force,
+                            memory_budget=args.memory_budget)
     else:
         if args.kind is None:
             raise ValueError(f"give a PRESET ({', '.join(PRESETS)}) or --kind {'|'.join(KINDS)}")
@@ -102,7 +107,8 @@ def run_generate(args: argparse.Namespace) -> int:
         changed.setdefault("avg_degree", 16.0)
         changed.setdefault("feature_dim", 64)
         spec = GeneratorSpec(kind=args.kind, **changed)
-        path = generate(spec, args.output, name=args.name, progress=progress, overwrite=args.force)
+        path = generate(spec, args.output, name=args.name, progress=progress, overwrite=args.force,
+                        memory_budget=args.memory_budget)
     store = GraphStore.load(path, validate=False)
     print(f"{store.name}: {store.num_nodes:,} nodes, {store.num_edges:,} edges, features {store.num_nodes:,} x "
           f"{store.feature_dim} {dtype_name(store.feature_dtype)} -> {path} "
@@ -135,6 +141,7 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=arguments.seed, default=0, help="seed for whatever is generated (0)")
     parser.add_argument("--split-scheme", help="ogb: the split/<scheme> directory, when there are several")
     parser.add_argument("--name", help="dataset name (default: from the source)")
+    parser.add_argument("--memory-budget", type=arguments.byte_size, help=MEMORY_BUDGET_HELP + " (beside the output)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
     parser.set_defaults(func=run_convert)
 
@@ -147,6 +154,7 @@ def run_convert(args: argparse.Namespace) -> int:
         make_undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedupe=args.dedupe,
         num_nodes=args.num_nodes, name=args.name, seed=args.seed, split=args.split,
         feature_dim=args.feature_dim, num_classes=args.num_classes, progress=True,
+        memory_budget=args.memory_budget, scratch_dir=nearest_existing_dir(out.absolute().parent),
     )
     source = Path(args.source)
     if not source.exists():

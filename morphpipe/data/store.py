@@ -245,9 +245,9 @@ def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.P
 
 
 def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progress: bool = True,
-                  regenerate: bool = False) -> Path:
+                  regenerate: bool = False, memory_budget: int | None = None) -> Path:
     """Path of the preset in the cache, generated first when missing, made by another generator version or spec,
-    or when `regenerate`.
+    or when `regenerate` (within `memory_budget` bytes, see `generate`).
 
     A lock file serialises concurrent callers; generation goes to a temporary directory swapped into place
     (one left by a crashed generation is removed under the lock).
@@ -266,7 +266,8 @@ def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progres
             print(f"morphpipe: generating dataset {preset.name} into {target} ({reason})", file=sys.stderr)
         for leftover in cache.glob(f".{preset.name}.partial-*"):
             shutil.rmtree(leftover)
-        generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True)
+        generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True,
+                 memory_budget=memory_budget)
     return target
 
 
