@@ -1,4 +1,5 @@
-"""The documentation builds without a warning, documents every public name, and the README links only to pages that exist.
+"""The documentation builds without a warning, documents every public name, and says only what exists:
+the README's links, its quick-start commands, and every documented command line.
 
 `mkdocs build --strict` (mkdocs.yml: strict, with link, anchor and omitted-page validation) fails on any warning:
 a broken link or anchor, a page left out of the navigation, a docstring griffe cannot parse. The build takes
@@ -6,8 +7,9 @@ a broken link or anchor, a page left out of the navigation, a docstring griffe c
 """
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +52,8 @@ def test_every_package_face_has_a_page() -> None:
     """A new package face gets its page: every morphpipe sub-package with __all__ is listed in PACKAGES."""
     faces = {path.parent.name for path in (ROOT / "morphpipe").glob("*/__init__.py")
              if "__all__" in path.read_text()}
-    assert faces <= set(PACKAGES), f"add docs/api/<name>.md, a nav entry and PACKAGES for {sorted(faces - set(PACKAGES))}"
+    missing = sorted(faces - set(PACKAGES))
+    assert not missing, f"add docs/api/<name>.md, a nav entry in mkdocs.yml and PACKAGES here for {missing}"
 
 
 def test_readme_links_exist() -> None:
@@ -66,3 +69,51 @@ def test_readme_links_exist() -> None:
 def test_readme_is_short() -> None:
     """The README is for users (under 10 KB); design and robustness details live in docs/."""
     assert len((ROOT / "README.md").read_bytes()) < 10_000
+
+
+def test_readme_quick_start_is_what_ci_runs() -> None:
+    """.ci/run runs the README's test command verbatim, and the README keeps the one-line main job."""
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", readme, re.DOTALL)
+    ci_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci_command in commands, f"README.md's test command must be .ci/run's last line: {ci_command}"
+    assert "bash scripts/setup_venv.sh && .venv/bin/morphpipe tune" in commands
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """Every `morphpipe ...` and `python examples/...` command in the README's and docs/' bash blocks, as
+    (where, arguments after the program)."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                for command in re.split(r"&&|\|", line.split("  #")[0]):
+                    words = shlex.split(command)
+                    programs = [i for i, word in enumerate(words)
+                                if word == "morphpipe" or word.endswith("/morphpipe") or word.startswith("examples/")]
+                    if programs:
+                        found.append((f"{page.name}: {command.strip()}", words[programs[0]:]))
+    for page in [*sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "examples").glob("*.py"))]:
+        text = page.read_text().replace("\\\\\n", " ").replace("\\\n", " ")  # continued lines, also in docstrings
+        for command in re.findall(r"python (examples/[^`\n]+)", text):
+            found.append((f"{page.name}: {command.strip()}", shlex.split(command.split("  #")[0])))
+    return found
+
+
+def test_documented_commands_parse() -> None:
+    """Every documented command and flag exists: each parses with the real CLI's (or the example's) parser."""
+    from morphpipe.commands.cli import build_parser
+
+    commands = documented_commands()
+    assert len(commands) > 20
+    for where, words in commands:
+        try:
+            if words[0].startswith("examples/"):
+                spec = importlib.util.spec_from_file_location("documented_example", ROOT / words[0])
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                module.parse_args(words[1:])
+            else:
+                build_parser().parse_args(words[1:])
+        except SystemExit as exit_:
+            pytest.fail(f"{where}: does not parse (exit {exit_.code})")
