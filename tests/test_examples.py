@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,15 @@ from morphpipe.profiler import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+
+
+def checkout_env() -> dict[str, str]:
+    """The environment for a subprocess that must import this checkout's morphpipe: a script's own directory, not
+    the working directory, starts sys.path, and a morphpipe installed elsewhere (another checkout's editable
+    install) would be imported instead, and would rebuild the native ops from its own sources."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 def example(name: str) -> ModuleType:
@@ -77,7 +87,8 @@ def test_own_graph(tmp_path, capsys) -> None:
     cli_dir = tmp_path / "cli"
     subprocess.run([sys.executable, "-m", "morphpipe", "data", "convert", "edgelist", str(inputs / "edges.txt"),
                     "-o", str(cli_dir), "--features", str(inputs / "features.npy"), "--labels",
-                    str(inputs / "labels.npy"), "--name", "demo"], check=True, cwd=ROOT, capture_output=True)
+                    str(inputs / "labels.npy"), "--name", "demo"], check=True, cwd=ROOT, capture_output=True,
+                    env=checkout_env())
     cli = GraphStore.load(cli_dir)
     for field in ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx"):
         assert torch.equal(getattr(cli, field), getattr(graph, field)), field
@@ -122,12 +133,20 @@ def test_distributed(tiny, tmp_path) -> None:
     """Two gloo ranks started by the example itself: every training seed once per epoch over the ranks, the local
     batches adding up to the global batch, and a model that learned."""
     summary = tmp_path / "summary.json"
-    result = subprocess.run([sys.executable, str(EXAMPLES / "distributed.py"), "--nproc", "2", "--dataset", "tiny",
-                             "--epochs", "2", "--batch-size", "512", "--profile-steps", "2", "--out", str(summary)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    assert result.returncode == 0, result.stdout + result.stderr
+    command = [sys.executable, str(EXAMPLES / "distributed.py"), "--nproc", "2", "--dataset", "tiny", "--epochs", "2",
+               "--batch-size", "512", "--profile-steps", "2", "--out", str(summary)]
+    # its own session, so that a run past the timeout is ended with its ranks (they would hold the build lock)
+    launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=checkout_env(), start_new_session=True)
+    try:
+        output, _ = launcher.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        output, _ = launcher.communicate()
+        pytest.fail(f"examples/distributed.py ran past 300 s:\n{output}")
+    assert launcher.returncode == 0, output
     run = json.loads(summary.read_text())
     assert run["world_size"] == 2 and sum(run["local_batches"]) == 512
     assert run["seeds_per_epoch"] == [len(tiny.train_idx)] * 2
     assert run["test_acc"] > 0.5
-    assert "rank 0:" in result.stdout and "rank 1:" in result.stdout and "test accuracy" in result.stdout
+    assert "rank 0:" in output and "rank 1:" in output and "test accuracy" in output
