@@ -4,7 +4,9 @@ Each example exposes `main(argv)`; the tests call it with small arguments (few e
 profiling) and check what it returns and prints: accuracies above chance, losses that fall, every
 training seed trained once per epoch, the converter's output equal to `morphpipe data convert`'s,
 what-if predictions that move the right way. The distributed example runs as users run it, as a
-process that starts its 2 gloo ranks.
+process that starts its 2 gloo ranks. The tests took about 25 s on the project's 2-core machine under load 12-24
+(test_distributed 16 s of it: three interpreters, each importing torch, and a gloo rendezvous: that is what the
+example shows).
 """
 from __future__ import annotations
 
