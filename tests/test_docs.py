@@ -8,6 +8,7 @@ every module's source, statically).
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import re
 import shlex
@@ -118,3 +119,42 @@ def test_documented_commands_parse() -> None:
                 build_parser().parse_args(words[1:])
         except SystemExit as exit_:
             pytest.fail(f"{where}: does not parse (exit {exit_.code})")
+
+
+# Flags the pages name that belong to other programs, with the program.
+OTHER_PROGRAMS_FLAGS = {
+    "--test": "scripts/setup_venv.sh", "--strict": "mkdocs build", "--no-build-isolation": "pip",
+    "--no-deps": "pip", "--nproc-per-node": "torchrun", "--nnodes": "torchrun", "--rdzv-": "torchrun (--rdzv-*)",
+    "--all": "scripts/mutation_check.py", "--list": "scripts/mutation_check.py", "--only": "scripts/mutation_check.py",
+    "--quick": "scripts/gpu_check.sh",
+}
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option of a parser and of its sub-commands."""
+    found = set()
+    for action in parser._actions:
+        found.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= option_strings(sub)
+    return found
+
+
+def test_every_documented_flag_exists(monkeypatch) -> None:
+    """Each `--flag` the README or docs/ name, also in running text, is an option of the CLI or of an example
+    (or of another program listed above)."""
+    from morphpipe.commands.cli import build_parser
+
+    known = option_strings(build_parser()) | set(OTHER_PROGRAMS_FLAGS)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", lambda self, args=None, namespace=None: self)
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"documented_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        known |= option_strings(module.parse_args([]))
+    unknown = [f"{page.relative_to(ROOT)}: {flag}"
+               for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+               for flag in sorted(set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", page.read_text())))
+               if flag not in known]
+    assert not unknown, f"documented flags that no parser has: {unknown}"
