@@ -66,7 +66,7 @@ def test_train_preset(tiny, capsys) -> None:
     assert [stats.epoch for stats in history] == [0, 1]
     assert all(stats.seeds == len(tiny.train_idx) for stats in history)  # every training seed, once per epoch
     assert all(stats.predicted_epoch_s is not None and stats.predicted_epoch_s > 0 for stats in history)
-    assert result["test_acc"] > 0.5  # 4 classes: chance is 0.25
+    assert result["test_acc"] > 0.7  # 4 classes: chance is 0.25; measured 0.90
     out = capsys.readouterr().out
     assert f"test accuracy {result['test_acc']:.3f}" in out and "epoch 1:" in out
 
@@ -81,8 +81,10 @@ def test_own_graph(tmp_path, capsys) -> None:
     assert graph.num_nodes == 1200 and graph.feature_dim == 16 and graph.num_classes == 4
     assert np.array_equal(graph.labels.numpy(), labels)
     edges = np.loadtxt(inputs / "edges.txt", dtype=np.int64)
-    assert graph.num_edges <= len(edges) and graph.num_edges > 0.9 * len(edges)  # self loops are kept or few
-    assert result["test_acc"] > 0.45  # 4 classes: chance is 0.25
+    assert graph.num_edges == len(edges)  # no --undirected, --dedupe or --drop-self-loops: every line is an edge
+    assert np.array_equal(np.diff(graph.indptr.numpy()), np.bincount(edges[:, 1], minlength=1200))  # in-degrees
+    assert np.array_equal(np.sort(graph.indices.numpy()), np.sort(edges[:, 0]))  # the same sources
+    assert result["test_acc"] > 0.9  # 4 classes: chance is 0.25; the demo's features nearly give the class
     assert "same as: morphpipe data convert edgelist" in capsys.readouterr().out
 
     # The command line's converter, on the same files, writes the same graph.
@@ -99,14 +101,14 @@ def test_own_graph(tmp_path, capsys) -> None:
 def test_custom_module(tiny) -> None:
     result = example("custom_module").main(["--dataset", "tiny", "--epochs", "3", "--batch-size", "256"])
     assert result["losses"][-1] < result["losses"][0]
-    assert result["test_acc"] > 0.5
+    assert result["test_acc"] > 0.8  # measured 0.94
 
 
 def test_pyg_model(tiny) -> None:
     pytest.importorskip("torch_geometric.nn", reason="torch_geometric is not installed", exc_type=ImportError)
     result = example("pyg_model").main(["--dataset", "tiny", "--epochs", "2", "--batch-size", "256"])
     assert result["losses"][-1] < result["losses"][0]
-    assert result["test_acc"] > 0.5
+    assert result["test_acc"] > 0.75  # measured 0.91
 
 
 def test_what_if(tmp_path, capsys) -> None:
@@ -150,5 +152,5 @@ def test_distributed(tiny, tmp_path) -> None:
     run = json.loads(summary.read_text())
     assert run["world_size"] == 2 and sum(run["local_batches"]) == 512
     assert run["seeds_per_epoch"] == [len(tiny.train_idx)] * 2
-    assert run["test_acc"] > 0.5
+    assert run["test_acc"] > 0.7  # measured 0.86
     assert "rank 0:" in output and "rank 1:" in output and "test accuracy" in output
