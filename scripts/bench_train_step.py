@@ -6,7 +6,8 @@ per-step time (median of the timed steps after one warm-up) and the step's peak 
           (`morphpipe.ops.step_variant.LEGACY_STEP`, the step as it was), and
   fused:  the fused bias + ReLU + dropout op, SAGE's projections in one GEMM pass, fused Adam
           (`FUSED_STEP`, the default),
-both on the same pre-sampled batches; a torch.profiler per-op breakdown of one step of each
+both on the same pre-sampled batches, with the fused step's GEMM floor (its own mm/addmm products, recorded
+from a step, at torch mm's best float32 rate: `morphpipe.profiler.ceiling`) and its share of the step; a torch.profiler per-op breakdown of one step of each
 (default preset, the largest thread count); and `morphpipe train <preset> --auto --epochs 2`
 epoch times before and after (a fresh process each): "legacy" is the product as it was (the legacy
 step, torch's allocator without huge pages), "fused" as it is (`morphpipe.huge_pages`). The
@@ -50,6 +51,7 @@ from morphpipe.nn.train_step import TrainStep, make_optimizer  # noqa: E402
 from morphpipe.huge_pages import HUGE_PAGES_ENV, huge_pages  # noqa: E402
 from morphpipe.openmp_env import wait_policy  # noqa: E402
 from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, StepVariant, use_step_variant  # noqa: E402
+from morphpipe.profiler.ceiling import measure_gemm, recorded_gemm_shapes, share  # noqa: E402
 from morphpipe.sampling import CpuBatcher  # noqa: E402
 
 VARIANTS: dict[str, StepVariant] = {"legacy": LEGACY_STEP, "fused": FUSED_STEP}
@@ -90,11 +92,17 @@ def new_step(name: str, graph) -> TrainStep:
     return TrainStep(model, make_optimizer(model.parameters(), 3e-3, "cpu"))
 
 
-def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int) -> dict[str, float]:
-    """Median seconds per step and the largest step peak (MiB above the RSS before it), after one warm-up step."""
+def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int,
+               gemm_ceiling: bool = True) -> dict[str, float]:
+    """Median seconds per step and the largest step peak (MiB above the RSS before it), after one warm-up step;
+    with `gemm_ceiling`, also the step's GEMM floor: its own products (recorded) at torch mm's best float32 rate."""
     with use_step_variant(variant):
         step = new_step(name, graph)
         step(batches[0])
+        floor = {}
+        if gemm_ceiling:
+            ceiling = measure_gemm(recorded_gemm_shapes(lambda: step(batches[0])), torch.float32)
+            floor = {"gemm_floor_s": ceiling.seconds, "gemm_gflop_per_s": ceiling.gflop_per_s}
         seconds, peaks = [], []
         for i in range(steps):
             batch = batches[1 + i % (len(batches) - 1)]
@@ -105,7 +113,7 @@ def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int
             step(batch)
             seconds.append(time.perf_counter() - start)
             peaks.append((status_kib("VmHWM") - before) / 1024)
-    return {"step_s": statistics.median(seconds), "peak_mib": max(peaks)}
+    return {"step_s": statistics.median(seconds), "peak_mib": max(peaks), **floor}
 
 
 def op_breakdown(name: str, graph, batches: list, variant: StepVariant) -> list[tuple[str, float]]:
@@ -145,7 +153,7 @@ def train_epochs(preset: str, variant: str, epochs: int) -> dict[str, object]:
 def measure_steps(presets: list[str], models: list[str], threads: list[int], steps: dict[str, int],
                   report: dict[str, object] | None = None):
     """Yields (preset, model, threads, variant, time_steps result) for every combination; with `report`, also
-    the per-op breakdown of each model on the first preset at the largest thread count."""
+    the per-op breakdown of each model on the first preset at the largest thread count and the GEMM floors."""
     for preset in presets:
         graph = load_dataset(preset)
         count = steps.get(preset, 2)
@@ -155,7 +163,7 @@ def measure_steps(presets: list[str], models: list[str], threads: list[int], ste
                 torch.set_num_threads(count_threads)
                 for variant in VARIANTS:
                     yield preset, name, count_threads, variant, time_steps(name, graph, batches, VARIANTS[variant],
-                                                                           count)
+                                                                           count, gemm_ceiling=report is not None)
             if report is not None and preset == presets[0]:
                 torch.set_num_threads(max(threads))
                 report["ops"][name] = {variant: op_breakdown(name, graph, batches, VARIANTS[variant])
@@ -201,8 +209,9 @@ def main() -> None:
         "train": {}}
     print(f"# {report['machine']}; OpenMP wait policy {report['omp_wait_policy']}; "
           f"huge pages for large tensors {report['huge_pages']}")
-    print("| preset | model | threads | legacy step s | fused step s | speedup | legacy peak MiB | fused peak MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| preset | model | threads | legacy step s | fused step s | speedup | legacy peak MiB | fused peak MiB "
+          "| fused GEMM floor s (share of step) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows: dict[tuple[str, str, int], dict[str, dict[str, float]]] = {}
     for preset, name, count_threads, variant, result in measure_steps(presets, models, threads, steps, report):
         result["peak_mib"] = peaks[f"{preset} {name} {count_threads} {variant}"]
@@ -214,7 +223,8 @@ def main() -> None:
         report["steps"].append({"preset": preset, "model": name, "threads": count_threads, **row, "speedup": speedup})
         print(f"| {preset} | {name} | {count_threads} | {row['legacy']['step_s']:.3f} | "
               f"{row['fused']['step_s']:.3f} | {speedup:.2f}x | {row['legacy']['peak_mib']:.0f} | "
-              f"{row['fused']['peak_mib']:.0f} |", flush=True)
+              f"{row['fused']['peak_mib']:.0f} | {row['fused']['gemm_floor_s']:.3f} "
+              f"({share(row['fused']['gemm_floor_s'], row['fused']['step_s'])}) |", flush=True)
     for name, variants in report["ops"].items():
         for variant, ops in variants.items():
             listed = ", ".join(f"{op} {ms:.0f}" for op, ms in ops)
