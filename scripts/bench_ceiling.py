@@ -36,7 +36,8 @@ def main() -> None:
     print("|---|---|")
     print(f"| copy bandwidth (read + write) | {memory.copy_gb_per_s:.1f} GB/s |")
     for size, rate in memory.gather_rows_per_s.items():
-        print(f"| random {size}-byte row gather | {rate / 1e6:.1f} M rows/s ({memory.gather_gb_per_s(size):.1f} GB/s) |")
+        print(f"| random {size}-byte row gather | {rate / 1e6:.1f} M rows/s "
+              f"({memory.gather_gb_per_s(size):.1f} GB/s) |")
     shapes = training_step_gemm_shapes(load_dataset(args.dataset), args.model)
     gemms = {dtype: measure_gemm(shapes, dtype) for dtype in (torch.float32, torch.bfloat16)}
     for ceiling in gemms.values():

@@ -99,8 +99,8 @@ def main() -> None:
           f"{graph.features.shape[1]} x {graph.features.dtype}; fanouts {fanouts}, batch {args.batch_size}, "
           f"{args.batches} batches per row")
     gather_ceiling = ceiling.gather_rows_per_s[row_bytes]
-    print(f"ceiling ({args.max_threads} threads): random {row_bytes}-byte row gather {gather_ceiling / 1e6:.1f} M rows/s, "
-          f"copy {ceiling.copy_gb_per_s:.1f} GB/s (morphpipe.profiler.ceiling)")
+    print(f"ceiling ({args.max_threads} threads): random {row_bytes}-byte row gather "
+          f"{gather_ceiling / 1e6:.1f} M rows/s, copy {ceiling.copy_gb_per_s:.1f} GB/s (morphpipe.profiler.ceiling)")
     print(f"{'sampler':<22}{'batches/s':>11}{'Medges/s':>10}{'GB/s feat':>11}{'Mrows/s':>9}{'of ceil':>9}"
           f"{'vs ref':>8}{'vs 1 thr':>10}")
     reference_rows = reference.input_nodes_per_batch * reference.batches_per_s

@@ -198,17 +198,17 @@ MUTANTS: list[dict] = [
          replace="if self.reprofile is None or self.reprofiled or not faster:",
          tests=["tests/executor/test_replan.py::test_a_quiet_profile_is_never_taken_again"], ci=False),
     # --- C++ kernels (csrc/cpu; --all only) -----------------------------------------------------------------
-    dict(name="cpp-dropout-mask-bits-packed-reversed", file="csrc/cpu/bias_act_dropout.cpp",
+    dict(name="cpp-dropout-mask-bits-packed-reversed", file="csrc/cpu/bias_act_dropout_kernels.h",
          find="word |= static_cast<uint32_t>((bytes * 0x0102040810204080ULL) >> 56) << (8 * part);",
          replace="word |= static_cast<uint32_t>((bytes * 0x8040201008040201ULL) >> 56) << (8 * part);",
          tests=["tests/ops/test_bias_act_dropout.py::test_the_mask_is_the_specified_counter_based_hash"], ci=False),
-    dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate.cpp",
+    dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate_kernels.h",
          find="""      std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
          replace="""      if (f0 == 0) std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
          tests=[f"{WIDE}::test_weighted_sum_and_mean_at_every_width"], ci=False),
-    dict(name="cpp-gat-gradient-default-slope", file="csrc/cpu/gat.cpp",
+    dict(name="cpp-gat-gradient-default-slope", file="csrc/cpu/gat_kernels.h",
          find="return raw > acc_t(0) ? acc_t(1) : slope;",
          replace="return raw > acc_t(0) ? acc_t(1) : acc_t(0.2);",
          tests=[f"{WIDE}::test_gat_at_every_width_heads_and_slope"], ci=False),
