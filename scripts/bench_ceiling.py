@@ -16,7 +16,7 @@ import os
 import torch
 
 from morphpipe.data import load_dataset
-from morphpipe.profiler.ceiling import measure_gemm, measure_memory_ceiling, training_step_gemm_shapes
+from morphpipe.profiler.ceiling import isa_flags, measure_gemm, measure_memory_ceiling, training_step_gemm_shapes
 from morphpipe.profiler.hardware import HardwareFacts
 
 
@@ -30,7 +30,8 @@ def main() -> None:
 
     facts = HardwareFacts.detect()
     threads = torch.get_num_threads()
-    print(f"# {facts.cpu_model}; {threads} threads; load {os.getloadavg()[0]:.1f}; torch {torch.__version__}")
+    print(f"# {facts.cpu_model} ({' '.join(isa_flags())}); {threads} threads; load {os.getloadavg()[0]:.1f}; "
+          f"torch {torch.__version__}")
     memory = measure_memory_ceiling(buffer_bytes=args.buffer_mib << 20)
     print("| ceiling | figure |")
     print("|---|---|")
@@ -49,7 +50,7 @@ def main() -> None:
           + ", ".join(f"{s.m}x{s.k}x{s.n} x{s.count}" for s in shapes))
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"cpu": facts.cpu_model, "threads": threads, "memory": memory.to_dict(),
+            json.dump({"cpu": facts.cpu_model, "cpu_flags": isa_flags(), "threads": threads, "memory": memory.to_dict(),
                        "gemm_shapes": [vars(s) for s in shapes],
                        "gemm": {str(k).removeprefix("torch."): v.to_dict() for k, v in gemms.items()}}, out, indent=2)
 

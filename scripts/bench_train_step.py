@@ -7,8 +7,10 @@ per-step time (median of the timed steps after one warm-up) and the step's peak 
   fused:  the fused bias + ReLU + dropout op, SAGE's projections in one GEMM pass, fused Adam
           (`FUSED_STEP`, the default),
 both on the same pre-sampled batches, with the fused step's GEMM floor (its own mm/addmm products, recorded
-from a step, at torch mm's best float32 rate: `morphpipe.profiler.ceiling`) and its share of the step; a torch.profiler per-op breakdown of one step of each
-(default preset, the largest thread count); and `morphpipe train <preset> --auto --epochs 2`
+from a step, at torch mm's best float32 rate: `morphpipe.profiler.ceiling`) and its share of the step; the
+fused step at every CPU instruction-set level (`--cpu-levels`, default all this CPU supports, forced in turn
+in this process); a torch.profiler per-op breakdown of one step of each (default preset, the largest thread
+count); and `morphpipe train <preset> --auto --epochs 2`
 epoch times before and after (a fresh process each): "legacy" is the product as it was (the legacy
 step, torch's allocator without huge pages), "fused" as it is (`morphpipe.huge_pages`). The
 per-step table runs both variants in this process, under its own environment: run it once more
@@ -22,6 +24,7 @@ setting every tensor of 128 KiB or more would be fresh memory, and page faults w
 
 Usage: python scripts/bench_train_step.py [--presets default,bench-1m] [--models sage,gcn,gat]
          [--threads 1,2] [--steps default=4,bench-1m=2] [--train-epochs 2] [--no-train] [--json out.json]
+         [--cpu-levels baseline,avx2,avx512]
 """
 from __future__ import annotations
 
@@ -51,7 +54,9 @@ from morphpipe.nn.train_step import TrainStep, make_optimizer  # noqa: E402
 from morphpipe.huge_pages import HUGE_PAGES_ENV, huge_pages  # noqa: E402
 from morphpipe.openmp_env import wait_policy  # noqa: E402
 from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, StepVariant, use_step_variant  # noqa: E402
-from morphpipe.profiler.ceiling import measure_gemm, recorded_gemm_shapes, share  # noqa: E402
+from morphpipe import native  # noqa: E402
+from morphpipe.profiler.ceiling import isa_flags, measure_gemm, recorded_gemm_shapes, share  # noqa: E402
+from morphpipe.profiler.hardware import HardwareFacts  # noqa: E402
 from morphpipe.sampling import CpuBatcher  # noqa: E402
 
 VARIANTS: dict[str, StepVariant] = {"legacy": LEGACY_STEP, "fused": FUSED_STEP}
@@ -151,9 +156,10 @@ def train_epochs(preset: str, variant: str, epochs: int) -> dict[str, object]:
 
 
 def measure_steps(presets: list[str], models: list[str], threads: list[int], steps: dict[str, int],
-                  report: dict[str, object] | None = None):
-    """Yields (preset, model, threads, variant, time_steps result) for every combination; with `report`, also
-    the per-op breakdown of each model on the first preset at the largest thread count and the GEMM floors."""
+                  report: dict[str, object] | None = None, cpu_levels: tuple[str, ...] = ()):
+    """Yields (preset, model, threads, variant, time_steps result) for every combination, and the fused step at each
+    of `cpu_levels` (variant "fused@LEVEL"); with `report`, also the per-op breakdown of each model on the first
+    preset at the largest thread count and the GEMM floors."""
     for preset in presets:
         graph = load_dataset(preset)
         count = steps.get(preset, 2)
@@ -164,6 +170,10 @@ def measure_steps(presets: list[str], models: list[str], threads: list[int], ste
                 for variant in VARIANTS:
                     yield preset, name, count_threads, variant, time_steps(name, graph, batches, VARIANTS[variant],
                                                                            count, gemm_ceiling=report is not None)
+                for level in cpu_levels:
+                    with native.forced_cpu_capability(level):
+                        yield preset, name, count_threads, f"fused@{level}", time_steps(
+                            name, graph, batches, FUSED_STEP, count, gemm_ceiling=False)
             if report is not None and preset == presets[0]:
                 torch.set_num_threads(max(threads))
                 report["ops"][name] = {variant: op_breakdown(name, graph, batches, VARIANTS[variant])
@@ -190,6 +200,9 @@ def main() -> None:
     parser.add_argument("--train-epochs", type=int, default=2)
     parser.add_argument("--no-train", action="store_true", help="skip the `morphpipe train` runs")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--cpu-levels", default=None,
+                        help="CPU instruction-set levels to time the fused step at, e.g. baseline,avx2,avx512 "
+                             "(default: every level this CPU supports; '' to skip)")
     parser.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     presets = args.presets.split(",")
@@ -203,17 +216,26 @@ def main() -> None:
             json.dump(peaks, out)
         return
     peaks = measure_peaks(args)
+    cpu_levels = tuple(native.supported_cpu_capabilities() if args.cpu_levels is None
+                       else [level for level in args.cpu_levels.split(",") if level])
     report: dict[str, object] = {
         "machine": f"{platform.node()} {os.cpu_count()} cpus, torch {torch.__version__}",
         "omp_wait_policy": wait_policy().line(), "huge_pages": huge_pages().line(), "steps": [], "ops": {},
         "train": {}}
-    print(f"# {report['machine']}; OpenMP wait policy {report['omp_wait_policy']}; "
+    report["cpu"] = f"{HardwareFacts.detect().cpu_model} ({' '.join(isa_flags())}); CPU kernels " \
+                    f"{native.cpu_capability_info()}; load {os.getloadavg()[0]:.1f}"
+    print(f"# {report['machine']}; {report['cpu']}; OpenMP wait policy {report['omp_wait_policy']}; "
           f"huge pages for large tensors {report['huge_pages']}")
     print("| preset | model | threads | legacy step s | fused step s | speedup | legacy peak MiB | fused peak MiB "
           "| fused GEMM floor s (share of step) |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows: dict[tuple[str, str, int], dict[str, dict[str, float]]] = {}
-    for preset, name, count_threads, variant, result in measure_steps(presets, models, threads, steps, report):
+    levels: dict[tuple[str, str, int], dict[str, float]] = {}
+    for preset, name, count_threads, variant, result in measure_steps(presets, models, threads, steps, report,
+                                                                      cpu_levels):
+        if "@" in variant:
+            levels.setdefault((preset, name, count_threads), {})[variant.split("@")[1]] = result["step_s"]
+            continue
         result["peak_mib"] = peaks[f"{preset} {name} {count_threads} {variant}"]
         row = rows.setdefault((preset, name, count_threads), {})
         row[variant] = result
@@ -225,6 +247,16 @@ def main() -> None:
               f"{row['fused']['step_s']:.3f} | {speedup:.2f}x | {row['legacy']['peak_mib']:.0f} | "
               f"{row['fused']['peak_mib']:.0f} | {row['fused']['gemm_floor_s']:.3f} "
               f"({share(row['fused']['gemm_floor_s'], row['fused']['step_s'])}) |", flush=True)
+    if cpu_levels:
+        report["cpu_levels"] = {" ".join(map(str, key)): value for key, value in levels.items()}
+        print(f"\n| preset | model | threads | " + " | ".join(f"fused step s, {level}" for level in cpu_levels)
+              + " | " + " | ".join(f"{level} speedup" for level in cpu_levels[1:]) + " |")
+        print("|---|---|---|" + "---|" * (2 * len(cpu_levels) - 1))
+        for (preset, name, count_threads), by_level in levels.items():
+            base = by_level[cpu_levels[0]]
+            print(f"| {preset} | {name} | {count_threads} | "
+                  + " | ".join(f"{by_level[level]:.3f}" for level in cpu_levels) + " | "
+                  + " | ".join(f"{base / by_level[level]:.2f}x" for level in cpu_levels[1:]) + " |")
     for name, variants in report["ops"].items():
         for variant, ops in variants.items():
             listed = ", ".join(f"{op} {ms:.0f}" for op, ms in ops)

@@ -23,6 +23,20 @@ GATHER_ROWS_PER_RUN = 1 << 20
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::addmm_"}
 
 
+# The /proc/cpuinfo flags that decide the kernels' level and the GEMMs' (bf16) rate.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def isa_flags(cpuinfo_path: str = "/proc/cpuinfo") -> list[str]:
+    """Which of ISA_FLAGS this CPU reports (Linux /proc/cpuinfo; empty elsewhere), for benchmark headers."""
+    try:
+        with open(cpuinfo_path) as cpuinfo:
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in ISA_FLAGS if flag in flags]
+
+
 def best_seconds(run: Callable[[], object], repeats: int) -> float:
     """The fastest of `repeats` timed calls of `run`, after one untimed call (first touch, lazy setup)."""
     run()

@@ -35,3 +35,13 @@ def test_share_and_empty_shapes():
     assert share(11.6, 26.0) == "45%"
     with pytest.raises(ValueError, match="no GEMM shapes"):
         measure_gemm([], torch.float32)
+
+
+
+def test_isa_flags_lists_the_flags_that_matter_in_order(tmp_path):
+    from morphpipe.profiler.ceiling import isa_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: X\nflags\t\t: fpu sse2 avx512f fma avx2 amx_bf16 avx512_bf16\nflags : avx512bw\n")
+    assert isa_flags(str(cpuinfo)) == ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"]
+    assert isa_flags(str(tmp_path / "absent")) == []
