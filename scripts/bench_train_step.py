@@ -8,10 +8,10 @@ per-step time (median of the timed steps after one warm-up) and the step's peak 
           (`FUSED_STEP`, the default),
 both on the same pre-sampled batches, with the fused step's GEMM floor (its own mm/addmm products, recorded
 from a step, at torch mm's best float32 rate: `morphpipe.profiler.ceiling`) and its share of the step; the
-fused step at every CPU instruction-set level (`--cpu-levels`, default all this CPU supports, forced in turn
-in this process); a torch.profiler per-op breakdown of one step of each (default preset, the largest thread
-count); and `morphpipe train <preset> --auto --epochs 2`
-epoch times before and after (a fresh process each): "legacy" is the product as it was (the legacy
+fused step in bf16 (`TrainStep(precision="bf16")`: bfloat16 autocast, float32 master weights) and at every
+CPU instruction-set level (`--cpu-levels`, default all this CPU supports, forced in turn in this process); a
+torch.profiler per-op breakdown of one step of each (default preset, the largest thread count); and
+`morphpipe train <preset> --auto --epochs 2` epoch times before and after (a fresh process each): "legacy" is the product as it was (the legacy
 step, torch's allocator without huge pages), "fused" as it is (`morphpipe.huge_pages`). The
 per-step table runs both variants in this process, under its own environment: run it once more
 with THP_MEM_ALLOC_ENABLE=0 to time both without huge pages.
@@ -91,18 +91,18 @@ def sample_batches(graph, count: int) -> list:
     return batches
 
 
-def new_step(name: str, graph) -> TrainStep:
+def new_step(name: str, graph, precision: str = "float32") -> TrainStep:
     torch.manual_seed(0)
     model = build_model(name, graph.feature_dim, graph.num_classes)
-    return TrainStep(model, make_optimizer(model.parameters(), 3e-3, "cpu"))
+    return TrainStep(model, make_optimizer(model.parameters(), 3e-3, "cpu"), precision=precision)
 
 
 def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int,
-               gemm_ceiling: bool = True) -> dict[str, float]:
+               gemm_ceiling: bool = True, precision: str = "float32") -> dict[str, float]:
     """Median seconds per step and the largest step peak (MiB above the RSS before it), after one warm-up step;
     with `gemm_ceiling`, also the step's GEMM floor: its own products (recorded) at torch mm's best float32 rate."""
     with use_step_variant(variant):
-        step = new_step(name, graph)
+        step = new_step(name, graph, precision)
         step(batches[0])
         floor = {}
         if gemm_ceiling:
@@ -158,8 +158,8 @@ def train_epochs(preset: str, variant: str, epochs: int) -> dict[str, object]:
 def measure_steps(presets: list[str], models: list[str], threads: list[int], steps: dict[str, int],
                   report: dict[str, object] | None = None, cpu_levels: tuple[str, ...] = ()):
     """Yields (preset, model, threads, variant, time_steps result) for every combination, and the fused step at each
-    of `cpu_levels` (variant "fused@LEVEL"); with `report`, also the per-op breakdown of each model on the first
-    preset at the largest thread count and the GEMM floors."""
+    of `cpu_levels` (variant "fused@LEVEL"); with `report`, also the fused step in bf16 ("fused@bf16"), the
+    per-op breakdown of each model on the first preset at the largest thread count and the GEMM floors."""
     for preset in presets:
         graph = load_dataset(preset)
         count = steps.get(preset, 2)
@@ -174,6 +174,9 @@ def measure_steps(presets: list[str], models: list[str], threads: list[int], ste
                     with native.forced_cpu_capability(level):
                         yield preset, name, count_threads, f"fused@{level}", time_steps(
                             name, graph, batches, FUSED_STEP, count, gemm_ceiling=False)
+                if report is not None:
+                    yield preset, name, count_threads, "fused@bf16", time_steps(
+                        name, graph, batches, FUSED_STEP, count, gemm_ceiling=False, precision="bf16")
             if report is not None and preset == presets[0]:
                 torch.set_num_threads(max(threads))
                 report["ops"][name] = {variant: op_breakdown(name, graph, batches, VARIANTS[variant])
@@ -247,8 +250,14 @@ def main() -> None:
               f"{row['fused']['step_s']:.3f} | {speedup:.2f}x | {row['legacy']['peak_mib']:.0f} | "
               f"{row['fused']['peak_mib']:.0f} | {row['fused']['gemm_floor_s']:.3f} "
               f"({share(row['fused']['gemm_floor_s'], row['fused']['step_s'])}) |", flush=True)
+    report["cpu_levels"] = {" ".join(map(str, key)): value for key, value in levels.items()}
+    print("\n| preset | model | threads | fused float32 step s | fused bf16 step s | bf16 speedup |")
+    print("|---|---|---|---|---|---|")
+    for (preset, name, count_threads), row in rows.items():
+        bf16 = levels[(preset, name, count_threads)]["bf16"]
+        print(f"| {preset} | {name} | {count_threads} | {row['fused']['step_s']:.3f} | {bf16:.3f} | "
+              f"{row['fused']['step_s'] / bf16:.2f}x |")
     if cpu_levels:
-        report["cpu_levels"] = {" ".join(map(str, key)): value for key, value in levels.items()}
         print(f"\n| preset | model | threads | " + " | ".join(f"fused step s, {level}" for level in cpu_levels)
               + " | " + " | ".join(f"{level} speedup" for level in cpu_levels[1:]) + " |")
         print("|---|---|---|" + "---|" * (2 * len(cpu_levels) - 1))

@@ -12,6 +12,10 @@ from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import MiniBatch
 
 OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+# The arithmetic of a step's forward: float32 throughout, or bfloat16 autocast (projections and aggregations in
+# bfloat16 with float32 accumulation; float32 master weights, optimizer state and loss).
+PRECISIONS = ("float32", "bf16")
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Device types with a fused Adam kernel in torch 2.11-2.13.
 FUSED_ADAM_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
 
@@ -38,9 +42,11 @@ class TrainStep:
     """Forward over the batch's blocks, loss on its seeds, backward and optimizer step.
 
     Features stored in float16/bfloat16 are cast to the model's dtype on the device, so a
-    compact feature store costs no precision in the model. `guard` checks labels, loss and
-    gradients before the update (`FiniteGuard`); a skipped step returns a NaN loss, which the
-    epoch's mean leaves out.
+    compact feature store costs no precision in the model; with `precision="bf16"` the forward
+    and loss run under bfloat16 autocast instead, and half-precision features enter as stored (the
+    first projection reads them in bfloat16 anyway). `guard` checks labels, loss and gradients
+    before the update (`FiniteGuard`); a skipped step returns a NaN loss, which the epoch's mean
+    leaves out.
     """
 
     def __init__(
@@ -49,20 +55,31 @@ class TrainStep:
         optimizer: torch.optim.Optimizer,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = functional.cross_entropy,
         guard: FiniteGuard | None = None,
+        precision: str = "float32",
     ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} is not one of {PRECISIONS}")
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.guard = guard or FiniteGuard()
-        self.dtype = next(model.parameters()).dtype
+        self.precision = precision
+        parameter = next(model.parameters())
+        self.dtype = parameter.dtype
+        self.autocast = torch.autocast(parameter.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """The batch's features as the model reads them: half-precision ones as stored under bf16, else its dtype."""
+        return x if self.precision == "bf16" and x.dtype in HALF_DTYPES else x.to(self.dtype)
 
     def __call__(self, batch: MiniBatch) -> torch.Tensor:
         """Trains on `batch` (already on the model's device); returns the loss (one sync: the guard's check)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        logits = self.model(batch.blocks, batch.x.to(self.dtype))
-        labels, labels_ok = self.guard.safe_labels(batch.y, logits.shape[-1])
-        loss = self.loss_fn(logits, labels)
+        with self.autocast:
+            logits = self.model(batch.blocks, self.inputs(batch.x))
+            labels, labels_ok = self.guard.safe_labels(batch.y, logits.shape[-1])
+            loss = self.loss_fn(logits, labels)
         self.backward(batch, loss, labels_ok)
         if not self.guard.allows_update(loss=loss, labels_ok=labels_ok, logits=logits, labels=batch.y, seeds=batch.seeds,
                                         inputs=(batch.x, batch.input_nodes), model=self.model,

@@ -27,6 +27,10 @@ GEMM_OPS = {"aten::mm", "aten::addmm", "aten::addmm_"}
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
+# Flags of bfloat16 arithmetic in hardware: what bf16 training needs to be faster than float32 on a CPU.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
 def isa_flags(cpuinfo_path: str = "/proc/cpuinfo") -> list[str]:
     """Which of ISA_FLAGS this CPU reports (Linux /proc/cpuinfo; empty elsewhere), for benchmark headers."""
     try:
@@ -125,6 +129,20 @@ def training_step_gemm_shapes(graph, model: str = "sage", batch_size: int = 1024
     step = TrainStep(network, make_optimizer(network.parameters(), 3e-3, "cpu"))
     step(batch)  # the first step settles every per-shape choice the step makes
     return recorded_gemm_shapes(lambda: step(batch))
+
+
+def step_seconds(graph, build: Callable[[], torch.nn.Module], fanouts: Sequence[int], batch_size: int,
+                 precision: str, steps: int = 3) -> float:
+    """The best of `steps` timed training steps (after one untimed) of a model from `build` in `precision` on
+    `graph`'s first batch: what `train --precision auto` compares."""
+    from morphpipe.nn.train_step import TrainStep, make_optimizer
+    from morphpipe.sampling import CpuBatcher
+
+    with CpuBatcher(graph, list(fanouts), batch_size, num_threads=1, seed=0) as batcher:
+        batch = next(iter(batcher))
+    model = build()
+    step = TrainStep(model, make_optimizer(model.parameters(), 1e-3, "cpu"), precision=precision)
+    return best_seconds(lambda: step(batch), steps)
 
 
 def recorded_gemm_shapes(run: Callable[[], object]) -> list[GemmShape]:
