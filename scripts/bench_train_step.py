@@ -9,10 +9,11 @@ per-step time (median of the timed steps after one warm-up) and the step's peak 
 both on the same pre-sampled batches, with the fused step's GEMM floor (its own mm/addmm products, recorded
 from a step, at torch mm's best float32 rate: `morphpipe.profiler.ceiling`) and its share of the step; the
 fused step in bf16 (`TrainStep(precision="bf16")`: bfloat16 autocast, float32 master weights) and at every
-CPU instruction-set level (`--cpu-levels`, default all this CPU supports, forced in turn in this process); a
+CPU instruction-set level (`--cpu-levels`, default all this CPU supports), these taking turns step by step; a
 torch.profiler per-op breakdown of one step of each (default preset, the largest thread count); and
-`morphpipe train <preset> --auto --epochs 2` epoch times before and after (a fresh process each): "legacy" is the product as it was (the legacy
-step, torch's allocator without huge pages), "fused" as it is (`morphpipe.huge_pages`). The
+`morphpipe train <preset> --auto --epochs 2` epoch times before and after (a fresh process each): "legacy" is
+the product as it was (the legacy step, torch's allocator without huge pages), "fused" as it is
+(`morphpipe.huge_pages`). The
 per-step table runs both variants in this process, under its own environment: run it once more
 with THP_MEM_ALLOC_ENABLE=0 to time both without huge pages.
 
@@ -98,11 +99,11 @@ def new_step(name: str, graph, precision: str = "float32") -> TrainStep:
 
 
 def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int,
-               gemm_ceiling: bool = True, precision: str = "float32") -> dict[str, float]:
+               gemm_ceiling: bool = True) -> dict[str, float]:
     """Median seconds per step and the largest step peak (MiB above the RSS before it), after one warm-up step;
     with `gemm_ceiling`, also the step's GEMM floor: its own products (recorded) at torch mm's best float32 rate."""
     with use_step_variant(variant):
-        step = new_step(name, graph, precision)
+        step = new_step(name, graph)
         step(batches[0])
         floor = {}
         if gemm_ceiling:
@@ -119,6 +120,25 @@ def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int
             seconds.append(time.perf_counter() - start)
             peaks.append((status_kib("VmHWM") - before) / 1024)
     return {"step_s": statistics.median(seconds), "peak_mib": max(peaks), **floor}
+
+
+def time_configurations(name: str, graph, batches: list, cpu_levels: tuple[str, ...], steps: int) -> dict[str, float]:
+    """Median seconds of the fused step at each CPU level of `cpu_levels` (float32) and in bf16 (at the level in use),
+    the configurations taking turns step by step so that a changing machine load falls on all of them alike."""
+    configurations = {level: (level, "float32") for level in cpu_levels}
+    configurations["bf16"] = (native.load().cpu_capability(), "bf16")
+    seconds: dict[str, list[float]] = {config: [] for config in configurations}
+    with use_step_variant(FUSED_STEP):
+        trainers = {config: new_step(name, graph, precision) for config, (_, precision) in configurations.items()}
+        for i in range(steps + 1):  # the first round warms each up
+            batch = batches[i % len(batches)]
+            for config, (level, _) in configurations.items():
+                with native.forced_cpu_capability(level):
+                    start = time.perf_counter()
+                    trainers[config](batch)
+                    if i:
+                        seconds[config].append(time.perf_counter() - start)
+    return {config: statistics.median(times) for config, times in seconds.items()}
 
 
 def op_breakdown(name: str, graph, batches: list, variant: StepVariant) -> list[tuple[str, float]]:
@@ -158,8 +178,9 @@ def train_epochs(preset: str, variant: str, epochs: int) -> dict[str, object]:
 def measure_steps(presets: list[str], models: list[str], threads: list[int], steps: dict[str, int],
                   report: dict[str, object] | None = None, cpu_levels: tuple[str, ...] = ()):
     """Yields (preset, model, threads, variant, time_steps result) for every combination, and the fused step at each
-    of `cpu_levels` (variant "fused@LEVEL"); with `report`, also the fused step in bf16 ("fused@bf16"), the
-    per-op breakdown of each model on the first preset at the largest thread count and the GEMM floors."""
+    of `cpu_levels` and in bf16 (variants "fused@LEVEL", "fused@bf16", taking turns: `time_configurations`); with
+    `report`, also the per-op breakdown of each model on the first preset at the largest thread count and the GEMM
+    floors."""
     for preset in presets:
         graph = load_dataset(preset)
         count = steps.get(preset, 2)
@@ -170,13 +191,9 @@ def measure_steps(presets: list[str], models: list[str], threads: list[int], ste
                 for variant in VARIANTS:
                     yield preset, name, count_threads, variant, time_steps(name, graph, batches, VARIANTS[variant],
                                                                            count, gemm_ceiling=report is not None)
-                for level in cpu_levels:
-                    with native.forced_cpu_capability(level):
-                        yield preset, name, count_threads, f"fused@{level}", time_steps(
-                            name, graph, batches, FUSED_STEP, count, gemm_ceiling=False)
                 if report is not None:
-                    yield preset, name, count_threads, "fused@bf16", time_steps(
-                        name, graph, batches, FUSED_STEP, count, gemm_ceiling=False, precision="bf16")
+                    for config, seconds in time_configurations(name, graph, batches, cpu_levels, count).items():
+                        yield preset, name, count_threads, f"fused@{config}", {"step_s": seconds}
             if report is not None and preset == presets[0]:
                 torch.set_num_threads(max(threads))
                 report["ops"][name] = {variant: op_breakdown(name, graph, batches, VARIANTS[variant])
@@ -253,10 +270,11 @@ def main() -> None:
     report["cpu_levels"] = {" ".join(map(str, key)): value for key, value in levels.items()}
     print("\n| preset | model | threads | fused float32 step s | fused bf16 step s | bf16 speedup |")
     print("|---|---|---|---|---|---|")
-    for (preset, name, count_threads), row in rows.items():
-        bf16 = levels[(preset, name, count_threads)]["bf16"]
-        print(f"| {preset} | {name} | {count_threads} | {row['fused']['step_s']:.3f} | {bf16:.3f} | "
-              f"{row['fused']['step_s'] / bf16:.2f}x |")
+    active = native.load().cpu_capability()
+    for (preset, name, count_threads), by_config in levels.items():
+        float32 = by_config[active] if active in by_config else rows[(preset, name, count_threads)]["fused"]["step_s"]
+        print(f"| {preset} | {name} | {count_threads} | {float32:.3f} | {by_config['bf16']:.3f} | "
+              f"{float32 / by_config['bf16']:.2f}x |")
     if cpu_levels:
         print(f"\n| preset | model | threads | " + " | ".join(f"fused step s, {level}" for level in cpu_levels)
               + " | " + " | ".join(f"{level} speedup" for level in cpu_levels[1:]) + " |")

@@ -24,6 +24,7 @@ CONVERTERS = "tests/data/test_converters.py"
 CHECKPOINT = "tests/test_bad_input_api.py"
 OUTPUTS = "tests/commands/test_bad_input_outputs.py"
 UNIFORM = "tests/sampling/test_torch_path_uniform.py"
+CAPABILITY = "tests/ops/test_cpu_capability.py"
 
 MUTANTS: list[dict] = [
     # --- executor ------------------------------------------------------------------------------------
@@ -467,4 +468,17 @@ MUTANTS: list[dict] = [
          find="    os.rename(aside, staging)\n",
          replace="",
          tests=[f"{OUTPUTS}::test_replacing_a_directory_without_renameat2_leaves_only_the_new_one"], ci=False),
+    # --- issue 23: CPU instruction-set levels, bf16 training ---------------------------------------------------
+    dict(name="cpu-level-the-cpu-lacks-accepted", file="morphpipe/native.py",
+         find="    if not usable:\n        lacking =",
+         replace="    if not usable and not built:\n        lacking =",
+         tests=[f"{CAPABILITY}::test_a_cpu_without_avx512_gets_avx2_and_refuses_avx512"], ci=False),
+    dict(name="cpp-dispatch-avx2-runs-avx512-kernels", file="csrc/cpu/cpu_capability.h",
+         find="""      namespace isa = ::morphpipe::avx2;""",
+         replace="""      namespace isa = ::morphpipe::avx512;""",
+         tests=[f"{CAPABILITY}::test_every_level_agrees_with_the_baseline"], ci=False),
+    dict(name="bf16-step-runs-float32", file="morphpipe/nn/train_step.py",
+         find='enabled=precision == "bf16")',
+         replace="enabled=False)",
+         tests=["tests/nn/test_precision.py"], ci=False),
 ]

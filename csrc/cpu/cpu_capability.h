@@ -32,7 +32,8 @@ CpuCapability active_cpu_capability();
 void set_cpu_capability(const std::string& name);
 // (name, compiled into this binary, supported by this CPU) for every level, lowest first.
 std::vector<std::tuple<std::string, bool, bool>> cpu_capabilities();
-// Bit i set when a kernel of level i ran since the last call (tests: a level never runs code above it).
+// Bit i set when a kernel copy of level i ran since the last call (each copy's namespace names its level), and
+// the record cleared: tests check that a forced level never runs another level's code.
 int take_dispatched_capabilities();
 void note_dispatched(CpuCapability capability);
 
@@ -41,32 +42,32 @@ void note_dispatched(CpuCapability capability);
 // Runs the statement(s) with `isa` naming the active level's kernel namespace, e.g.
 // MORPHPIPE_CPU_DISPATCH(isa::spmm_sum_kernel<scalar_t>(...)); the kernels come from for_each_capability.h.
 #if MORPHPIPE_ISA_DISPATCH
-#define MORPHPIPE_CPU_DISPATCH(...)                                      \
-  switch (::morphpipe::active_cpu_capability()) {                        \
-    case ::morphpipe::CpuCapability::kAvx512: {                          \
-      namespace isa = ::morphpipe::avx512;                               \
-      ::morphpipe::note_dispatched(::morphpipe::CpuCapability::kAvx512); \
-      __VA_ARGS__;                                                       \
-      break;                                                             \
-    }                                                                    \
-    case ::morphpipe::CpuCapability::kAvx2: {                            \
-      namespace isa = ::morphpipe::avx2;                                 \
-      ::morphpipe::note_dispatched(::morphpipe::CpuCapability::kAvx2);   \
-      __VA_ARGS__;                                                       \
-      break;                                                             \
-    }                                                                    \
-    default: {                                                           \
-      namespace isa = ::morphpipe::baseline;                             \
-      ::morphpipe::note_dispatched(::morphpipe::CpuCapability::kBaseline); \
-      __VA_ARGS__;                                                       \
-      break;                                                             \
-    }                                                                    \
+#define MORPHPIPE_CPU_DISPATCH(...)                                    \
+  switch (::morphpipe::active_cpu_capability()) {                      \
+    case ::morphpipe::CpuCapability::kAvx512: {                        \
+      namespace isa = ::morphpipe::avx512;                             \
+      ::morphpipe::note_dispatched(isa::kCapability);                  \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::morphpipe::CpuCapability::kAvx2: {                          \
+      namespace isa = ::morphpipe::avx2;                               \
+      ::morphpipe::note_dispatched(isa::kCapability);                  \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    default: {                                                         \
+      namespace isa = ::morphpipe::baseline;                           \
+      ::morphpipe::note_dispatched(isa::kCapability);                  \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
   }
 #else
-#define MORPHPIPE_CPU_DISPATCH(...)                                      \
-  do {                                                                   \
-    namespace isa = ::morphpipe::baseline;                               \
-    ::morphpipe::note_dispatched(::morphpipe::CpuCapability::kBaseline); \
-    __VA_ARGS__;                                                         \
+#define MORPHPIPE_CPU_DISPATCH(...)                                    \
+  do {                                                                 \
+    namespace isa = ::morphpipe::baseline;                             \
+    ::morphpipe::note_dispatched(isa::kCapability);                    \
+    __VA_ARGS__;                                                       \
   } while (false)
 #endif

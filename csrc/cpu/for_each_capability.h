@@ -1,6 +1,7 @@
 // Compiles the kernel header named by MORPHPIPE_KERNELS once per CPU capability, into
 // morphpipe::baseline, morphpipe::avx2 and morphpipe::avx512 (anonymous inner namespaces: nothing is shared
-// between the copies, so the linker can never pick one level's copy for another). The wider levels are
+// between the copies, so the linker can never pick one level's copy for another); each namespace's kCapability
+// names its level, which MORPHPIPE_CPU_DISPATCH records for the copy it actually calls. The wider levels are
 // compiled under GCC target pragmas, so one translation unit and one set of compiler flags serve both
 // builds (native.py's JIT and setup.py). No include guard: an op source includes it once, after every
 // header it and the kernels need (those stay compiled for the baseline; the kernel header includes nothing),
@@ -13,6 +14,7 @@
 
 namespace morphpipe {
 namespace baseline {
+constexpr CpuCapability kCapability = CpuCapability::kBaseline;
 namespace {
 #include MORPHPIPE_KERNELS
 }  // namespace
@@ -24,6 +26,7 @@ namespace {
 #pragma GCC target("avx2,fma")
 namespace morphpipe {
 namespace avx2 {
+constexpr CpuCapability kCapability = CpuCapability::kAvx2;
 namespace {
 #include MORPHPIPE_KERNELS
 }  // namespace
@@ -35,6 +38,7 @@ namespace {
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")
 namespace morphpipe {
 namespace avx512 {
+constexpr CpuCapability kCapability = CpuCapability::kAvx512;
 namespace {
 #include MORPHPIPE_KERNELS
 }  // namespace
