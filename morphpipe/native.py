@@ -275,7 +275,8 @@ def supported_cpu_capabilities() -> list[str]:
 
 @contextmanager
 def forced_cpu_capability(name: str) -> Iterator[None]:
-    """Runs the CPU kernels at level `name` inside the block (benchmarks, tests), then at the level before."""
+    """Runs the CPU kernels at level `name` inside the block (benchmarks, tests), then at the level before; the level
+    is the process's, so kernels that other threads run meanwhile take it too."""
     module = load()
     before = module.cpu_capability()
     module.set_cpu_capability(name)
