@@ -1,11 +1,14 @@
 // Python bindings for what is not a stateless op: the threaded CPU batcher and build facts.
 #include <torch/extension.h>
 
+#include <string>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "cpu/cpu_batcher.h"
+#include "cpu/cpu_capability.h"
 #ifdef MORPHPIPE_WITH_CUDA
 #include "cuda/host_pinning.h"
 #endif
@@ -42,6 +45,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return false;
 #endif
   });
+
+  m.def(
+      "cpu_capability", [] { return std::string(morphpipe::capability_name(morphpipe::active_cpu_capability())); },
+      "the instruction-set level the CPU kernels run at: baseline, avx2 or avx512");
+  m.def("set_cpu_capability", &morphpipe::set_cpu_capability, py::arg("name"),
+        "runs the CPU kernels at level `name`; ValueError when it is unknown or this CPU lacks it");
+  m.def("cpu_capabilities", &morphpipe::cpu_capabilities,
+        "(name, compiled into this build, supported by this CPU) for every level, lowest first");
+  m.def("take_dispatched_capabilities", &morphpipe::take_dispatched_capabilities,
+        "bit i set when a kernel of level i (baseline, avx2, avx512) ran since the last call; clears the record");
 
 #ifdef MORPHPIPE_WITH_CUDA
   m.def("cuda_host_register", &morphpipe::cuda::host_register, py::arg("tensor"), py::arg("read_only"),

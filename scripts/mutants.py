@@ -24,6 +24,7 @@ CONVERTERS = "tests/data/test_converters.py"
 CHECKPOINT = "tests/test_bad_input_api.py"
 OUTPUTS = "tests/commands/test_bad_input_outputs.py"
 UNIFORM = "tests/sampling/test_torch_path_uniform.py"
+CAPABILITY = "tests/ops/test_cpu_capability.py"
 
 MUTANTS: list[dict] = [
     # --- executor ------------------------------------------------------------------------------------
@@ -198,17 +199,17 @@ MUTANTS: list[dict] = [
          replace="if self.reprofile is None or self.reprofiled or not faster:",
          tests=["tests/executor/test_replan.py::test_a_quiet_profile_is_never_taken_again"], ci=False),
     # --- C++ kernels (csrc/cpu; --all only) -----------------------------------------------------------------
-    dict(name="cpp-dropout-mask-bits-packed-reversed", file="csrc/cpu/bias_act_dropout.cpp",
+    dict(name="cpp-dropout-mask-bits-packed-reversed", file="csrc/cpu/bias_act_dropout_kernels.h",
          find="word |= static_cast<uint32_t>((bytes * 0x0102040810204080ULL) >> 56) << (8 * part);",
          replace="word |= static_cast<uint32_t>((bytes * 0x8040201008040201ULL) >> 56) << (8 * part);",
          tests=["tests/ops/test_bias_act_dropout.py::test_the_mask_is_the_specified_counter_based_hash"], ci=False),
-    dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate.cpp",
+    dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate_kernels.h",
          find="""      std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
          replace="""      if (f0 == 0) std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
          tests=[f"{WIDE}::test_weighted_sum_and_mean_at_every_width"], ci=False),
-    dict(name="cpp-gat-gradient-default-slope", file="csrc/cpu/gat.cpp",
+    dict(name="cpp-gat-gradient-default-slope", file="csrc/cpu/gat_kernels.h",
          find="return raw > acc_t(0) ? acc_t(1) : slope;",
          replace="return raw > acc_t(0) ? acc_t(1) : acc_t(0.2);",
          tests=[f"{WIDE}::test_gat_at_every_width_heads_and_slope"], ci=False),
@@ -467,4 +468,17 @@ MUTANTS: list[dict] = [
          find="    os.rename(aside, staging)\n",
          replace="",
          tests=[f"{OUTPUTS}::test_replacing_a_directory_without_renameat2_leaves_only_the_new_one"], ci=False),
+    # --- issue 23: CPU instruction-set levels, bf16 training ---------------------------------------------------
+    dict(name="cpu-level-the-cpu-lacks-accepted", file="morphpipe/native.py",
+         find="    if not usable:\n        lacking =",
+         replace="    if not usable and not built:\n        lacking =",
+         tests=[f"{CAPABILITY}::test_a_cpu_without_avx512_gets_avx2_and_refuses_avx512"], ci=False),
+    dict(name="cpp-dispatch-avx2-runs-avx512-kernels", file="csrc/cpu/cpu_capability.h",
+         find="""      namespace isa = ::morphpipe::avx2;""",
+         replace="""      namespace isa = ::morphpipe::avx512;""",
+         tests=[f"{CAPABILITY}::test_every_level_agrees_with_the_baseline"], ci=False),
+    dict(name="bf16-step-runs-float32", file="morphpipe/nn/train_step.py",
+         find='enabled=precision == "bf16")',
+         replace="enabled=False)",
+         tests=["tests/nn/test_precision.py"], ci=False),
 ]

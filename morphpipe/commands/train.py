@@ -89,6 +89,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="after SIGTERM mid epoch, finish and checkpoint the epoch if it ends within this many "
                              f"seconds, else stop at the next step (default {DEFAULT_GRACE_S:g}; the scheduler's "
                              "SIGTERM-to-SIGKILL wait, less the time a checkpoint takes)")
+    parser.add_argument("--precision", default="float32", choices=["float32", "bf16", "auto"],
+                        help="the training step's arithmetic: float32, bf16 (bfloat16 autocast, float32 master "
+                             "weights) or auto (bf16 where the CPU has AVX512-BF16 or AMX and a timed step is faster; "
+                             "mini-batch training in one process; default float32)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     train_distributed.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -101,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
     next step (see
     `morphpipe.executor.stopping`): the message says where to resume from; the exit status is 143.
     """
+    if args.precision != "float32" and (args.full_graph or train_distributed.wants_distributed(args)):
+        raise ValueError(f"--precision {args.precision} applies to mini-batch training in one process; drop it for "
+                         "--full-graph and distributed runs, which train in float32")
     if train_distributed.wants_distributed(args):
         return train_distributed.run(args)
     from morphpipe.data import load_dataset
@@ -127,15 +134,17 @@ def run(args: argparse.Namespace) -> int:
         else:
             replanner = Replanner(profile, gbs=max(plan.gbs, 1) if plan.n_gpu else args.gbs, seed=args.seed,
                                   reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run())
-    torch.manual_seed(args.seed)
     spec = model_spec(graph, args, settings)
+    precision = choose_precision(args.precision, graph, spec, settings)  # auto times throwaway models' steps
+    torch.manual_seed(args.seed)
     model = model_from_spec(spec)
     stop = StopRequest(args.stop_grace)
     with stop.on_sigterm(), Trainer(
             graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
             seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
             progress=not args.no_progress, eval_mode=args.eval_mode, task=make_task(str(settings["task"])),
-            model_spec=spec, replanner=replanner, on_nonfinite=args.on_nonfinite, stop=stop) as trainer:
+            model_spec=spec, replanner=replanner, on_nonfinite=args.on_nonfinite, stop=stop,
+            precision=precision) as trainer:
         try:
             history = trainer.fit(args.epochs)
         except TrainingStopped as stopped:
@@ -157,9 +166,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"test accuracy {test_acc:.4f} ({args.eval_mode})")
     print_epoch_summary(history, plan.predicted_epoch_s)
     if args.stats_json is not None:
-        write_stats(args.stats_json, {"plan": plan.to_dict()}, run_settings(settings, args, graph.name),
+        write_stats(args.stats_json, {"plan": plan.to_dict()}, {**run_settings(settings, args, graph.name),
+                                                                "precision": precision},
                     [stats.to_dict() for stats in history], test_acc)
     return 0
+
+
+def choose_precision(requested: str, graph, spec: dict[str, object], settings: dict[str, object]) -> str:
+    """The step's precision: `requested`, or for "auto" bf16 when the CPU has bfloat16 instructions (AVX512-BF16,
+    AMX) and a bf16 step of this model on a batch of this graph times faster than a float32 one; says why."""
+    from morphpipe.profiler.ceiling import BF16_FLAGS, isa_flags, step_seconds
+
+    if requested != "auto":
+        return requested
+    present = [flag for flag in isa_flags() if flag in BF16_FLAGS]
+    if not present:
+        print("precision float32 (auto: this CPU reports no AVX512-BF16 or AMX)")
+        return "float32"
+    timed = {precision: step_seconds(graph, lambda: model_from_spec(spec), settings["fanouts"],
+                                     int(settings["batch_size"]), precision) for precision in ("float32", "bf16")}
+    chosen = "bf16" if timed["bf16"] < timed["float32"] else "float32"
+    print(f"precision {chosen} (auto: {' '.join(present)}; a step takes {timed['float32'] * 1e3:.0f} ms in float32, "
+          f"{timed['bf16'] * 1e3:.0f} ms in bf16)")
+    return chosen
 
 
 def check_outputs(args: argparse.Namespace) -> None:

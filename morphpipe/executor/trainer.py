@@ -117,7 +117,8 @@ class Trainer:
     With a `replanner`, every epoch's measured phase times feed it, and the next epoch runs the
     plan it switches to (`self.plan` is always the plan in force). `on_nonfinite` is what a step with
     labels outside the classes or a NaN/infinite loss or gradient does: "stop" (a NonFiniteError naming
-    the epoch, batch and seeds) or "skip-batch" (no update; counted in the epoch's stats).
+    the epoch, batch and seeds) or "skip-batch" (no update; counted in the epoch's stats). `precision` is the
+    step's arithmetic ("float32", or "bf16": bfloat16 autocast with float32 master weights, `TrainStep`).
     When `stop` is requested, `fit` raises TrainingStopped after the current epoch (checkpointed) when the
     rest of it fits in the stop's grace period and there is a checkpoint directory, else after the current
     step (dropping the unfinished epoch).
@@ -130,7 +131,8 @@ class Trainer:
                  checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
                  progress: bool = True, log: Callable[[str], None] | None = None, eval_mode: str = "sampled",
                  model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None,
-                 on_nonfinite: str = "stop", stop: StopRequest | None = None, task: Task | None = None) -> None:
+                 on_nonfinite: str = "stop", stop: StopRequest | None = None, task: Task | None = None,
+                 precision: str = "float32") -> None:
         if task is not None and loss_fn is not None:
             raise ValueError("give either task= (whose loss trains) or loss_fn= (for node classification), not both")
         self.task = task or NodeClassification(loss_fn)
@@ -147,7 +149,7 @@ class Trainer:
         self.model = model.to(self.device)
         self.optimizer = optimizer or make_optimizer(self.model.parameters(), lr, self.device)
         self.guard = FiniteGuard(on_nonfinite)
-        self.step = TrainStep(self.model, self.optimizer, self.task, self.guard)
+        self.step = TrainStep(self.model, self.optimizer, self.task, self.guard, precision=precision)
         self.progress = progress
         self.log = log or tqdm.write
         self._say_once = LogOnce(self.log)

@@ -51,9 +51,10 @@ def check_eval_mode(mode: str) -> str:
     return mode
 
 
-def cast_features(x: Tensors, dtype: torch.dtype) -> Tensors:
-    """Features (one tensor or one per node type) in the model's dtype: a compact store costs no precision."""
-    return map_tensors(x, lambda t: t.to(dtype))
+def cast_features(x: Tensors, dtype: torch.dtype | None) -> Tensors:
+    """Features (one tensor or one per node type) in the model's dtype, so a compact store costs no precision;
+    None: as stored (a bf16 step's autocast reads half-precision features as they are)."""
+    return x if dtype is None else map_tensors(x, lambda t: t.to(dtype))
 
 
 @dataclass
@@ -103,8 +104,9 @@ class Task:
         """The model named `name` (`nn.factory.MODELS`) shaped for this task on `graph`."""
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, batch: MiniBatch, dtype: torch.dtype) -> TaskLoss:
-        """The model's outputs on `batch` (on the model's device) and the loss against the batch's targets."""
+    def loss(self, model: nn.Module, batch: MiniBatch, dtype: torch.dtype | None) -> TaskLoss:
+        """The model's outputs on `batch` (on the model's device) and the loss against the batch's targets; the
+        features are cast to `dtype` first (None: as stored)."""
         raise NotImplementedError
 
     def evaluate(self, model: nn.Module, graph: GraphStore, seeds: torch.Tensor, settings: EvalSettings, *,
@@ -146,7 +148,7 @@ class NodeClassification(Task):
         return build_model(name, graph.feature_dim, graph.num_classes, num_layers=num_layers, hidden=hidden,
                            **options)
 
-    def loss(self, model: nn.Module, batch: MiniBatch, dtype: torch.dtype) -> TaskLoss:
+    def loss(self, model: nn.Module, batch: MiniBatch, dtype: torch.dtype | None) -> TaskLoss:
         logits = model(batch.blocks, cast_features(batch.x, dtype))
         labels, labels_ok = FiniteGuard.safe_labels(batch.y, logits.shape[-1])
         return TaskLoss(self.loss_fn(logits, labels), logits, batch.y, labels_ok)

@@ -12,6 +12,9 @@ from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import MiniBatch
 
 OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+# The arithmetic of a step's forward: float32 throughout, or bfloat16 autocast (projections and aggregations in
+# bfloat16 with float32 accumulation; float32 master weights, optimizer state and loss).
+PRECISIONS = ("float32", "bf16")
 # Device types with a fused Adam kernel in torch 2.11-2.13.
 FUSED_ADAM_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
 
@@ -39,24 +42,37 @@ class TrainStep:
 
     `task` (default: node classification with cross entropy) computes the outputs and the loss;
     features stored in float16/bfloat16 are cast to the model's dtype on the device, so a compact
-    feature store costs no precision in the model. `guard` checks targets, loss and gradients
+    feature store costs no precision in the model; with `precision="bf16"` the forward and loss run
+    under bfloat16 autocast instead, and features enter as stored (the first projection reads them in
+    bfloat16 anyway). `guard` checks targets, loss and gradients
     before the update (`FiniteGuard`); a skipped step returns a NaN loss, which the epoch's mean
     leaves out.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task | None = None,
-                 guard: FiniteGuard | None = None) -> None:
+                 guard: FiniteGuard | None = None, precision: str = "float32") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} is not one of {PRECISIONS}")
         self.model = model
         self.optimizer = optimizer
         self.task = task or NodeClassification()
         self.guard = guard or FiniteGuard()
-        self.dtype = next(model.parameters()).dtype
+        self.precision = precision
+        parameter = next(model.parameters())
+        self.dtype = parameter.dtype
+        self.autocast = torch.autocast(parameter.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    @property
+    def feature_dtype(self) -> torch.dtype | None:
+        """The dtype the batch's features are cast to before the model: its own, or None (as stored) under bf16."""
+        return None if self.precision == "bf16" else self.dtype
 
     def __call__(self, batch: MiniBatch) -> torch.Tensor:
         """Trains on `batch` (already on the model's device); returns the loss (one sync: the guard's check)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        scored = self.task.loss(self.model, batch, self.dtype)
+        with self.autocast:
+            scored = self.task.loss(self.model, batch, self.feature_dtype)
         loss = scored.loss
         self.backward(batch, loss, scored.targets_ok)
         if not self.guard.allows_update(loss=loss, labels_ok=scored.targets_ok, logits=scored.outputs,
