@@ -22,9 +22,10 @@ from morphpipe.commands import arguments
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
+from morphpipe.data.hetero_generator import MagSpec, generate_hetero
 from morphpipe.data.ondisk import check_graph_output
 from morphpipe.data.presets import PRESETS, get_preset
-from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
+from morphpipe.data.store import GraphStore, ensure_preset, load_dataset, load_graph_dir
 from morphpipe.data.summary import summarize
 from morphpipe.data.validation import GraphValidationError
 
@@ -91,6 +92,9 @@ def run_generate(args: argparse.Namespace) -> int:
                 raise ValueError(f"options {', '.join(named)} change the preset; the cache only holds presets as "
                                  "defined, so give -o DIR")
             path = ensure_preset(preset, root=args.root, progress=progress, regenerate=args.force)
+        elif isinstance(preset.spec, MagSpec):
+            path = generate_hetero(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
+                                   preset=None if changed else preset.name, overwrite=args.force)
         else:
             path = generate(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
                             preset=None if changed else preset.name, progress=progress, overwrite=args.force)
@@ -103,7 +107,10 @@ def run_generate(args: argparse.Namespace) -> int:
         changed.setdefault("feature_dim", 64)
         spec = GeneratorSpec(kind=args.kind, **changed)
         path = generate(spec, args.output, name=args.name, progress=progress, overwrite=args.force)
-    store = GraphStore.load(path, validate=False)
+    store = load_graph_dir(Path(path), validate=False)
+    if getattr(store, "is_hetero", False):
+        print(f"{store!r} -> {path} ({time.perf_counter() - started:.1f} s)")
+        return 0
     print(f"{store.name}: {store.num_nodes:,} nodes, {store.num_edges:,} edges, features {store.num_nodes:,} x "
           f"{store.feature_dim} {dtype_name(store.feature_dtype)} -> {path} "
           f"({time.perf_counter() - started:.1f} s)")
@@ -220,6 +227,10 @@ def add_info(commands: argparse._SubParsersAction) -> None:
 
 def run_info(args: argparse.Namespace) -> int:
     """Loads (and validates) the graph and prints its summary."""
-    summary = summarize(load_dataset(args.target, root=args.root))
+    graph = load_dataset(args.target, root=args.root)
+    if getattr(graph, "is_hetero", False):
+        print(json.dumps({"summary": repr(graph)}) if args.json else repr(graph))
+        return 0
+    summary = summarize(graph)
     print(json.dumps(asdict(summary), indent=2) if args.json else summary)
     return 0
