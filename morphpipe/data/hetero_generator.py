@@ -54,7 +54,7 @@ class MagSpec:
     citations: int = 6  # papers each paper cites
     authors_per_paper: int = 3
     topics_per_paper: int = 3
-    feature_noise: float = 1.5  # noise std per dimension; class means have norm ~1
+    feature_noise: float = 1.5  # noise std per dimension; class means have norm ~1 (as the community preset's)
     seed: int = 0
     split: SplitFractions = field(default_factory=lambda: SplitFractions(0.6, 0.2, 0.2))
     kind: str = MAG_SHAPED
@@ -109,7 +109,7 @@ def mag_shaped(spec: MagSpec, name: str = MAG_SHAPED, preset: str | None = None)
         for rel, s, d in ((relation, src, dst), (reverse(relation), dst, src)):
             indptr[rel], indices[rel] = csc_of(s, d, counts[rel.dst], counts[rel.src])
     means = rng.standard_normal((spec.num_classes, spec.feature_dim)) / np.sqrt(spec.feature_dim)
-    noise = rng.standard_normal((spec.num_papers, spec.feature_dim)) * (spec.feature_noise / np.sqrt(spec.feature_dim))
+    noise = rng.standard_normal((spec.num_papers, spec.feature_dim)) * spec.feature_noise
     features = (means[labels] + noise).astype(np.float32)
     train, val, test = random_split(np.arange(spec.num_papers), spec.split, spec.seed)
     node_types = type_ranges(counts)
