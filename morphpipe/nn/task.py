@@ -157,6 +157,12 @@ class NodeClassification(Task):
                              f"{len(fanouts)}: give one count per layer for every relation")
         return self.relation_fanouts
 
+    def meta(self) -> dict[str, Any]:
+        if self.relation_fanouts is None:
+            return super().meta()
+        return {**super().meta(), "relation_fanouts": {str(key): list(counts)
+                                                       for key, counts in self.relation_fanouts.items()}}
+
     def seeds(self, graph: GraphStore, split: str = "train") -> torch.Tensor:
         return getattr(graph, f"{check_split(split)}_idx")
 
