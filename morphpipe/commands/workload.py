@@ -113,6 +113,9 @@ def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> 
                 "num_classes": int(graph.num_classes), "num_layers": len(settings["fanouts"]),
                 "hidden": settings["hidden"], "heads": args.heads, "dropout": args.dropout,
                 "fanouts": list(settings["fanouts"]), "relation_fanouts": settings.get("relation_fanouts")}
+    if settings["model"] in HETERO_MODELS:
+        raise ValueError(f"model {settings['model']!r} needs a heterogeneous dataset; {graph.name!r} has one node and "
+                         "one edge type: use sage, gcn, gat or mlp")
     return {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
             "num_layers": len(settings["fanouts"]), "hidden": settings["hidden"], "heads": args.heads,
             "dropout": args.dropout, "fanouts": list(settings["fanouts"])}

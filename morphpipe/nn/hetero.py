@@ -264,7 +264,8 @@ def build_hetero_model(name: str, *, num_nodes: Mapping[str, int], feature_dims:
     the featureless types' embeddings) defaults to the widest feature width, else `hidden`.
     """
     if name not in HETERO_MODELS:
-        raise ValueError(f"name={name!r} is not a heterogeneous model; use one of {list(HETERO_MODELS)}")
+        raise ValueError(f"model {name!r} is not a heterogeneous model (it ignores node and relation types); use one "
+                         f"of {list(HETERO_MODELS)}")
     if heads is not None and name != "rgat":
         raise ValueError(f"heads={heads!r} only applies to name='rgat', not name={name!r}; drop heads")
     if num_bases is not None and name != "rgcn":

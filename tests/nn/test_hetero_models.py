@@ -154,7 +154,7 @@ def test_one_layer_equals_pyg_heteroconv(graph, batch, name) -> None:
 def test_model_arguments_are_checked(graph) -> None:
     with pytest.raises(ValueError, match="heads=2 only applies to name='rgat'"):
         model_for(graph, "rgcn", heads=2)
-    with pytest.raises(ValueError, match="not a heterogeneous model"):
+    with pytest.raises(ValueError, match="model 'sage' is not a heterogeneous model"):
         model_for(graph, "sage")
     with pytest.raises(ValueError, match="basis decomposition needs every relation's source rows to have one width"):
         model_for(graph, "rgcn", num_bases=2, embedding_dim=3)
