@@ -3,8 +3,9 @@
 Node type `t` owns the global ids `[start_t, start_t + count_t)`; the ranges tile `[0, num_nodes)`
 in the order of `node_types`, so samplers and caches keep one id per node. A relation
 `(src_type, name, dst_type)` is a CSC over the destination type's local ids whose `indices` are
-the source type's local ids (one CSC per relation was measured faster to sample than one CSC
-with per-edge relation ids: BENCHMARKS.md, heterogeneous sampling). Features are per node type,
+the source type's local ids (a relation's neighbour list is one indptr read away; the alternative,
+one CSC with per-edge relation ids, needs a search per destination and relation, and has not been
+measured against it yet). Features are per node type,
 each with its own width and dtype; a type without features is embedded by the model. Labels
 are global (-1 outside the target type) and the splits are global ids of the target type.
 
@@ -395,9 +396,10 @@ def is_hetero_dir(path: str | os.PathLike) -> bool:
     if not meta.is_file():
         return False
     try:
-        return json.loads(meta.read_text()).get("format") == HETERO_FORMAT_NAME
-    except (ValueError, OSError, AttributeError):
-        return False
+        data = read_json(meta, "")
+    except (ValueError, OSError):
+        return False  # not readable as ours: the homogeneous loader names what is wrong with it
+    return isinstance(data, dict) and data.get("format") == HETERO_FORMAT_NAME
 
 
 def type_ranges(counts: Mapping[str, int]) -> tuple[NodeType, ...]:

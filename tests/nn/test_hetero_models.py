@@ -10,6 +10,7 @@ from morphpipe.data.hetero_convert import homogeneous_view
 from morphpipe.data.hetero_generator import MagSpec, mag_shaped
 from morphpipe.executor import Trainer
 from morphpipe.nn import NodeClassification
+from morphpipe.nn.finite_guard import FiniteGuard, NonFiniteError
 from morphpipe.nn.hetero import build_hetero_model, relation_key
 from morphpipe.profiler.profile import Profile
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
@@ -184,3 +185,20 @@ def test_rgat_clearly_beats_a_model_that_ignores_relation_types() -> None:
     type_blind = fit(view, "sage", epochs=4)
     print(f"test accuracy: rgat {relation_aware:.3f}, type-blind sage {type_blind:.3f}")
     assert relation_aware > type_blind + 0.2, (relation_aware, type_blind)
+
+
+def test_a_nan_in_one_types_features_is_named_by_node_id(graph, batch) -> None:
+    """The finite guard walks a typed batch's per-type rows (type after type in input_nodes) to name the bad node."""
+    x = {name: value.clone() for name, value in batch.x.items()}
+    x["paper"][2, 1] = float("nan")
+    model = model_for(graph, "rgcn")
+    loss = functional_loss(model, batch, x)
+    loss.backward()
+    guard = FiniteGuard("stop")
+    with pytest.raises(NonFiniteError, match=rf"features of nodes {int(batch.input_nodes[2])} are NaN"):
+        guard.allows_update(loss=loss, labels_ok=torch.tensor(True), logits=torch.zeros(1, 1), labels=batch.y,
+                            seeds=batch.seeds, inputs=(x, batch.input_nodes), model=model, where="batch 1 of Route 0")
+
+
+def functional_loss(model, batch, x) -> torch.Tensor:
+    return F.cross_entropy(model(batch.blocks, x), batch.y)
