@@ -66,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
     model.to(device)
     budget = None if args.memory_mb is None else args.memory_mb * MIB
     typed = getattr(graph, "is_hetero", False)
-    if typed and args.mode == "full":
-        raise ValueError("exact (full) evaluation of heterogeneous models is not built yet; use --mode sampled")
-    block = GraphBlock.of(graph.indptr, graph.indices) if args.mode == "full" else None
+    block = GraphBlock.of(graph.indptr, graph.indices) if args.mode == "full" and not typed else None
     print(f"model {spec['name']} from {args.checkpoint} after {state.epoch} epochs; {args.mode} inference on "
           f"{graph.name} ({graph.num_nodes:,} nodes)")
     said: set[str] = set()
@@ -81,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     results = {}
     for split in SPLITS if args.split == "all" else (args.split,):
         seeds = getattr(graph, f"{split}_idx")
-        if args.mode == "full":
+        if args.mode == "full" and not typed:
             results[split] = full_accuracy(model, graph, seeds, device=device, chunk_size=args.chunk_size,
                                            memory_budget=budget, graph_block=block, progress=not args.no_progress,
                                            log=say_once)
@@ -89,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             relation_fanouts = spec.get("relation_fanouts")
             task = NodeClassification(relation_fanouts=parse_relation_fanouts(relation_fanouts)
                                       if relation_fanouts else None)
-            settings = EvalSettings(spec["fanouts"], batch_size=args.batch_size)
+            settings = EvalSettings(spec["fanouts"], batch_size=args.batch_size, mode=args.mode)
             results[split] = task.evaluate(model, graph, seeds, settings, device=torch.device(device))
         else:
             results[split] = accuracy(model, graph, seeds, spec["fanouts"], batch_size=args.batch_size,

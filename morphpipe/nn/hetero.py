@@ -251,6 +251,30 @@ class HeteroModel(nn.Module):
         return h[self.target_type]
 
 
+def whole_graph_layer(graph) -> HeteroBlock:
+    """Every relation's whole CSC as one typed layer (every node of a type is a source and a destination)."""
+    counts = {node_type.name: node_type.count for node_type in graph.node_types}
+    blocks = {relation: Block(graph.indptr[relation], graph.indices[relation].long(), counts[relation.src],
+                              counts[relation.dst]) for relation in graph.relations}
+    return HeteroBlock(blocks, counts, dict(counts))
+
+
+@torch.no_grad()
+def whole_graph_logits(model: HeteroModel, graph, device: torch.device | str = "cpu") -> Tensor:
+    """Exact logits of every target-type node: each layer applied once to the whole graph (every neighbour, every
+    relation), layer after layer. The whole graph is held at once (no chunking of destinations yet)."""
+    dtype = next(model.parameters()).dtype
+    layer = whole_graph_layer(graph).to(device)
+    x = {t.name: graph.features[t.name].to(device=device, dtype=dtype) if t.name in graph.features
+         else torch.arange(t.count, device=device) for t in graph.node_types}
+    was_training = model.training
+    model.eval()
+    try:
+        return model([layer] * model.num_layers, x)
+    finally:
+        model.train(was_training)
+
+
 HETERO_MODELS = ("rgcn", "rsage", "rgat")
 
 

@@ -11,7 +11,8 @@ from morphpipe.data.hetero_generator import MagSpec, mag_shaped
 from morphpipe.executor import Trainer
 from morphpipe.nn import NodeClassification
 from morphpipe.nn.finite_guard import FiniteGuard, NonFiniteError
-from morphpipe.nn.hetero import build_hetero_model, relation_key
+from morphpipe.nn.hetero import build_hetero_model, relation_key, whole_graph_logits
+from morphpipe.nn.task import EvalSettings
 from morphpipe.profiler.profile import Profile
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
 from morphpipe.scheduler import plan_from_profile
@@ -202,3 +203,20 @@ def test_a_nan_in_one_types_features_is_named_by_node_id(graph, batch) -> None:
 
 def functional_loss(model, batch, x) -> torch.Tensor:
     return F.cross_entropy(model(batch.blocks, x), batch.y)
+
+
+@pytest.mark.parametrize("name, options", [("rgcn", {"num_bases": 2}), ("rsage", {}), ("rgat", {"heads": 2})])
+def test_whole_graph_inference_equals_batches_of_every_neighbour(graph, name, options) -> None:
+    """Exact (full) evaluation applies each layer to the whole graph; a batch taking every neighbour of every
+    relation computes the same logits for its seeds."""
+    model = model_for(graph, name, hidden=6, **options)
+    logits = whole_graph_logits(model, graph)
+    assert logits.shape == (graph.node_type("paper").count, graph.num_classes)
+    with HeteroCpuBatcher(graph, [-1, -1], 40, seeds=graph.test_idx, shuffle=False, num_threads=1) as batcher:
+        for batch in batcher:
+            with torch.no_grad():
+                torch.testing.assert_close(model(batch.blocks, batch.x), logits[batch.seeds], rtol=1e-4, atol=1e-5)
+    settings = EvalSettings([-1, -1], mode="full")
+    expected = float((logits.argmax(1)[graph.test_idx] == graph.labels[graph.test_idx]).float().mean())
+    assert NodeClassification().evaluate(model, graph, graph.test_idx, settings,
+                                         device=torch.device("cpu")) == pytest.approx(expected)
