@@ -215,7 +215,6 @@ class NodeClassification(Task):
         return accuracy(model, graph, seeds, settings.fanouts, batch_size=settings.batch_size, device=device,
                         seed=settings.seed)
 
-
     @torch.no_grad()
     def _typed_accuracy(self, model: nn.Module, graph: Any, seeds: torch.Tensor, settings: EvalSettings,
                         device: torch.device) -> float:
