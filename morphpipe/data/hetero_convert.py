@@ -38,10 +38,10 @@ def from_pyg_hetero(data: Any, target_type: str, *, num_classes: int | None = No
                                        "give every edge type an edge_index of shape [2, num_edges]")
         pairs = edge_index.detach().cpu().numpy().astype(np.int64)
         for row, role, type_name in ((0, "source", relation.src), (1, "destination", relation.dst)):
-            if pairs.shape[1] and (pairs[row].min() < 0 or pairs[row].max() >= counts[type_name]):
-                raise GraphValidationError(f"relation {relation} edge_index", f"holds {role} id "
-                                           f"{int(pairs[row].max() if pairs[row].max() >= counts[type_name] else pairs[row].min())}"
-                                           f" outside {type_name!r}'s [0, {counts[type_name]})",
+            outside = pairs[row][(pairs[row] < 0) | (pairs[row] >= counts[type_name])]
+            if outside.size:
+                raise GraphValidationError(f"relation {relation} edge_index", f"holds {role} id {int(outside[0])} "
+                                           f"outside {type_name!r}'s [0, {counts[type_name]})",
                                            f"use local ids of the {role} type")
         indptr[relation], indices[relation] = csc_of(pairs[0], pairs[1], counts[relation.dst], counts[relation.src])
     features = {node_type: data[node_type].x.detach().cpu().contiguous() for node_type in counts

@@ -165,3 +165,12 @@ def test_data_generate_makes_the_mag_preset(tmp_path, capsys) -> None:
     assert loaded.num_classes == 4 and loaded.source["spec"]["seed"] == 3
     assert main(["data", "generate", "mag-tiny", "-o", str(tmp_path / "x"), "--nodes", "5"]) == 2
     assert "do not apply to a mag-shaped graph" in capsys.readouterr().err
+
+
+def test_pyg_heterodata_with_ids_outside_a_type_is_refused(graph) -> None:
+    pytest.importorskip("torch_geometric")
+    data = to_pyg_hetero(graph)
+    data["author", "writes", "paper"].edge_index[0, 5] = 200
+    with pytest.raises(GraphValidationError, match=r"\(author, writes, paper\) edge_index: holds source id 200 "
+                                                   r"outside 'author'"):
+        from_pyg_hetero(data, "paper")
