@@ -10,7 +10,9 @@ OGB's mag baselines do). Each layer computes, for every node type `T`, the sum o
   `W_r` optionally a combination of `num_bases` shared bases;
 - HeteroSAGE: per relation PyG's bipartite `SAGEConv(mean)`: `lin_l,r(mean_r) + lin_r,r(h_T)`, summed
   (PyG's `HeteroConv(aggr="sum")` / `to_hetero(GraphSAGE)`);
-- RGAT: per relation PyG's bipartite `GATConv(add_self_loops=False)`, summed (the MLPerf model).
+- RGAT: per relation PyG's bipartite `GATConv(add_self_loops=False)`, summed (the MLPerf model); each
+  relation projects its sources before attending, or attends over the inputs and projects only its
+  destinations, whichever the calibrated cost model predicts cheaper (as `GATConv`).
 
 Aggregation runs on the fused ops (`morphpipe.ops`: mean per relation, `gat_attention` with the
 attention vectors folded into the input space), never on edge-by-feature tensors. A type with no
@@ -25,7 +27,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from morphpipe.nn.base import check_dropout, check_positive_int
+from morphpipe.nn.gat import HeadwiseLinear
 from morphpipe.ops import aggregate, gat_attention
+from morphpipe.ops.reassociate import PROJECT_FIRST, gat_layer_order
 from morphpipe.sampling.hetero_block import HeteroBlock
 from morphpipe.sampling.minibatch import Block
 
@@ -175,16 +179,23 @@ class RelationGATConv(nn.Module):
             nn.init.xavier_uniform_(parameter)
         nn.init.zeros_(self.bias)
 
+    def folded(self, linear: nn.Linear, attention: Tensor) -> Tensor:
+        """`[in, heads]`: the attention vector of every head pulled back through the projection (`a . W h`)."""
+        return torch.einsum("hoi,ho->ih", linear.weight.view(self.heads, self.out_features, -1), attention[0])
+
     def forward(self, block: Block, h_src: Tensor, h_dst: Tensor) -> Tensor:
         width = self.heads * self.out_features if self.concat else self.out_features
         if block.nnz == 0 or block.num_src == 0:
             return self.bias.expand(block.num_dst, width)
-        z = self.lin_src(h_src).view(-1, self.heads, self.out_features)
-        score_src = (z * self.att_src).sum(-1)
-        folded_dst = torch.einsum("hoi,ho->ih", self.lin_dst.weight.view(self.heads, self.out_features, -1),
-                                  self.att_dst[0])
-        score_dst = h_dst @ folded_dst
-        out = gat_attention(block, z, score_src, score_dst, self.negative_slope, add_self_loops=False)
+        score_src = h_src @ self.folded(self.lin_src, self.att_src)  # == (W h . att_src), no [n, heads, out]
+        score_dst = h_dst @ self.folded(self.lin_dst, self.att_dst)
+        if gat_layer_order(block, h_src, self.out_features, self.heads, 1.0) == PROJECT_FIRST:
+            z = self.lin_src(h_src).view(-1, self.heads, self.out_features)
+            out = gat_attention(block, z, score_src, score_dst, self.negative_slope, add_self_loops=False)
+        else:  # attend over the inputs shared by the heads, then project each head's destinations only
+            attended = gat_attention(block, h_src.unsqueeze(1), score_src, score_dst, self.negative_slope,
+                                     add_self_loops=False)
+            out = HeadwiseLinear.apply(attended, self.lin_src.weight.view(self.heads, self.out_features, -1))
         return (out.flatten(1) if self.concat else out.mean(1)) + self.bias
 
 

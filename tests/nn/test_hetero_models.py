@@ -13,6 +13,8 @@ from morphpipe.nn import NodeClassification
 from morphpipe.nn.finite_guard import FiniteGuard, NonFiniteError
 from morphpipe.nn.hetero import build_hetero_model, relation_key, whole_graph_logits
 from morphpipe.nn.task import EvalSettings
+from morphpipe.ops.choice import force_choices
+from morphpipe.ops.reassociate import AGGREGATE_FIRST, PROJECT_FIRST
 from morphpipe.profiler.profile import Profile
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
 from morphpipe.scheduler import plan_from_profile
@@ -93,12 +95,21 @@ def reference_gat(conv, layer, h):
     return out
 
 
-CASES = [("rgcn", {"hidden": 7}, reference_rgcn), ("rgcn", {"hidden": 5, "num_bases": 3}, reference_rgcn),
-         ("rsage", {"hidden": 9}, reference_sage), ("rgat", {"hidden": 4, "heads": 3}, reference_gat)]
+CASES = [("rgcn", {"hidden": 7}, reference_rgcn, None), ("rgcn", {"hidden": 5, "num_bases": 3}, reference_rgcn, None),
+         ("rsage", {"hidden": 9}, reference_sage, None),
+         ("rgat", {"hidden": 4, "heads": 3}, reference_gat, PROJECT_FIRST),
+         ("rgat", {"hidden": 4, "heads": 3}, reference_gat, AGGREGATE_FIRST)]
 
 
-@pytest.mark.parametrize("name, options, reference", CASES, ids=["rgcn", "rgcn-bases", "rsage", "rgat"])
-def test_forward_and_backward_equal_the_per_relation_reference(graph, batch, name, options, reference) -> None:
+@pytest.mark.parametrize("name, options, reference, gat_order", CASES,
+                         ids=["rgcn", "rgcn-bases", "rsage", "rgat-project-first", "rgat-attend-first"])
+def test_forward_and_backward_equal_the_per_relation_reference(graph, batch, name, options, reference,
+                                                               gat_order) -> None:
+    with force_choices({"gat.order": gat_order} if gat_order else {}):
+        check_against_reference(graph, batch, name, options, reference)
+
+
+def check_against_reference(graph, batch, name, options, reference) -> None:
     model = model_for(graph, name, **options)
     ours = model(batch.blocks, batch.x)
     ours.square().sum().backward()
