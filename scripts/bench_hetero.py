@@ -1,7 +1,7 @@
 """Benchmark: typed batches per second and RGAT / R-GCN training epochs on the mag-shaped graph, beside DGL 2.1.
 
-morphpipe: the C++ typed batcher (HeteroCpuBatcher, --threads workers) and its relation-aware models
-(nn.hetero) trained by TrainStep while the batcher's threads build the next batches. DGL: its
+morphpipe: the C++ typed batcher (HeteroCpuBatcher: --threads workers for batches/s; for epochs each batch
+built on demand on the training thread) and its relation-aware models (nn.hetero) trained by TrainStep. DGL: its
 heterogeneous NeighborSampler (DataLoader, num_workers=0) and HeteroGraphConv models (GATConv per
 relation; GraphConv(norm="right") per relation plus a self linear per type for R-GCN), run as a
 subprocess of DGL's own interpreter (scripts/bench_hetero_dgl.py) on the same dataset files, seeds
@@ -51,7 +51,8 @@ def our_training(graph, kind, args) -> dict:
                              **({"heads": args.heads} if kind == "rgat" else {}))
     step = TrainStep(model, make_optimizer(model.parameters(), args.lr, "cpu"), task)
     epochs = []
-    with HeteroCpuBatcher(graph, args.fanouts, args.batch_size, num_threads=args.threads, pin_memory=False) as batcher:
+    # Batches built on demand on the training thread, as DGL's DataLoader with num_workers=0 builds them.
+    with HeteroCpuBatcher(graph, args.fanouts, args.batch_size, serial=True, pin_memory=False) as batcher:
         for epoch in range(args.epochs):
             start = time.perf_counter()
             for batch in batcher.epoch(epoch):
