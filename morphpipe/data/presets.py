@@ -42,8 +42,9 @@ PRESETS: dict[str, Preset] = {
         Preset("mag-tiny", "heterogeneous graph shaped like ogbn-mag (4 node types, 4 relations and their reverses, "
                "features on papers only; the relation types carry the class), 3k papers, for fast tests",
                MagSpec(num_papers=3_000, num_authors=2_500, num_institutions=60, num_fields=150, feature_dim=32)),
-        Preset("mag", "heterogeneous graph shaped like ogbn-mag at 1/4 of its node counts: 184k papers, 283k authors, "
-               "2.2k institutions, 15k topics, 5M edges (reverses included), 128 float32 paper features: the heterogeneous benchmark's graph",
+        Preset("mag", "heterogeneous graph shaped like ogbn-mag at 1/4 of its node counts: 184k papers, 283k "
+               "authors, 2.2k institutions, 15k topics, 5M edges (reverses included), 128 float32 paper features: "
+               "the heterogeneous benchmark's graph",
                MagSpec(num_papers=184_000, num_authors=283_000, num_institutions=2_200, num_fields=15_000,
                        feature_dim=128, num_classes=16, split=BENCH_SPLIT)),
     )
