@@ -208,7 +208,7 @@ def test_a_nan_in_one_types_features_is_named_by_node_id(graph, batch) -> None:
     loss.backward()
     guard = FiniteGuard("stop")
     with pytest.raises(NonFiniteError, match=rf"features of nodes {int(batch.input_nodes[2])} are NaN"):
-        guard.allows_update(loss=loss, labels_ok=torch.tensor(True), logits=torch.zeros(1, 1), labels=batch.y,
+        guard.allows_update(loss=loss.detach(), labels_ok=torch.tensor(True), logits=torch.zeros(1, 1), labels=batch.y,
                             seeds=batch.seeds, inputs=(x, batch.input_nodes), model=model, where="batch 1 of Route 0")
 
 
