@@ -33,6 +33,7 @@ from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.gpu_batcher import GpuBatcher
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher, TypedFanouts, relation_fanouts
+from morphpipe.sampling.hetero_torch_batcher import HeteroTorchBatcher
 from morphpipe.sampling.minibatch import MiniBatch, Tensors, map_tensors
 from morphpipe.sampling.serial_batcher import SerialBatcher
 
@@ -172,8 +173,8 @@ class NodeClassification(Task):
                 device: torch.device | str | None = None) -> Batcher:
         if is_hetero(graph):
             if route == 1:
-                raise ValueError("Route 1 (the GPU batcher) does not sample heterogeneous graphs yet; plan a CPU-only "
-                                 "run or one whose GPU trains on Route 0 batches")
+                return HeteroTorchBatcher(graph, self.typed_fanouts(fanouts), batch_size, seeds=seeds, seed=seed,
+                                          shuffle=shuffle, device=device)
             return HeteroCpuBatcher(graph, self.typed_fanouts(fanouts), batch_size, num_threads=num_threads,
                                     seeds=seeds, shuffle=shuffle, seed=seed, pin_memory=pin_memory, serial=serial)
         if route == 1:

@@ -10,6 +10,7 @@ from scipy.stats import chisquare
 from morphpipe.data.hetero_generator import MagSpec, mag_shaped
 from morphpipe.data.hetero_store import HeteroGraphStore, Relation, csc_of, type_ranges
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher, relation_fanouts
+from morphpipe.sampling.hetero_torch_batcher import HeteroTorchBatcher
 
 FANOUTS = [4, 3]
 
@@ -130,7 +131,8 @@ def test_epochs_visit_every_seed_once_replay_and_do_not_depend_on_threads(graph)
         assert epoch(three, 1) != first
 
 
-def test_each_relation_samples_uniformly_without_replacement() -> None:
+@pytest.mark.parametrize("route", [0, 1])
+def test_each_relation_samples_uniformly_without_replacement(route) -> None:
     """Type a: 4 nodes each with 12 b-neighbours (fanout 3) and 4 a-neighbours (fanout 2): chi-square per relation."""
     counts = {"a": 4, "b": 20}
     ab_src = np.concatenate([np.arange(i, i + 12) for i in range(4)])
@@ -149,8 +151,10 @@ def test_each_relation_samples_uniformly_without_replacement() -> None:
     graph.validate()
     picks = {relations[0]: np.zeros((4, 12)), relations[1]: np.zeros((4, 4))}
     fanout = {relations[0]: 3, relations[1]: 2}
-    with HeteroCpuBatcher(graph, {"x": [3], "y": [2]}, 4, seed=11, serial=True) as batcher:
-        for epoch in range(800):
+    make = HeteroCpuBatcher if route == 0 else HeteroTorchBatcher
+    options = {"serial": True} if route == 0 else {}
+    with make(graph, {"x": [3], "y": [2]}, 4, seed=11, **options) as batcher:
+        for epoch in range(300):
             batch = next(iter(batcher.epoch(epoch)))
             nodes = typed_nodes(graph, batch)
             layer = batch.blocks[0]
@@ -223,3 +227,46 @@ def test_bad_fanouts_are_refused_naming_the_relation(graph, fanouts, message) ->
 def test_seeds_outside_the_target_type_are_refused(graph) -> None:
     with pytest.raises(ValueError, match="node 400 is not of the target type 'paper'"):
         HeteroCpuBatcher(graph, FANOUTS, 8, seeds=torch.tensor([0, 400]))
+
+
+def test_route_1_with_every_neighbour_equals_route_0_and_the_reference(graph) -> None:
+    """The torch path relabels as the C++ batcher does: with every neighbour taken, the batches are equal."""
+    with HeteroCpuBatcher(graph, [-1, -1], 16, num_threads=1, seed=3) as route0:
+        batches0 = list(route0.epoch(0))
+    batches1 = list(HeteroTorchBatcher(graph, [-1, -1], 16, seed=3).epoch(0))
+    assert len(batches0) == len(batches1)
+    for zero, one in zip(batches0, batches1):
+        assert torch.equal(zero.input_nodes, one.input_nodes) and torch.equal(zero.seeds, one.seeds)
+        assert one.route == 1
+        for layer0, layer1 in zip(zero.blocks, one.blocks):
+            assert (layer0.num_src, layer0.num_dst) == (layer1.num_src, layer1.num_dst)
+            for relation in graph.relations:
+                assert torch.equal(layer0.blocks[relation].indptr, layer1.blocks[relation].indptr)
+                assert torch.equal(layer0.blocks[relation].indices, layer1.blocks[relation].indices)
+        assert_equals_reference(graph, one, [-1, -1], take_all)
+
+
+def test_route_1_sampled_blocks_equal_the_reference_and_keep_the_epoch_contract(graph) -> None:
+    fanouts = {r.key: [2 if r.name == "cites" else 1, 0 if r.name.startswith("rev_aff") else 2]
+               for r in graph.relations}
+    batcher = HeteroTorchBatcher(graph, fanouts, 50, seed=7)
+    first = list(batcher.epoch(0))
+    assert sorted(torch.cat([b.seeds for b in first]).tolist()) == sorted(graph.train_idx.tolist())
+    again = list(batcher.epoch(0))
+    for batch, replay in zip(first, again):
+        assert torch.equal(batch.input_nodes, replay.input_nodes)
+        assert_equals_reference(graph, batch, fanouts, checked_replay(graph, batch))
+    assert not all(torch.equal(a.input_nodes, b.input_nodes) for a, b in zip(first, batcher.epoch(1)))
+
+
+def checked_replay(graph, batch):
+    """`replay_from`, also checking each choice: distinct neighbours from the list, min(fanout, degree) of them."""
+    replay = replay_from(graph, batch)
+
+    def choose(hop, relation, dst, neighbours, fanout):
+        chosen = replay(hop, relation, dst, neighbours, fanout)
+        expected = len(neighbours) if fanout == -1 else min(fanout, len(neighbours))
+        assert len(chosen) == expected and len(set(chosen)) == len(chosen) and set(chosen) <= set(neighbours)
+        return chosen
+
+    return choose
