@@ -1,4 +1,5 @@
-"""Heterogeneous graphs in and out: from PyG's `HeteroData`, back to `HeteroData`, and the homogeneous view.
+"""Heterogeneous graphs in and out: from OGB's ogbn-mag directory and PyG's `HeteroData`, back to `HeteroData`,
+and the homogeneous view.
 
 The homogeneous view drops the relation and node types (one CSC of every relation's edges, each type's
 features zero-padded to the widest, zeros for types without features): what a model that ignores
@@ -6,11 +7,14 @@ types trains on, for comparisons.
 """
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from morphpipe.data.converters import _ogb_labels, _ogb_split_dir, _read_ids, read_edge_file
 from morphpipe.data.hetero_store import HeteroGraphStore, Relation, csc_of, type_ranges
 from morphpipe.data.splits import as_split_ids
 from morphpipe.data.store import GraphStore
@@ -63,6 +67,63 @@ def from_pyg_hetero(data: Any, target_type: str, *, num_classes: int | None = No
     store = HeteroGraphStore(node_types=node_types, relations=relations, indptr=indptr, indices=indices,
                              features=features, labels=labels, num_classes=num_classes or int(labels.max()) + 1,
                              target_type=target_type, name=name, source={"kind": "converted", "converter": "pyg-hetero"},
+                             **splits)
+    store.validate()
+    return store
+
+
+def from_ogb_mag(directory: str | Path, *, split_scheme: str | None = None, add_reverse: bool = True,
+                 name: str | None = None) -> HeteroGraphStore:
+    """A store from an OGB heterogeneous node-property-prediction directory (ogbn-mag as downloaded by ogb).
+
+    Reads raw/num-node-dict.csv.gz (node types and counts), raw/triplet-type-list.csv.gz (relations),
+    raw/relations/<src>___<name>___<dst>/edge.csv.gz, raw/node-feat/<type>/node-feat.csv.gz for the types
+    that have them, raw/node-label/<type>/node-label.csv.gz (the labelled type is the target) and
+    split/<scheme>/<target>/{train,valid,test}.csv.gz. `add_reverse` adds `rev_<name>` for every relation,
+    as OGB's mag baselines do (ogbn-mag stores each edge once).
+    """
+    root = Path(directory)
+    raw = root / "raw"
+    if not (raw / "num-node-dict.csv.gz").is_file():
+        raise FileNotFoundError(f"{raw / 'num-node-dict.csv.gz'} not found: {root} is not an OGB heterogeneous "
+                                "dataset directory (expected raw/ with num-node-dict.csv.gz, and split/)")
+    with gzip.open(raw / "num-node-dict.csv.gz", "rt") as handle:
+        header, values = handle.read().split()[:2]
+    counts = {type_name: int(count) for type_name, count in zip(header.split(","), values.split(","))}
+    with gzip.open(raw / "triplet-type-list.csv.gz", "rt") as handle:
+        relations = [Relation(*line.strip().split(",")) for line in handle if line.strip()]
+    labelled = [t for t in counts if (raw / "node-label" / t / "node-label.csv.gz").is_file()]
+    if len(labelled) != 1:
+        raise GraphValidationError("target type", f"{root} labels node types {labelled}, expected exactly one",
+                                   "keep one node-label/<type>/node-label.csv.gz")
+    target = labelled[0]
+    indptr, indices = {}, {}
+    all_relations = list(relations)
+    for relation in relations:
+        edges = read_edge_file(raw / "relations" / f"{relation.src}___{relation.name}___{relation.dst}" / "edge.csv.gz")
+        pairs = [(relation, edges[0], edges[1])]
+        if add_reverse:
+            backwards = Relation(relation.dst, f"rev_{relation.name}", relation.src)
+            all_relations.append(backwards)
+            pairs.append((backwards, edges[1], edges[0]))
+        for rel, src, dst in pairs:
+            indptr[rel], indices[rel] = csc_of(src, dst, counts[rel.dst], counts[rel.src])
+    features = {t: torch.from_numpy(np.loadtxt(raw / "node-feat" / t / "node-feat.csv.gz", dtype=np.float32,
+                                               delimiter=",", ndmin=2))
+                for t in counts if (raw / "node-feat" / t / "node-feat.csv.gz").is_file()}
+    node_types = type_ranges(counts)
+    start = node_types[list(counts).index(target)].start
+    labels = torch.full((sum(counts.values()),), -1, dtype=torch.long)
+    target_labels = torch.from_numpy(_ogb_labels(raw / "node-label" / target / "node-label.csv.gz"))
+    labels[start:start + target_labels.numel()] = target_labels
+    scheme = _ogb_split_dir(root, split_scheme)
+    splits = {field: torch.from_numpy(_read_ids(scheme / target / f"{file}.csv.gz") + start) if scheme is not None
+              else torch.zeros(0, dtype=torch.long)
+              for field, file in zip(SPLIT_FIELDS, ("train", "valid", "test"))}
+    store = HeteroGraphStore(node_types=node_types, relations=tuple(all_relations), indptr=indptr, indices=indices,
+                             features=features, labels=labels, num_classes=int(labels.max()) + 1, target_type=target,
+                             name=name or root.name, source={"kind": "converted", "converter": "ogb-hetero",
+                                                             "input": str(root), "add_reverse": add_reverse},
                              **splits)
     store.validate()
     return store

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from morphpipe.commands.cli import main
-from morphpipe.data.hetero_convert import from_pyg_hetero, homogeneous_view, to_pyg_hetero
+from morphpipe.data.hetero_convert import from_ogb_mag, from_pyg_hetero, homogeneous_view, to_pyg_hetero
 from morphpipe.data.hetero_generator import MAG_RELATIONS, MagSpec, mag_shaped
 from morphpipe.data.hetero_store import HeteroGraphStore, NodeType, Relation
 from morphpipe.data.store import load_dataset
@@ -174,3 +175,41 @@ def test_pyg_heterodata_with_ids_outside_a_type_is_refused(graph) -> None:
     with pytest.raises(GraphValidationError, match=r"\(author, writes, paper\) edge_index: holds source id 200 "
                                                    r"outside 'author'"):
         from_pyg_hetero(data, "paper")
+
+
+def write_ogb_mag(graph: HeteroGraphStore, root) -> None:
+    """`graph`'s four base relations in OGB's heterogeneous raw layout, node types in OGB's (alphabetical) order."""
+    raw = root / "raw"
+    types = sorted(graph.type_names)
+
+    def write(path, lines) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as handle:
+            handle.write("".join(f"{line}\n" for line in lines))
+
+    write(raw / "num-node-dict.csv.gz", [",".join(types), ",".join(str(graph.node_type(t).count) for t in types)])
+    base = MAG_RELATIONS[:4]
+    write(raw / "triplet-type-list.csv.gz", [f"{r.src},{r.name},{r.dst}" for r in base])
+    for relation in base:
+        write(raw / "relations" / f"{relation.src}___{relation.name}___{relation.dst}" / "edge.csv.gz",
+              [f"{s},{d}" for s, d in sorted(to_pairs(graph, relation))])
+    write(raw / "node-feat" / "paper" / "node-feat.csv.gz",
+          [",".join(f"{v:.9g}" for v in row) for row in graph.features["paper"].tolist()])
+    write(raw / "node-label" / "paper" / "node-label.csv.gz", [str(v) for v in graph.labels[:300].tolist()])
+    for field, file in (("train_idx", "train"), ("val_idx", "valid"), ("test_idx", "test")):
+        write(root / "split" / "time" / "paper" / f"{file}.csv.gz", [str(v) for v in getattr(graph, field).tolist()])
+
+
+def test_an_ogb_mag_directory_converts_with_its_reverse_relations(graph, tmp_path, capsys) -> None:
+    write_ogb_mag(graph, tmp_path / "ogbn_mag")
+    converted = from_ogb_mag(tmp_path / "ogbn_mag")
+    assert converted.type_names == ("author", "field_of_study", "institution", "paper")
+    assert set(converted.relations) == set(graph.relations) and converted.target_type == "paper"
+    for relation in graph.relations:
+        assert to_pairs(converted, relation) == to_pairs(graph, relation), relation
+    paper = converted.node_type("paper")
+    torch.testing.assert_close(converted.features["paper"], graph.features["paper"])
+    assert torch.equal(converted.labels[paper.start:paper.stop], graph.labels[:300])
+    assert torch.equal(converted.train_idx - paper.start, graph.train_idx)
+    assert main(["data", "convert", "ogb-hetero", str(tmp_path / "ogbn_mag"), "-o", str(tmp_path / "out")]) == 0
+    assert HeteroGraphStore.load(tmp_path / "out").relations == converted.relations
