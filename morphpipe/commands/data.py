@@ -22,7 +22,7 @@ from morphpipe.commands import arguments
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
-from morphpipe.data.hetero_convert import from_ogb_mag
+from morphpipe.data.hetero_convert import from_igbh, from_ogb_mag
 from morphpipe.data.hetero_generator import MagSpec, generate_hetero
 from morphpipe.data.ondisk import check_graph_output
 from morphpipe.data.presets import PRESETS, get_preset
@@ -30,7 +30,7 @@ from morphpipe.data.store import GraphStore, ensure_preset, load_dataset, load_g
 from morphpipe.data.summary import summarize
 from morphpipe.data.validation import GraphValidationError
 
-CONVERTERS = ("edgelist", "scipy", "ogb", "ogb-hetero", "pyg")
+CONVERTERS = ("edgelist", "scipy", "ogb", "ogb-hetero", "igbh", "pyg")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -127,7 +127,8 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
                     "source lacks comes from --features/--labels/--splits or is generated with --seed.")
     parser.add_argument("format", choices=CONVERTERS, help="edgelist: .npy (2,E)/(E,2) or csv/txt; scipy: .npz "
                         "from scipy.sparse.save_npz; ogb: dataset directory with raw/ and split/; ogb-hetero: a heterogeneous OGB "
-                        "directory such as ogbn-mag (reverse relations added); pyg: torch.save'd "
+                        "directory such as ogbn-mag (reverse relations added); igbh: a folder per node type (node_feat.npy, "
+                        "paper/node_label_19.npy) and per relation src__name__dst (edge_index.npy [E, 2]); pyg: torch.save'd "
                         "Data (unpickled: only convert files you trust)")
     parser.add_argument("source", help="input file or directory")
     parser.add_argument("-o", "--output", required=True, help="output graph directory")
@@ -179,6 +180,9 @@ def run_convert(args: argparse.Namespace) -> int:
         elif args.format == "ogb-hetero":
             store = read_input(source, "source", "an OGB heterogeneous dataset directory",
                                lambda path: from_ogb_mag(path, split_scheme=args.split_scheme, name=args.name))
+        elif args.format == "igbh":
+            store = read_input(source, "source", "an IGBH-style directory of per-type .npy files",
+                               lambda path: from_igbh(path, split=args.split, seed=args.seed, name=args.name))
         elif args.format == "ogb":
             store = read_input(source, "source", "an OGB node-property-prediction directory",
                                lambda path: from_ogb(path, split_scheme=args.split_scheme, options=options, **extra))

@@ -1,5 +1,5 @@
-"""Heterogeneous graphs in and out: from OGB's ogbn-mag directory and PyG's `HeteroData`, back to `HeteroData`,
-and the homogeneous view.
+"""Heterogeneous graphs in and out: from OGB's ogbn-mag directory, an IGBH-style directory of per-type .npy files
+and PyG's `HeteroData`, back to `HeteroData`, and the homogeneous view.
 
 The homogeneous view drops the relation and node types (one CSC of every relation's edges, each type's
 features zero-padded to the widest, zeros for types without features): what a model that ignores
@@ -16,7 +16,8 @@ import torch
 
 from morphpipe.data.converters import _ogb_labels, _ogb_split_dir, _read_ids, read_edge_file
 from morphpipe.data.hetero_store import HeteroGraphStore, Relation, csc_of, type_ranges
-from morphpipe.data.splits import as_split_ids
+from morphpipe.data.ondisk import load_array
+from morphpipe.data.splits import SplitFractions, as_split_ids, random_split
 from morphpipe.data.store import GraphStore
 from morphpipe.data.validation import SPLIT_FIELDS, GraphValidationError
 
@@ -125,6 +126,70 @@ def from_ogb_mag(directory: str | Path, *, split_scheme: str | None = None, add_
                              name=name or root.name, source={"kind": "converted", "converter": "ogb-hetero",
                                                              "input": str(root), "add_reverse": add_reverse},
                              **splits)
+    store.validate()
+    return store
+
+
+def from_igbh(directory: str | Path, *, target_type: str = "paper", label_file: str = "node_label_19.npy",
+              split: SplitFractions | None = None, seed: int = 0, add_reverse: bool = True,
+              name: str | None = None) -> HeteroGraphStore:
+    """A store from an IGBH-style directory (as IGB's `processed/`): a folder per node type holding
+    `node_feat.npy` [n, F] (which gives the type's node count), the target type's `label_file` [n], and a
+    folder per relation `<src>__<name>__<dst>` holding `edge_index.npy` [E, 2] (source, destination local ids).
+    IGBH ships no split: the target's labelled nodes are split at random (`split`, `seed`). `add_reverse` adds
+    `rev_<name>` for every relation."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise FileNotFoundError(f"IGBH directory {root} does not exist")
+    type_dirs = sorted(entry for entry in root.iterdir() if entry.is_dir() and "__" not in entry.name)
+    relation_dirs = sorted(entry for entry in root.iterdir() if entry.is_dir() and "__" in entry.name)
+    features, counts = {}, {}
+    for folder in type_dirs:
+        if not (folder / "node_feat.npy").is_file():
+            raise GraphValidationError(f"node type {folder.name!r}", f"{folder / 'node_feat.npy'} is missing (it "
+                                       "gives the type's node count)", "add the type's node_feat.npy")
+        rows = load_array(folder, "node_feat", mmap=False)
+        features[folder.name] = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)
+                                                 if rows.dtype not in (np.float32, np.float16) else rows)
+        counts[folder.name] = int(rows.shape[0])
+    if target_type not in counts:
+        raise GraphValidationError("target_type", f"{target_type!r} has no folder in {root} (types: {list(counts)})",
+                                   "name the node type whose labels to learn")
+    relations, indptr, indices = [], {}, {}
+    for folder in relation_dirs:
+        parts = folder.name.split("__")
+        if len(parts) != 3 or parts[0] not in counts or parts[2] not in counts:
+            raise GraphValidationError(f"relation folder {folder.name!r}", "is not <src>__<name>__<dst> of two node "
+                                       f"types ({list(counts)})", "name relation folders src__name__dst")
+        relation = Relation(*parts)
+        pairs = load_array(folder, "edge_index", mmap=False)
+        if pairs.ndim != 2 or pairs.shape[1] != 2:
+            raise GraphValidationError(f"relation {relation} edge_index", f"has shape {pairs.shape}, expected [E, 2]",
+                                       "store (source, destination) local ids, one edge per row")
+        edges = [(relation, pairs[:, 0], pairs[:, 1])]
+        if add_reverse:
+            edges.append((Relation(relation.dst, f"rev_{relation.name}", relation.src), pairs[:, 1], pairs[:, 0]))
+        for rel, src, dst in edges:
+            for ids, role, type_name in ((src, "source", rel.src), (dst, "destination", rel.dst)):
+                if ids.size and (ids.min() < 0 or ids.max() >= counts[type_name]):
+                    raise GraphValidationError(f"relation {relation} edge_index", f"holds {role} ids outside "
+                                               f"{type_name!r}'s [0, {counts[type_name]})",
+                                               f"use local ids of the {role} type")
+            relations.append(rel)
+            indptr[rel], indices[rel] = csc_of(src, dst, counts[rel.dst], counts[rel.src])
+    node_types = type_ranges(counts)
+    start = node_types[list(counts).index(target_type)].start
+    target_labels = load_array(root / target_type, label_file.removesuffix(".npy"), mmap=False).reshape(-1)
+    labels = torch.full((sum(counts.values()),), -1, dtype=torch.long)
+    labels[start:start + target_labels.size] = torch.from_numpy(target_labels.astype(np.int64))
+    labelled = np.flatnonzero(target_labels >= 0)
+    train, val, test = random_split(labelled, split or SplitFractions(), seed)
+    store = HeteroGraphStore(node_types=node_types, relations=tuple(relations), indptr=indptr, indices=indices,
+                             features=features, labels=labels, num_classes=int(labels.max()) + 1,
+                             target_type=target_type, train_idx=torch.from_numpy(train + start),
+                             val_idx=torch.from_numpy(val + start), test_idx=torch.from_numpy(test + start),
+                             name=name or root.name, source={"kind": "converted", "converter": "igbh",
+                                                             "input": str(root), "seed": seed})
     store.validate()
     return store
 

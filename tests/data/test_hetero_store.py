@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from morphpipe.commands.cli import main
-from morphpipe.data.hetero_convert import from_ogb_mag, from_pyg_hetero, homogeneous_view, to_pyg_hetero
+from morphpipe.data.hetero_convert import from_igbh, from_ogb_mag, from_pyg_hetero, homogeneous_view, to_pyg_hetero
 from morphpipe.data.hetero_generator import MAG_RELATIONS, MagSpec, mag_shaped
 from morphpipe.data.hetero_store import HeteroGraphStore, NodeType, Relation
 from morphpipe.data.store import load_dataset
@@ -213,3 +213,27 @@ def test_an_ogb_mag_directory_converts_with_its_reverse_relations(graph, tmp_pat
     assert torch.equal(converted.train_idx - paper.start, graph.train_idx)
     assert main(["data", "convert", "ogb-hetero", str(tmp_path / "ogbn_mag"), "-o", str(tmp_path / "out")]) == 0
     assert HeteroGraphStore.load(tmp_path / "out").relations == converted.relations
+
+
+def test_an_igbh_style_directory_converts(graph, tmp_path) -> None:
+    root = tmp_path / "igbh"
+    for node_type in graph.node_types:
+        (root / node_type.name).mkdir(parents=True)
+        rows = graph.features.get(node_type.name, torch.ones(node_type.count, 2))
+        np.save(root / node_type.name / "node_feat.npy", rows.numpy())
+    np.save(root / "paper" / "node_label_19.npy", graph.labels[:300].numpy())
+    for relation in MAG_RELATIONS[:4]:
+        (root / relation.key).mkdir()
+        np.save(root / relation.key / "edge_index.npy", np.array(sorted(to_pairs(graph, relation)), dtype=np.int64))
+    converted = from_igbh(root, seed=5)
+    assert set(converted.relations) == set(graph.relations)
+    for relation in graph.relations:
+        assert to_pairs(converted, relation) == to_pairs(graph, relation), relation
+    paper = converted.node_type("paper")
+    assert torch.equal(converted.features["paper"], graph.features["paper"])
+    assert torch.equal(converted.labels[paper.start:paper.stop], graph.labels[:300])
+    assert converted.train_idx.numel() == 180 and converted.source["converter"] == "igbh"
+    np.save(root / "author__writes__paper" / "edge_index.npy", np.array([[0, 300]]))
+    with pytest.raises(GraphValidationError, match=r"\(author, writes, paper\) edge_index: holds destination ids "
+                                                   r"outside 'paper'"):
+        from_igbh(root)
