@@ -62,3 +62,10 @@ def test_bad_hetero_workloads_are_refused(hetero_dir, profile, capsys, extra, me
             str(profile), "--no-progress", *extra]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_measures_typed_batches(hetero_dir, capsys) -> None:
+    assert main(["bench", str(hetero_dir), "--fanouts", "4,3", "--batch-size", "32", "--threads", "1",
+                 "--batches", "2"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert row[0] == "1" and float(row[1]) > 0 and float(row[3]) > 0  # threads, batches/s, GB/s of features
