@@ -23,6 +23,7 @@ from morphpipe.commands.workload import (
     model_spec,
     workload_profiler,
     workload_settings,
+    workload_task,
 )
 from morphpipe.executor.replan import REPLAN_MODES, Replanner
 from morphpipe.executor.stopping import DEFAULT_GRACE_S
@@ -113,12 +114,12 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.data import load_dataset
     from morphpipe.executor.stopping import STOP_EXIT_STATUS, StopRequest, TrainingStopped
     from morphpipe.executor.trainer import Trainer
-    from morphpipe.nn.task import make_task
 
     check_outputs(args)
     graph = load_dataset(args.dataset)
-    print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features, "
-          f"{graph.num_classes} classes, {len(graph.train_idx):,} training seeds")
+    print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features"
+          f"{' (target type)' if getattr(graph, 'is_hetero', False) else ''}, {graph.num_classes} classes, "
+          f"{len(graph.train_idx):,} training seeds")
     empty = [split for split in ("val", "test") if getattr(graph, f"{split}_idx").numel() == 0]
     if empty:
         print(f"note: the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: no "
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     with stop.on_sigterm(), Trainer(
             graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
             seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
-            progress=not args.no_progress, eval_mode=args.eval_mode, task=make_task(str(settings["task"])),
+            progress=not args.no_progress, eval_mode=args.eval_mode, task=workload_task(settings),
             model_spec=spec, replanner=replanner, on_nonfinite=args.on_nonfinite, stop=stop,
             precision=precision) as trainer:
         try:

@@ -14,11 +14,11 @@ import sys
 
 from morphpipe.commands import arguments
 from morphpipe.commands.train_report import print_epoch_summary, run_settings, write_stats
-from morphpipe.commands.workload import format_profile, model_from_spec, model_spec, workload_profiler, workload_settings
+from morphpipe.commands.workload import (format_profile, model_from_spec, model_spec, workload_profiler,
+                                         workload_settings, workload_task)
 from morphpipe.distributed import env as dist_env
 from morphpipe.distributed.runtime import DEFAULT_TIMEOUT_S, run_rank, start_rank
 from morphpipe.distributed.split import SPLIT_MODES
-from morphpipe.nn.task import make_task
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +99,7 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     labels, throughputs = [item[0] for item in everyone], [item[1] for item in everyone]
-    task = make_task(str(settings["task"]))
+    task = workload_task(settings)
     split = SeedSplit.make(len(task.seeds(graph)), global_batch, throughputs, args.split)
     plan = plan_from_profile(local_profile(profile, split.local_batches[rank], split.steps), args.gbs, args.seed)
     plans: list = [None] * world

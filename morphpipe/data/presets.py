@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from morphpipe.data.generators import COMMUNITY, POWER_LAW, GeneratorSpec
+from morphpipe.data.hetero_generator import MagSpec
 from morphpipe.data.splits import SplitFractions
 
 
@@ -13,7 +14,7 @@ class Preset:
 
     name: str
     description: str
-    spec: GeneratorSpec
+    spec: GeneratorSpec | MagSpec  # a MagSpec makes a heterogeneous graph (morphpipe.data.hetero_generator)
 
 
 # Feature noise of the community presets, chosen so that the nearest class mean of a node's own
@@ -47,6 +48,14 @@ PRESETS: dict[str, Preset] = {
                "this machine's RAM, so edges are sorted on disk within --memory-budget",
                GeneratorSpec(POWER_LAW, num_nodes=PAPERS100M_NODES, avg_degree=14.55, feature_dim=128,
                              feature_dtype="float16", num_classes=172, split=PAPERS100M_SPLIT, undirected=False)),
+        Preset("mag-tiny", "heterogeneous graph shaped like ogbn-mag (4 node types, 4 relations and their reverses, "
+               "features on papers only; the relation types carry the class), 3k papers, for fast tests",
+               MagSpec(num_papers=3_000, num_authors=2_500, num_institutions=60, num_fields=150, feature_dim=32)),
+        Preset("mag", "heterogeneous graph shaped like ogbn-mag at 1/4 of its node counts: 184k papers, 283k "
+               "authors, 2.2k institutions, 15k topics, 5M edges (reverses included), 128 float32 paper features: "
+               "the heterogeneous benchmark's graph",
+               MagSpec(num_papers=184_000, num_authors=283_000, num_institutions=2_200, num_fields=15_000,
+                       feature_dim=128, num_classes=16, split=BENCH_SPLIT)),
     )
 }
 

@@ -15,6 +15,8 @@ import torch
 
 from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
 from morphpipe.data.generators import generate, generation_record
+from morphpipe.data.hetero_generator import MagSpec, generate_hetero, hetero_generation_record
+from morphpipe.data.hetero_store import HeteroGraphStore, is_hetero_dir, read_hetero_meta
 from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, array_path, foreign_entries, is_graph_dir,
                                    load_array, read_meta, save_array, write_meta)
 from morphpipe.data.presets import PRESETS, Preset
@@ -229,19 +231,26 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
 
 
 def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.PathLike | None = None,
-                 progress: bool = True) -> GraphStore:
+                 progress: bool = True) -> GraphStore | HeteroGraphStore:
     """A graph directory (with meta.json), or a preset from the cache (generated there first if missing);
-    None means the "default" preset."""
+    None means the "default" preset. A heterogeneous graph comes back as a HeteroGraphStore."""
     target = DEFAULT_DATASET if name_or_path is None else str(name_or_path)
     if is_graph_dir(Path(target).expanduser()):
-        return GraphStore.load(Path(target).expanduser())
+        return load_graph_dir(Path(target).expanduser())
     if target in PRESETS:
-        return GraphStore.load(ensure_preset(PRESETS[target], root=root, progress=progress))
+        return load_graph_dir(ensure_preset(PRESETS[target], root=root, progress=progress))
     if Path(target).expanduser().exists():
         raise FileNotFoundError(f"{target} is not a morphpipe graph directory (no meta.json); create one with "
                                 "`morphpipe data convert` or `morphpipe data generate`")
     raise ValueError(f"unknown dataset {target!r}: not a graph directory and not a preset; "
                      f"presets: {', '.join(PRESETS)}")
+
+
+def load_graph_dir(path: Path, validate: bool = True) -> GraphStore | HeteroGraphStore:
+    """The graph in directory `path`, homogeneous or heterogeneous as its meta.json says."""
+    if is_hetero_dir(path):
+        return HeteroGraphStore.load(path, validate=validate)
+    return GraphStore.load(path, validate=validate)
 
 
 def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progress: bool = True,
@@ -266,8 +275,11 @@ def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progres
             print(f"morphpipe: generating dataset {preset.name} into {target} ({reason})", file=sys.stderr)
         for leftover in cache.glob(f".{preset.name}.partial-*"):
             shutil.rmtree(leftover)
-        generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True,
-                 memory_budget=memory_budget)
+        if isinstance(preset.spec, MagSpec):
+            generate_hetero(preset.spec, target, preset=preset.name, overwrite=True)
+        else:
+            generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True,
+                     memory_budget=memory_budget)
     return target
 
 
@@ -276,6 +288,8 @@ def _is_current(directory: Path, preset: Preset) -> bool:
     if not is_graph_dir(directory):
         return False
     try:
+        if isinstance(preset.spec, MagSpec):
+            return read_hetero_meta(directory).get("source") == hetero_generation_record(preset.spec, preset.name)
         return read_meta(directory).source == generation_record(preset.spec, preset.name)
     except (GraphValidationError, OSError):
         return False

@@ -27,10 +27,13 @@ from morphpipe.data import GraphStore
 from morphpipe.nn.evaluate import EVAL_MODES, accuracy, full_accuracy
 from morphpipe.nn.factory import build_model
 from morphpipe.nn.finite_guard import FiniteGuard
+from morphpipe.nn.hetero import HETERO_MODELS, build_hetero_model, whole_graph_logits
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.gpu_batcher import GpuBatcher
+from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher, TypedFanouts, relation_fanouts
+from morphpipe.sampling.hetero_torch_batcher import HeteroTorchBatcher
 from morphpipe.sampling.minibatch import MiniBatch, Tensors, map_tensors
 from morphpipe.sampling.serial_batcher import SerialBatcher
 
@@ -53,8 +56,16 @@ def check_eval_mode(mode: str) -> str:
 
 def cast_features(x: Tensors, dtype: torch.dtype | None) -> Tensors:
     """Features (one tensor or one per node type) in the model's dtype, so a compact store costs no precision;
-    None: as stored (a bf16 step's autocast reads half-precision features as they are)."""
-    return x if dtype is None else map_tensors(x, lambda t: t.to(dtype))
+    None: as stored (a bf16 step's autocast reads half-precision features as they are). A typed batch's int64
+    node ids (the input of a type without features, which the model embeds) stay ids."""
+    if dtype is None:
+        return x
+    return map_tensors(x, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def is_hetero(graph: Any) -> bool:
+    """True for a heterogeneous graph store (typed nodes and relations)."""
+    return bool(getattr(graph, "is_hetero", False))
 
 
 @dataclass
@@ -126,8 +137,36 @@ class NodeClassification(Task):
     name = "node"
     metric = "accuracy"
 
-    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
+    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 relation_fanouts: TypedFanouts | None = None) -> None:
         self.loss_fn = loss_fn or functional.cross_entropy
+        # A heterogeneous graph's fanouts per relation (each relation named, one count per layer); None: the
+        # trainer's fanouts for every relation.
+        self.relation_fanouts = relation_fanouts
+
+    def check_graph(self, graph: GraphStore) -> None:
+        if self.relation_fanouts is not None:
+            if not is_hetero(graph):
+                raise ValueError(f"relation fanouts apply to a heterogeneous graph; {graph.name!r} has one node and "
+                                 "one edge type: drop them (use fanouts)")
+            relation_fanouts(graph, self.relation_fanouts)
+
+    def typed_fanouts(self, fanouts: Sequence[int]) -> TypedFanouts:
+        """What a heterogeneous graph is sampled with: the relation fanouts when given (with as many layers as
+        `fanouts`), else `fanouts` for every relation."""
+        if self.relation_fanouts is None:
+            return fanouts
+        hops = {len(counts) for counts in self.relation_fanouts.values()}
+        if hops != {len(fanouts)}:
+            raise ValueError(f"relation fanouts have {sorted(hops)} hops but fanouts {list(fanouts)} have "
+                             f"{len(fanouts)}: give one count per layer for every relation")
+        return self.relation_fanouts
+
+    def meta(self) -> dict[str, Any]:
+        if self.relation_fanouts is None:
+            return super().meta()
+        return {**super().meta(), "relation_fanouts": {str(key): list(counts)
+                                                       for key, counts in self.relation_fanouts.items()}}
 
     def seeds(self, graph: GraphStore, split: str = "train") -> torch.Tensor:
         return getattr(graph, f"{check_split(split)}_idx")
@@ -136,6 +175,12 @@ class NodeClassification(Task):
                 seeds: torch.Tensor | None = None, seed: int = 0, shuffle: bool = True, serial: bool = False,
                 num_threads: int | None = None, pin_memory: bool | None = None,
                 device: torch.device | str | None = None) -> Batcher:
+        if is_hetero(graph):
+            if route == 1:
+                return HeteroTorchBatcher(graph, self.typed_fanouts(fanouts), batch_size, seeds=seeds, seed=seed,
+                                          shuffle=shuffle, device=device)
+            return HeteroCpuBatcher(graph, self.typed_fanouts(fanouts), batch_size, num_threads=num_threads,
+                                    seeds=seeds, shuffle=shuffle, seed=seed, pin_memory=pin_memory, serial=serial)
         if route == 1:
             return GpuBatcher(graph, fanouts, batch_size, seeds=seeds, seed=seed, shuffle=shuffle, device=device)
         if serial:
@@ -145,6 +190,17 @@ class NodeClassification(Task):
 
     def build_model(self, name: str, graph: GraphStore, *, num_layers: int, hidden: int | None = None,
                     **options: Any) -> nn.Module:
+        if is_hetero(graph):
+            if name not in HETERO_MODELS:
+                raise ValueError(f"model {name!r} ignores node and relation types; graph {graph.name!r} is "
+                                 f"heterogeneous: use one of {list(HETERO_MODELS)}")
+            return build_hetero_model(name, num_nodes={t.name: t.count for t in graph.node_types},
+                                      feature_dims=graph.feature_dims, relations=graph.relations,
+                                      target_type=graph.target_type, num_classes=graph.num_classes,
+                                      num_layers=num_layers, hidden=hidden, **options)
+        if name in HETERO_MODELS:
+            raise ValueError(f"model {name!r} needs a heterogeneous graph; {graph.name!r} has one node and one edge "
+                             "type: use sage, gcn, gat or mlp")
         return build_model(name, graph.feature_dim, graph.num_classes, num_layers=num_layers, hidden=hidden,
                            **options)
 
@@ -155,12 +211,40 @@ class NodeClassification(Task):
 
     def evaluate(self, model: nn.Module, graph: GraphStore, seeds: torch.Tensor, settings: EvalSettings, *,
                  device: torch.device, graph_block: Callable[[], GraphBlock] | None = None) -> float:
+        if is_hetero(graph):
+            return self._typed_accuracy(model, graph, seeds, settings, device)
         if check_eval_mode(settings.mode) == "full":
             block = graph_block() if graph_block is not None else GraphBlock.of(graph.indptr, graph.indices)
             return full_accuracy(model, graph, seeds, device=device, graph_block=block,
                                  progress=settings.progress, log=settings.log)
         return accuracy(model, graph, seeds, settings.fanouts, batch_size=settings.batch_size, device=device,
                         seed=settings.seed)
+
+    @torch.no_grad()
+    def _typed_accuracy(self, model: nn.Module, graph: Any, seeds: torch.Tensor, settings: EvalSettings,
+                        device: torch.device) -> float:
+        """Accuracy on a heterogeneous graph: sampled, or exact (each layer over the whole graph, layer by layer)."""
+        if seeds.numel() == 0:
+            raise ValueError("accuracy needs at least one seed; this split of the graph is empty")
+        if check_eval_mode(settings.mode) == "full":
+            logits = whole_graph_logits(model, graph, device)
+            start = graph.node_type(graph.target_type).start
+            predicted = logits.argmax(dim=1).cpu()[seeds - start]
+            return int((predicted == graph.labels[seeds]).sum()) / seeds.numel()
+        dtype = next(model.parameters()).dtype
+        was_training = model.training
+        model.eval()
+        correct = 0
+        try:
+            with self.batcher(graph, settings.fanouts, settings.batch_size, seeds=seeds, seed=settings.seed,
+                              shuffle=False, pin_memory=device.type == "cuda") as batcher:
+                for batch in batcher:
+                    batch = batch.to(device, non_blocking=True)
+                    logits = model(batch.blocks, cast_features(batch.x, dtype))
+                    correct += int((logits.argmax(dim=1) == batch.y).sum())
+        finally:
+            model.train(was_training)
+        return correct / seeds.numel()
 
 
 TASKS: dict[str, type[Task]] = {NodeClassification.name: NodeClassification}
