@@ -395,9 +395,9 @@ MUTANTS: list[dict] = [
          replace="out.sum().backward()",
          tests=[f"{BACKEND}::test_subtly_wrong_ops_fail_the_check[gradient-of-next-row]"], ci=False),
     # stream bookkeeping, pinning
-    dict(name="streams-block-indices-not-recorded", file="morphpipe/sampling/streams.py",
-         find="yield from (block.indptr, block.indices)",
-         replace="yield from (block.indptr,)",
+    dict(name="streams-block-indices-not-recorded", file="morphpipe/sampling/minibatch.py",
+         find="return [self.indptr, self.indices, *([] if self.src_degrees is None else [self.src_degrees])]",
+         replace="return [self.indptr, *([] if self.src_degrees is None else [self.src_degrees])]",
          tests=[f"{STREAMS}::test_every_cross_stream_use_waits_on_an_event_and_is_recorded"], ci=False),
     dict(name="pinning-last-user-minus-one-unregisters", file="morphpipe/sampling/pinning.py",
          find="if self._counts[key] > 0:",
