@@ -1,4 +1,4 @@
-"""`morphpipe data generate | convert | info`: make, import and inspect graph datasets."""
+"""`morphpipe data generate | convert | split-edges | info`: make, import and inspect graph datasets."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +21,9 @@ import torch
 from morphpipe.commands import arguments
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
+from morphpipe.data.edge_split import DEFAULT_EDGE_FRACTIONS, DEFAULT_EVAL_NEGATIVES, with_edge_split
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
+from morphpipe.data.link_generator import generate_link
 from morphpipe.data.ondisk import check_graph_output
 from morphpipe.data.presets import PRESETS, get_preset
 from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
@@ -39,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands.required = True
     add_generate(commands)
     add_convert(commands)
+    add_split_edges(commands)
     add_info(commands)
 
 
@@ -92,8 +95,11 @@ def run_generate(args: argparse.Namespace) -> int:
                                  "defined, so give -o DIR")
             path = ensure_preset(preset, root=args.root, progress=progress, regenerate=args.force)
         else:
-            path = generate(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
-                            preset=None if changed else preset.name, progress=progress, overwrite=args.force)
+            spec = preset.spec.with_overrides(**changed)
+            options = {"name": args.name or preset.name, "preset": None if changed else preset.name,
+                       "progress": progress, "overwrite": args.force}
+            path = generate(spec, args.output, **options) if preset.edge_split is None else \
+                generate_link(spec, preset.edge_split, args.output, **options)
     else:
         if args.kind is None:
             raise ValueError(f"give a PRESET ({', '.join(PRESETS)}) or --kind {'|'.join(KINDS)}")
@@ -206,6 +212,43 @@ def load_pyg_data(path: Path):
         return torch.load(path, weights_only=False)
     except RuntimeError as error:  # torch.load's way of saying the file is not one torch.save wrote
         raise ValueError(f"not a file written by torch.save ({error})") from error
+
+
+def add_split_edges(commands: argparse._SubParsersAction) -> None:
+    """`data split-edges DATASET --out DIR [--fractions ...] [--negatives K]`."""
+    parser = commands.add_parser(
+        "split-edges", help="split a graph's edges into train/val/test pairs for link prediction",
+        description="Hold out a random share of a graph's edges as validation and test positives (removed from the "
+                    "topology, with their reverses when the graph is undirected), draw K fixed negatives per "
+                    "held-out positive, and write the graph with its edge split to --out (train with --task link).")
+    parser.add_argument("dataset", help="preset name or dataset directory")
+    parser.add_argument("--out", required=True, help="output directory of the split graph")
+    parser.add_argument("--fractions", type=arguments.split_fractions, default=DEFAULT_EDGE_FRACTIONS,
+                        help="train,val,test shares of the edges (default 0.9,0.05,0.05; train takes the rest)")
+    parser.add_argument("--negatives", type=arguments.positive_int, default=DEFAULT_EVAL_NEGATIVES,
+                        help=f"fixed negatives per validation and test edge (default {DEFAULT_EVAL_NEGATIVES})")
+    parser.add_argument("--seed", type=arguments.seed, default=0, help="random seed (default 0)")
+    direction = parser.add_mutually_exclusive_group()
+    direction.add_argument("--undirected", dest="undirected", action="store_true", default=None,
+                           help="treat edges as connections both ways (default: detected)")
+    direction.add_argument("--directed", dest="undirected", action="store_false", help="treat edges as directed")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing graph at --out")
+    parser.set_defaults(func=run_split_edges)
+
+
+def run_split_edges(args: argparse.Namespace) -> int:
+    """Checks the output, splits the dataset's edges and writes the split graph there atomically."""
+    out = check_graph_output(args.out, overwrite=args.force)
+    graph = load_dataset(args.dataset)
+    split = with_edge_split(graph, fractions=args.fractions, negatives=args.negatives, seed=args.seed,
+                            undirected=args.undirected)
+    split.save(out)
+    edges = split.edge_split
+    print(f"{graph.name}: {edges.train.shape[1]:,} training, {edges.val.shape[1]:,} validation and "
+          f"{edges.test.shape[1]:,} test edges ({'undirected' if edges.undirected else 'directed'}; "
+          f"{args.negatives} negatives per held-out edge); topology {graph.num_edges:,} -> {split.num_edges:,} "
+          f"edges -> {out}")
+    return 0
 
 
 def add_info(commands: argparse._SubParsersAction) -> None:

@@ -1,0 +1,120 @@
+"""Edge splits: held-out edges (and reverses) leave the topology, negatives are no true edges, storage round-trips,
+bad splits are refused by name, `data split-edges` writes a graph with its split, the link preset has one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from morphpipe.commands.cli import main
+from morphpipe.data import GraphStore, GraphValidationError
+from morphpipe.data.edge_split import EdgeSplit, split_edges, with_edge_split
+from morphpipe.data.generators import COMMUNITY, GeneratorSpec
+from morphpipe.data.link_generator import EdgeSplitSpec, generate_link
+from morphpipe.data.splits import SplitFractions
+
+
+def edge_set(indptr, indices) -> set[tuple[int, int]]:
+    indptr, indices = np.asarray(indptr), np.asarray(indices)
+    return {(int(indices[e]), v) for v in range(indptr.size - 1) for e in range(indptr[v], indptr[v + 1])}
+
+
+@pytest.fixture(scope="module")
+def link_graph(tmp_path_factory):
+    spec = GeneratorSpec(COMMUNITY, num_nodes=600, avg_degree=8, feature_dim=8, num_classes=6, homophily=0.9)
+    path = generate_link(spec, EdgeSplitSpec(SplitFractions(0.8, 0.1, 0.1), negatives=20, seed=3),
+                         tmp_path_factory.mktemp("link") / "g", progress=False)
+    return GraphStore.load(path)
+
+
+def test_held_out_edges_and_reverses_leave_the_topology(tiny):
+    before = edge_set(tiny.indptr, tiny.indices)
+    result = split_edges(tiny.indptr.numpy(), tiny.indices.numpy(), tiny.num_nodes,
+                         fractions=SplitFractions(0.8, 0.1, 0.1), negatives=5, seed=1)
+    after = edge_set(result.indptr, result.indices)
+    split = result.split
+    assert split.undirected
+    held = {(int(u), int(v)) for part in (split.val, split.test) for u, v in part.T}
+    assert held and not held & after and not {(v, u) for u, v in held} & after
+    train = {(int(u), int(v)) for u, v in split.train.T}
+    assert train <= after and {(v, u) for u, v in train} <= after
+    # every connection is in exactly one split, and only held-out edges left
+    assert after == before - held - {(v, u) for u, v in held}
+    assert len(train) + len(held) == sum(1 for u, v in before if u < v)
+    assert not train & held
+
+
+def test_negatives_are_not_true_edges_nor_the_source(tiny):
+    split = split_edges(tiny.indptr.numpy(), tiny.indices.numpy(), tiny.num_nodes, negatives=30, seed=2).split
+    edges = edge_set(tiny.indptr, tiny.indices)
+    for part in ("val", "test"):
+        src = split.pairs(part)[0]
+        negatives = split.negatives(part)
+        assert negatives.shape == (src.numel(), 30)
+        for u, row in zip(src.tolist(), negatives.tolist()):
+            assert u not in row and not any((u, w) in edges for w in row)
+
+
+def test_directed_split_holds_out_one_direction_only():
+    indptr = np.array([0, 1, 3, 4, 6])  # edges 1->0, 0->1, 2->1, 3->2, 0->3, 1->3
+    indices = np.array([1, 0, 2, 3, 0, 1])
+    result = split_edges(indptr, indices, 4, fractions=SplitFractions(0.5, 0.25, 0.25), negatives=1, seed=0)
+    split = result.split
+    assert not split.undirected
+    held = {(int(u), int(v)) for part in (split.val, split.test) for u, v in part.T}
+    after = edge_set(result.indptr, result.indices)
+    assert after == edge_set(indptr, indices) - held
+    with pytest.raises(ValueError, match="no reverse"):
+        split_edges(indptr, indices, 4, undirected=True)
+
+
+def test_split_is_deterministic_per_seed(tiny):
+    first, again, other = (split_edges(tiny.indptr.numpy(), tiny.indices.numpy(), tiny.num_nodes, negatives=3,
+                                       seed=seed).split for seed in (4, 4, 5))
+    assert torch.equal(first.val, again.val) and torch.equal(first.test_negatives, again.test_negatives)
+    assert not torch.equal(first.val, other.val)
+
+
+def test_link_graph_round_trips_and_is_validated(link_graph, tmp_path):
+    split = link_graph.edge_split
+    assert split is not None and split.val_negatives.shape == (split.val.shape[1], 20)
+    link_graph.save(tmp_path / "copy")
+    again = GraphStore.load(tmp_path / "copy")
+    for name, tensor in split.arrays().items():
+        assert torch.equal(tensor, again.edge_split.arrays()[name]), name
+    bad = EdgeSplit(split.train, split.val, split.test, split.val_negatives[:-1], split.test_negatives, True)
+    with pytest.raises(GraphValidationError, match="val_negatives"):
+        bad.validate(link_graph.num_nodes)
+    outside = split.train.clone()
+    outside[1, 0] = link_graph.num_nodes
+    with pytest.raises(GraphValidationError, match=f"train_edges.*outside \\[0, {link_graph.num_nodes}\\)"):
+        EdgeSplit(outside, split.val, split.test, split.val_negatives, split.test_negatives, True).validate(
+            link_graph.num_nodes)
+
+
+def test_graph_without_split_names_split_edges(tiny):
+    with pytest.raises(GraphValidationError, match="data split-edges"):
+        tiny.require_edge_split()
+
+
+def test_saving_without_a_split_drops_a_stale_one(link_graph, tmp_path):
+    link_graph.save(tmp_path / "g")
+    plain = GraphStore.load(tmp_path / "g")
+    plain.edge_split = None
+    plain.save(tmp_path / "g")
+    assert GraphStore.load(tmp_path / "g").edge_split is None
+
+
+def test_split_edges_command(tmp_path, tiny, capsys):
+    tiny.save(tmp_path / "plain")
+    out = tmp_path / "split"
+    assert main(["data", "split-edges", str(tmp_path / "plain"), "--out", str(out), "--negatives", "7",
+                 "--fractions", "0.8,0.1,0.1", "--seed", "3"]) == 0
+    graph = GraphStore.load(out)
+    expected = with_edge_split(tiny, fractions=SplitFractions(0.8, 0.1, 0.1), negatives=7, seed=3)
+    assert torch.equal(graph.edge_split.val, expected.edge_split.val)
+    assert torch.equal(graph.indices.long(), expected.indices.long())
+    assert "validation" in capsys.readouterr().out
+    # refuses to overwrite without --force, and names the option
+    assert main(["data", "split-edges", str(tmp_path / "plain"), "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
