@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/edge_batch_checks.h"
 #include "common/random.h"
 #include "common/sampler_checks.h"
 #include "cpu/gather_rows.h"
@@ -35,7 +36,7 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor feature
   TORCH_CHECK(labels_.numel() == num_nodes, "labels: ", labels_.numel(), " labels for ", num_nodes,
               " nodes; give one label per node");
   // Enough idle buffers for every tensor of every batch in flight or in the consumer's hands.
-  const size_t tensors_per_batch = 2 * fanouts_.size() + 4;
+  const size_t tensors_per_batch = 2 * fanouts_.size() + 8;
   const size_t batches_held = static_cast<size_t>(queue_size_ + num_threads_ + 2);
   pool_ = BufferPool::create(at::TensorOptions().pinned_memory(pin_memory), tensors_per_batch * batches_held);
   window_.resize(queue_size_);
@@ -74,6 +75,41 @@ void CpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool d
   for (int64_t t = 0; t < useful_threads; ++t) workers_.emplace_back(&CpuBatcher::worker_loop, this);
 }
 
+void CpuBatcher::set_edge_task(EdgeTask task) {
+  stop();
+  check_edge_task(task.pair_src, task.pair_dst, task.num_negatives, task.negative_cdf, indptr_.numel() - 1);
+  std::lock_guard<std::mutex> lock(mutex_);
+  edge_task_ = std::move(task);
+  num_batches_ = 0;
+  next_to_claim_ = 0;
+  next_to_deliver_ = 0;
+}
+
+uint64_t CpuBatcher::batch_seed(int64_t batch_index) const {
+  return splitmix64(epoch_seed_ ^ static_cast<uint64_t>(batch_index));
+}
+
+CpuBatch CpuBatcher::build_edge_batch(EdgeBatchBuilder& builder, int64_t batch_index) {
+  const int64_t begin = batch_index * batch_size_;
+  const int64_t count = std::min(batch_size_, order_.numel() - begin);
+  EdgeSample sample = builder.build(order_.data_ptr<int64_t>() + begin, count, batch_seed(batch_index), *pool_);
+  CpuBatch batch;
+  batch.batch_index = batch_index;
+  batch.seeds = std::move(sample.seeds);
+  batch.input_nodes = std::move(sample.blocks.input_nodes);
+  batch.block_indptrs = std::move(sample.blocks.block_indptrs);
+  batch.block_indices = std::move(sample.blocks.block_indices);
+  const int64_t num_inputs = batch.input_nodes.numel();
+  batch.x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
+  gather_rows_into(features_, batch.input_nodes.data_ptr<int64_t>(), num_inputs, batch.x);
+  batch.y = pool_->empty({0}, at::kLong);
+  batch.edge_ids = std::move(sample.edge_ids);
+  batch.pair_src = std::move(sample.src);
+  batch.pair_dst = std::move(sample.dst);
+  batch.negative_dst = std::move(sample.negative_dst);
+  return batch;
+}
+
 CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) {
   const int64_t begin = batch_index * batch_size_;
   const int64_t count = std::min(batch_size_, order_.numel() - begin);
@@ -83,8 +119,7 @@ CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) 
   const int64_t* seeds = order_.data_ptr<int64_t>() + begin;
   std::memcpy(batch.seeds.data_ptr<int64_t>(), seeds, count * sizeof(int64_t));
 
-  SampledBlocks blocks = sampler.sample(seeds, count, splitmix64(epoch_seed_ ^ static_cast<uint64_t>(batch_index)),
-                                        *pool_);
+  SampledBlocks blocks = sampler.sample(seeds, count, batch_seed(batch_index), *pool_);
   batch.input_nodes = std::move(blocks.input_nodes);
   batch.block_indptrs = std::move(blocks.block_indptrs);
   batch.block_indices = std::move(blocks.block_indices);
@@ -102,6 +137,8 @@ CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) 
 
 void CpuBatcher::worker_loop() {
   NeighborSampler sampler(indptr_, indices_, fanouts_);
+  std::optional<EdgeBatchBuilder> edges;
+  if (edge_task_) edges.emplace(*edge_task_, indptr_, indices_, fanouts_);
   while (true) {
     int64_t batch_index;
     {
@@ -114,7 +151,7 @@ void CpuBatcher::worker_loop() {
     }
     try {
       const auto started = std::chrono::steady_clock::now();
-      CpuBatch batch = build_batch(sampler, batch_index);
+      CpuBatch batch = edges ? build_edge_batch(*edges, batch_index) : build_batch(sampler, batch_index);
       batch.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       std::lock_guard<std::mutex> lock(mutex_);
       window_[batch_index % queue_size_] = std::move(batch);
