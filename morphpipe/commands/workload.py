@@ -9,11 +9,16 @@ from torch import nn
 from morphpipe.commands import arguments
 from morphpipe.nn import build_model
 from morphpipe.nn.factory import MODELS
-from morphpipe.nn.task import TASKS, make_task
+from morphpipe.nn.link_model import DECODERS, build_link_model
+from morphpipe.nn.link_task import LOSSES, LinkPrediction
+from morphpipe.nn.task import TASKS, Task, make_task
+from morphpipe.sampling.edge_batcher import NEGATIVE_KINDS
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.profiler.profiler import Profiler
 
 DEFAULTS = {"task": "node", "model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None}
+# The link task's options (--task link): flag defaults; a plan made for link prediction records its own.
+LINK_DEFAULTS = {"negatives": 1, "negative_kind": "uniform", "decoder": "dot", "loss": "bce"}
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
@@ -36,7 +41,16 @@ def add_workload_arguments(parser: argparse.ArgumentParser, from_plan: bool) -> 
 
     parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
     parser.add_argument("--task", default=default("task"), choices=list(TASKS),
-                        help=f"what is trained: node (classification) ({says('node')})")
+                        help=f"what is trained: node (classification) or link (prediction, on a dataset with an edge "
+                             f"split: `morphpipe data split-edges`) ({says('node')})")
+    link = parser.add_argument_group("link prediction (--task link)")
+    link.add_argument("--negatives", type=arguments.non_negative_int, default=None,
+                      help=f"corrupted destinations per training edge ({says('1')})")
+    link.add_argument("--negative-kind", choices=NEGATIVE_KINDS, default=None,
+                      help=f"how negatives are drawn: uniform over the nodes, or by in-degree^0.75 ({says('uniform')})")
+    link.add_argument("--decoder", choices=DECODERS, default=None, help=f"pair scorer ({says('dot')})")
+    link.add_argument("--loss", choices=LOSSES, default=None,
+                      help=f"bce (positives vs negatives) or bpr (each positive above its negatives) ({says('bce')})")
     parser.add_argument("--model", default=default("model"), choices=list(MODELS), help=f"model ({says('sage')})")
     parser.add_argument("--hidden", type=arguments.positive_int, default=None, help="hidden width (default: the paper's per model)")
     parser.add_argument("--fanouts", default=default("fanouts"),
@@ -54,7 +68,23 @@ def workload_settings(args: argparse.Namespace, workload: dict[str, object] | No
         given = getattr(args, key)
         chosen[key] = given if given is not None else workload.get(key, default)
     chosen["fanouts"] = parse_int_list(str(chosen["fanouts"]), "--fanouts")
+    given_link = [f"--{key.replace('_', '-')}" for key in LINK_DEFAULTS if getattr(args, key, None) is not None]
+    if chosen["task"] != LinkPrediction.name:
+        if given_link:
+            raise ValueError(f"{', '.join(given_link)} set{'s' if len(given_link) == 1 else ''} up link prediction; "
+                             f"add --task link, or drop {'it' if len(given_link) == 1 else 'them'}")
+        return chosen
+    for key, default in LINK_DEFAULTS.items():
+        given = getattr(args, key, None)
+        chosen[key] = given if given is not None else workload.get(key, default)
     return chosen
+
+
+def workload_task(settings: dict[str, object]) -> Task:
+    """The task of the workload `settings` (with the link task's options)."""
+    if settings["task"] == LinkPrediction.name:
+        return make_task(LinkPrediction.name, **{key: settings[key] for key in LINK_DEFAULTS})
+    return make_task(str(settings["task"]))
 
 
 def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, object], progress: bool,
@@ -64,19 +94,28 @@ def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, objec
         graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]),
         hidden=settings["hidden"], device=args.device,
         thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
-        seed=args.seed, progress=progress, task=make_task(str(settings["task"])), **options,
+        seed=args.seed, progress=progress, task=workload_task(settings), **options,
     )
 
 
 def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> dict[str, object]:
-    """`build_model`'s arguments, saved in checkpoints so `morphpipe evaluate` can rebuild the model."""
-    return {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
+    """`build_model`'s arguments, saved in checkpoints so `morphpipe evaluate` can rebuild the model; for link
+    prediction `num_classes` is the embedding width and `decoder` the pair scorer."""
+    spec = {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
             "num_layers": len(settings["fanouts"]), "hidden": settings["hidden"], "heads": args.heads,
             "dropout": args.dropout, "fanouts": list(settings["fanouts"])}
+    task = workload_task(settings)
+    if isinstance(task, LinkPrediction):
+        spec.update(task=task.name, num_classes=task.embedding_size(settings["hidden"]), decoder=task.decoder)
+    return spec
 
 
 def model_from_spec(spec: dict[str, object]) -> nn.Module:
     """The (untrained) model a `model_spec` describes."""
+    if spec.get("task") == LinkPrediction.name:
+        return build_link_model(spec["name"], spec["in_dim"], spec["num_classes"], decoder=spec["decoder"],
+                                num_layers=spec["num_layers"], hidden=spec["hidden"], heads=spec["heads"],
+                                dropout=spec["dropout"])
     return build_model(spec["name"], spec["in_dim"], spec["num_classes"], num_layers=spec["num_layers"],
                        hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
 

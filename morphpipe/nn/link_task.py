@@ -106,11 +106,14 @@ class LinkPrediction(Task):
         return EdgeBatcher(graph, fanouts, batch_size, negatives=self.sampling, exclude=self.exclude,
                            num_threads=num_threads, edge_ids=seeds, shuffle=shuffle, seed=seed, pin_memory=pin_memory)
 
+    def embedding_size(self, hidden: int | None) -> int:
+        """Width of the node embeddings: `embedding_dim`, else the hidden width, else DEFAULT_EMBEDDING_DIM."""
+        return self.embedding_dim or hidden or DEFAULT_EMBEDDING_DIM
+
     def build_model(self, name: str, graph: GraphStore, *, num_layers: int, hidden: int | None = None,
                     **options: Any) -> nn.Module:
-        dim = self.embedding_dim or hidden or DEFAULT_EMBEDDING_DIM
-        return build_link_model(name, graph.feature_dim, dim, decoder=self.decoder, num_layers=num_layers,
-                                hidden=hidden, **options)
+        return build_link_model(name, graph.feature_dim, self.embedding_size(hidden), decoder=self.decoder,
+                                num_layers=num_layers, hidden=hidden, **options)
 
     def loss(self, model: nn.Module, batch: MiniBatch, dtype: torch.dtype) -> TaskLoss:
         if batch.pairs is None:
