@@ -24,7 +24,7 @@ from morphpipe.nn.task import SPLITS, EvalSettings, Task, TaskLoss, cast_feature
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.cpu_batcher import CpuBatcher
-from morphpipe.sampling.edge_batcher import EdgeBatcher, NegativeSampling, SerialEdgeBatcher
+from morphpipe.sampling.edge_batcher import EdgeBatcher, GpuEdgeBatcher, NegativeSampling, SerialEdgeBatcher
 from morphpipe.sampling.minibatch import MiniBatch
 
 LOSSES = ("bce", "bpr")
@@ -98,8 +98,8 @@ class LinkPrediction(Task):
                 num_threads: int | None = None, pin_memory: bool | None = None,
                 device: torch.device | str | None = None) -> Batcher:
         if route == 1:
-            raise ValueError("link prediction has no Route 1 (GPU) batcher yet: its edge batches are built on the "
-                             "CPU (Route 0); plan CPU batching only for --task link")
+            return GpuEdgeBatcher(graph, fanouts, batch_size, negatives=self.sampling, exclude=self.exclude,
+                                  edge_ids=seeds, shuffle=shuffle, seed=seed, device=device)
         if serial:
             return SerialEdgeBatcher(graph, fanouts, batch_size, negatives=self.sampling, exclude=self.exclude,
                                      edge_ids=seeds, shuffle=shuffle, seed=seed)

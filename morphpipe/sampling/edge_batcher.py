@@ -22,9 +22,12 @@ from morphpipe.cores import usable_cores
 from morphpipe.data import GraphStore
 from morphpipe.numeric import check_float, check_int
 from morphpipe.sampling.batcher import SeedBatcher
+from morphpipe.sampling import torch_sampler
 from morphpipe.sampling.cpu_batcher import blocks_from_native, minibatch_from_native
+from morphpipe.sampling.gpu_batcher import GpuBatcher
 from morphpipe.sampling.epochs import batch_seeds, epoch_seed, note_first_use
 from morphpipe.sampling.minibatch import EdgePairs, MiniBatch
+from morphpipe.sampling.streams import Handoff
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
 NEGATIVE_KINDS = ("uniform", "degree")
@@ -167,6 +170,45 @@ class SerialEdgeBatcher(EdgeSeedBatcher):
 
     def close(self) -> None:
         """Nothing runs between calls."""
+
+
+class GpuEdgeBatcher(GpuBatcher):
+    """Route 1 for edges: edge batches made on `device` by the torch path (`torch_sampler.make_edge_batch`, over
+    zero-copy views of the pinned graph on a GPU, or on "cpu"), the same epoch order as the Route 0 edge batchers
+    (the same edges in the same batches for a seed; its own random draws). The fused CUDA kernels make node
+    batches only, so the backend is "torch"."""
+
+    def __init__(self, graph: GraphStore, fanouts: Sequence[int], batch_size: int, *,
+                 negatives: NegativeSampling | None = None, exclude: bool = True,
+                 edge_ids: torch.Tensor | None = None, shuffle: bool = True, drop_last: bool = False, seed: int = 0,
+                 cache_bytes: int = 0, device: torch.device | str | None = None) -> None:
+        split = graph.require_edge_split()
+        self.pair_src, self.pair_dst = split.train[0].contiguous(), split.train[1].contiguous()
+        self.negatives = negatives or NegativeSampling()
+        super().__init__(graph, fanouts, batch_size, seeds=torch.arange(self.pair_src.numel()) if edge_ids is None
+                         else edge_ids, shuffle=shuffle, drop_last=drop_last, seed=seed, cache_bytes=cache_bytes,
+                         device=device, backend="torch")
+        cdf = self.negatives.cdf(graph)
+        self.task = torch_sampler.EdgeTask(self.pair_src.to(self.device), self.pair_dst.to(self.device),
+                                           self.negatives.k, None if cdf is None else cdf.to(self.device),
+                                           self.negatives.reject_positives, bool(exclude), split.undirected)
+
+    def check_units(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids` as training edge ids: 1-D int64, each in [0, E_train), none repeated."""
+        return check_seed_ids(ids, self.pair_src.numel(), "edge_ids", unit="training edge")
+
+    def _make_batch(self, seeds: torch.Tensor, batch_index: int, sampling_seed: int) -> MiniBatch:
+        """The edge batch of training edges `seeds` (on the device), on the batcher's stream."""
+        with self._on_device(), self._on_stream():
+            start = self._event()
+            cache = self._cache
+            tables = torch_sampler.TorchCache(cache.adjacency_slot, cache.adjacency_indptr, cache.adjacency_indices,
+                                              cache.feature_slot, cache.feature_rows)
+            batch = torch_sampler.make_edge_batch(self._graph, self.task, seeds, self.fanouts, sampling_seed,
+                                                  cache=tables, batch_index=batch_index, route=self.route)
+            if start is not None:
+                batch.handoff = Handoff(self._stream, start, self._event())
+        return batch
 
 
 def sample_edge_batch(graph: GraphStore, edge_ids: torch.Tensor, fanouts: Sequence[int], *,

@@ -49,9 +49,8 @@ def test_every_training_edge_once_per_epoch_over_both_routes(graph, community_ca
     model = task.build_model("sage", graph, num_layers=2, hidden=8, dropout=0.0)
     step = TrainStep(model, torch.optim.Adam(model.parameters(), lr=0.01), task)
     cpu = task.batcher(graph, FANOUTS, BATCH, route=0, seeds=routes.cpu, seed=3, num_threads=2, pin_memory=False)
-    other = task.batcher(graph, FANOUTS, BATCH, route=0, seeds=routes.gpu, seed=3, serial=True)
-    other.route = 1  # the serial edge batcher stands in for Route 1's batcher on this CPU-only machine
-    executor = Executor(split, CpuDevices(), step, cpu_batcher=cpu, gpu_batcher=other)
+    gpu = task.batcher(graph, FANOUTS, BATCH, route=1, seeds=routes.gpu, seed=3, device="cpu")  # the torch path
+    executor = Executor(split, CpuDevices(), step, cpu_batcher=cpu, gpu_batcher=gpu)
     with torch_threads(1):
         for epoch in range(2):
             task.trained = []

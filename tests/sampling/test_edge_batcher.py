@@ -1,5 +1,6 @@
-"""Edge batches: negative sampling's distribution and rejection, determinism per (seed, epoch), leakage control by
-construction, blocks equal to a plain-Python reference, and every training edge exactly once per epoch."""
+"""Edge batches on both routes (Route 0: the native builder; Route 1: the torch path, here on CPU tensors): negative
+sampling's distribution and rejection, determinism per (seed, epoch), leakage control by construction, blocks equal
+to a plain-Python reference, and every training edge exactly once per epoch."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,8 @@ from morphpipe.data.edge_split import EdgeSplit
 from morphpipe.data.generators import COMMUNITY, GeneratorSpec
 from morphpipe.data.link_generator import EdgeSplitSpec, generate_link
 from morphpipe.data.splits import SplitFractions
-from morphpipe.sampling.edge_batcher import EdgeBatcher, NegativeSampling, SerialEdgeBatcher, sample_edge_batch
+from morphpipe.sampling.edge_batcher import (EdgeBatcher, GpuEdgeBatcher, NegativeSampling, SerialEdgeBatcher,
+                                             sample_edge_batch)
 
 FANOUTS = [4, 3]
 
@@ -30,18 +32,32 @@ def in_lists(graph) -> list[set[int]]:
     return [set(indices[indptr[v]:indptr[v + 1]].tolist()) for v in range(graph.num_nodes)]
 
 
-def negatives_drawn(graph, sampling: NegativeSampling) -> tuple[np.ndarray, np.ndarray]:
+def one_batch(route: int, graph, ids: torch.Tensor, fanouts, *, negatives: NegativeSampling | None = None,
+              exclude: bool = True, seed: int = 0):
+    """The edge batch of training edges `ids` built by `route`."""
+    if route == 0:
+        return sample_edge_batch(graph, ids, fanouts, negatives=negatives, exclude=exclude, seed=seed)
+    batcher = GpuEdgeBatcher(graph, fanouts, ids.numel(), negatives=negatives, exclude=exclude, edge_ids=ids,
+                             shuffle=False, seed=seed, device="cpu")
+    return next(iter(batcher.epoch(0)))
+
+
+ROUTES = pytest.mark.parametrize("route", [0, 1], ids=["route0", "route1"])
+
+
+def negatives_drawn(graph, sampling: NegativeSampling, route: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(sources repeated per negative, global negative ids) of one batch of every training edge."""
     ids = torch.arange(graph.edge_split.train.shape[1])
-    batch = sample_edge_batch(graph, ids, [1], negatives=sampling, seed=3)
+    batch = one_batch(route, graph, ids, [1], negatives=sampling, seed=3)
     negatives = batch.seeds[batch.pairs.negative_dst].numpy()
     sources = batch.seeds[batch.pairs.src].numpy()
     return np.repeat(sources, negatives.shape[1]), negatives.reshape(-1)
 
 
+@ROUTES
 @pytest.mark.parametrize("kind", ["uniform", "degree"])
-def test_negatives_follow_their_distribution(link_graph, kind):
-    _, drawn = negatives_drawn(link_graph, NegativeSampling(20, kind))
+def test_negatives_follow_their_distribution(link_graph, kind, route):
+    _, drawn = negatives_drawn(link_graph, NegativeSampling(20, kind), route)
     weights = np.ones(link_graph.num_nodes) if kind == "uniform" else \
         link_graph.in_degrees().numpy().astype(np.float64) ** 0.75
     expected = weights / weights.sum() * drawn.size
@@ -52,10 +68,11 @@ def test_negatives_follow_their_distribution(link_graph, kind):
         assert stats.chisquare(observed, uniform).pvalue < 1e-6
 
 
-def test_no_positive_is_a_negative_when_rejection_is_asked(link_graph):
+@ROUTES
+def test_no_positive_is_a_negative_when_rejection_is_asked(link_graph, route):
     neighbours = in_lists(link_graph)
     for reject in (True, False):
-        sources, drawn = negatives_drawn(link_graph, NegativeSampling(30, reject_positives=reject))
+        sources, drawn = negatives_drawn(link_graph, NegativeSampling(30, reject_positives=reject), route)
         hits = sum(int(u == w or u in neighbours[w]) for u, w in zip(sources.tolist(), drawn.tolist()))
         assert (hits == 0) if reject else (hits > 0)  # without rejection, a dense enough graph draws some edges
 
@@ -80,6 +97,16 @@ def test_batches_are_deterministic_per_seed_and_epoch_on_every_batcher(link_grap
     assert batches_equal(epoch1, list(serial.epoch(1)))  # the on-demand batcher builds the same batches
     with EdgeBatcher(link_graph, FANOUTS, 64, negatives=sampling, num_threads=2, seed=8) as other:
         assert not batches_equal(epoch1, list(other.epoch(1)))
+
+
+def test_route1_visits_the_edges_of_route0_in_the_same_batches(link_graph):
+    with EdgeBatcher(link_graph, FANOUTS, 64, num_threads=1, seed=2) as cpu:
+        route0 = [batch.units for batch in cpu.epoch(3)]
+    gpu = GpuEdgeBatcher(link_graph, FANOUTS, 64, seed=2, device="cpu")
+    batches = list(gpu.epoch(3))
+    assert all(batch.route == 1 for batch in batches)
+    assert all(torch.equal(a, b.units) for a, b in zip(route0, batches, strict=True))
+    assert batches_equal(batches, list(gpu.epoch(3)))  # epoch(k) replays on Route 1 too
 
 
 def test_every_training_edge_once_per_epoch(link_graph):
@@ -125,12 +152,13 @@ def block_edges(batch) -> set[tuple[int, int]]:
     return edges
 
 
+@ROUTES
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_a_batch_never_passes_messages_over_its_own_positive_edges():
+def test_a_batch_never_passes_messages_over_its_own_positive_edges(route):
     graph = isolated_pair_graph()
     for batcher_exclude in (True, False):
-        batch = sample_edge_batch(graph, torch.tensor([0, 1]), [-1, -1], negatives=NegativeSampling(1),
-                                  exclude=batcher_exclude, seed=0)
+        batch = one_batch(route, graph, torch.tensor([0, 1]), [-1, -1], negatives=NegativeSampling(1),
+                          exclude=batcher_exclude)
         edges = block_edges(batch)
         used = {(0, 1), (1, 0), (2, 3), (3, 2)} & edges
         if batcher_exclude:
@@ -159,11 +187,12 @@ def reference_blocks(graph, seeds: list[int], excluded: set[tuple[int, int]], ho
     return nodes, layers
 
 
+@ROUTES
 @pytest.mark.parametrize("exclude", [True, False])
-def test_blocks_equal_a_plain_python_reference(link_graph, exclude):
+def test_blocks_equal_a_plain_python_reference(link_graph, exclude, route):
     train = link_graph.edge_split.train
     ids = torch.tensor([5, 17, 3, 40, 41])
-    batch = sample_edge_batch(link_graph, ids, [-1, -1], negatives=NegativeSampling(2), exclude=exclude, seed=11)
+    batch = one_batch(route, link_graph, ids, [-1, -1], negatives=NegativeSampling(2), exclude=exclude, seed=11)
     # seeds: each positive's source and destination in order, then the negatives, each node once
     negatives = batch.seeds[batch.pairs.negative_dst]
     expected_seeds = list(dict.fromkeys(torch.stack([train[0, ids], train[1, ids]], 1).reshape(-1).tolist() +
@@ -179,10 +208,11 @@ def test_blocks_equal_a_plain_python_reference(link_graph, exclude):
     assert torch.equal(batch.x, link_graph.features[batch.input_nodes])
 
 
-def test_sampled_blocks_take_fanout_of_the_allowed_neighbours(link_graph):
+@ROUTES
+def test_sampled_blocks_take_fanout_of_the_allowed_neighbours(link_graph, route):
     train = link_graph.edge_split.train
     ids = torch.arange(0, 200, 3)
-    batch = sample_edge_batch(link_graph, ids, FANOUTS, negatives=NegativeSampling(2), seed=4)
+    batch = one_batch(route, link_graph, ids, FANOUTS, negatives=NegativeSampling(2), seed=4)
     neighbours = in_lists(link_graph)
     excluded = {(int(u), int(v)) for u, v in train[:, ids].T} | {(int(v), int(u)) for u, v in train[:, ids].T}
     for layer, block in enumerate(batch.blocks):
