@@ -23,6 +23,7 @@ from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, 
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.edge_split import DEFAULT_EDGE_FRACTIONS, DEFAULT_EVAL_NEGATIVES, with_edge_split
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
+from morphpipe.data.link_converters import from_edge_split_list
 from morphpipe.data.link_generator import generate_link
 from morphpipe.data.ondisk import check_graph_output
 from morphpipe.data.presets import PRESETS, get_preset
@@ -140,6 +141,12 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", type=arguments.split_fractions, default="0.6,0.2,0.2", help="fractions of a generated split (0.6,0.2,0.2)")
     parser.add_argument("--seed", type=arguments.seed, default=0, help="seed for whatever is generated (0)")
     parser.add_argument("--split-scheme", help="ogb: the split/<scheme> directory, when there are several")
+    parser.add_argument("--edge-split-column", action="store_true",
+                        help="edgelist: a third column names each edge's split (train, val/valid, test or 0, 1, 2): "
+                             "the topology holds the training edges, the others become a link-prediction edge split")
+    parser.add_argument("--negatives", type=arguments.positive_int, default=None,
+                        help=f"with --edge-split-column: fixed negatives per validation and test edge "
+                             f"(default {DEFAULT_EVAL_NEGATIVES})")
     parser.add_argument("--name", help="dataset name (default: from the source)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
     parser.set_defaults(func=run_convert)
@@ -165,9 +172,18 @@ def run_convert(args: argparse.Namespace) -> int:
         "splits": read_input(args.splits, "--splits", "an .npz archive of id arrays",
                              lambda path: dict(np.load(path, allow_pickle=False))),
     }
+    if args.edge_split_column and args.format != "edgelist":
+        raise ValueError(f"--edge-split-column reads a third column of an edge list; format {args.format} has none "
+                         "(convert it, then `morphpipe data split-edges`)")
+    if args.negatives is not None and not args.edge_split_column:
+        raise ValueError("--negatives applies with --edge-split-column; for a random edge split use "
+                         "`morphpipe data split-edges --negatives K`")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        if args.format == "edgelist":
+        if args.edge_split_column:
+            store = from_edge_split_list(source, options=options, negatives=args.negatives or DEFAULT_EVAL_NEGATIVES,
+                                         **extra)
+        elif args.format == "edgelist":
             store = read_input(source, "source", "an edge list (.npy, csv or txt)",
                                lambda path: from_edge_list(path, options=options, **extra))
         elif args.format == "scipy":

@@ -118,3 +118,31 @@ def test_split_edges_command(tmp_path, tiny, capsys):
     # refuses to overwrite without --force, and names the option
     assert main(["data", "split-edges", str(tmp_path / "plain"), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err
+
+
+def test_an_edge_list_with_a_split_column_converts_to_a_link_dataset(tmp_path, capsys):
+    rows = ["src,dst,split", "0,1,train", "1,2,train", "2,3,train", "3,4,train", "4,5,train", "5,0,train",
+            "0,2,val", "1,3,valid", "2,4,test", "# a comment", "3,5,2"]
+    (tmp_path / "edges.csv").write_text("\n".join(rows) + "\n")
+    assert main(["data", "convert", "edgelist", str(tmp_path / "edges.csv"), "-o", str(tmp_path / "g"), "--undirected",
+                 "--edge-split-column", "--negatives", "2"]) == 0
+    graph = GraphStore.load(tmp_path / "g")
+    split = graph.edge_split
+    assert split.undirected and split.train.shape[1] == 6
+    assert split.val.tolist() == [[0, 1], [2, 3]] and split.test.tolist() == [[2, 3], [4, 5]]
+    topology = edge_set(graph.indptr, graph.indices)
+    assert topology == {(u, v) for u, v in split.train.T.tolist()} | {(v, u) for u, v in split.train.T.tolist()}
+    listed = {(u, v) for u, v in [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0), (0, 2), (1, 3), (2, 4), (3, 5)]}
+    listed |= {(v, u) for u, v in listed}
+    for part in ("val", "test"):
+        for u, row in zip(split.pairs(part)[0].tolist(), split.negatives(part).tolist()):
+            assert u not in row and not any((u, w) in listed for w in row)
+    # a held-out edge that is also a training edge would leak into message passing: refused by name
+    (tmp_path / "leak.csv").write_text("0,1,train\n1,2,train\n1,0,test\n")
+    assert main(["data", "convert", "edgelist", str(tmp_path / "leak.csv"), "-o", str(tmp_path / "l"), "--undirected",
+                 "--edge-split-column"]) == 2
+    assert "test edge 1 -> 0 is also a training edge" in capsys.readouterr().err
+    (tmp_path / "bad.csv").write_text("0,1,train\n1,2,holdout\n")
+    assert main(["data", "convert", "edgelist", str(tmp_path / "bad.csv"), "-o", str(tmp_path / "b"),
+                 "--edge-split-column"]) == 2
+    assert "split 'holdout' is not train" in capsys.readouterr().err

@@ -1,0 +1,115 @@
+"""Link-prediction datasets from edge lists whose third column names each edge's split.
+
+Rows are `source destination split`, the split `train`, `val` (or `valid`) or `test`, or 0, 1, 2
+(comma or whitespace separated, optional header, # comments; or an int .npy array [E, 3]). The
+topology holds the training edges only (both ways with `make_undirected`); validation and test
+edges become the edge split's held-out positives, each with `negatives` fixed negative
+destinations drawn uniformly, none a true edge of the listed graph or the source itself.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from morphpipe.data.converters import ArrayLike, ConvertOptions, GraphParts, Splits, assemble, load_npy
+from morphpipe.data.edge_split import DEFAULT_EVAL_NEGATIVES, EdgeSplit, draw_negatives, edge_keys
+from morphpipe.data.store import GraphStore
+from morphpipe.data.validation import GraphValidationError
+
+SPLIT_CODES = {"train": 0, "val": 1, "valid": 1, "test": 2, "0": 0, "1": 1, "2": 2}
+FIX = "give one 'source destination split' row per edge, split train, val (valid) or test, or 0, 1, 2"
+
+
+def read_split_edges(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, split code) int64 arrays from a .npy [E, 3] or a text table of `source destination split` rows."""
+    if not path.is_file():
+        raise FileNotFoundError(f"edge list {path} does not exist")
+    if path.suffix == ".npy":
+        table = load_npy(path, "edges")
+        if table.ndim != 2 or table.shape[1] != 3 or table.dtype.kind not in "iu":
+            raise GraphValidationError("edges", f"{path} holds {table.dtype} {table.shape}, expected integers [E, 3]",
+                                       FIX)
+        src, dst, codes = (table[:, column].astype(np.int64) for column in range(3))
+        bad = codes[(codes < 0) | (codes > 2)]
+        if bad.size:
+            raise GraphValidationError("edges", f"{path}: split code {int(bad[0])} is not 0 (train), 1 (val) or 2 "
+                                       "(test)", FIX)
+        return src, dst, codes
+    try:
+        rows = np.loadtxt(path, dtype=str, comments="#", delimiter="," if "," in _first_line(path) else None,
+                          ndmin=2)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise GraphValidationError("edges", f"{path} is not a table of `source destination split` rows ({error})",
+                                   FIX) from error
+    if rows.shape[1] < 3:
+        raise GraphValidationError("edges", f"{path} has {rows.shape[1]} columns, expected 3 (source, destination, "
+                                   "split)", FIX)
+    if rows.shape[0] and not rows[0, 0].strip().lstrip("-").isdigit():
+        rows = rows[1:]  # a header line
+    names = np.char.lower(np.char.strip(rows[:, 2]))
+    unknown = sorted(set(names.tolist()) - set(SPLIT_CODES))
+    if unknown:
+        raise GraphValidationError("edges", f"{path}: split {unknown[0]!r} is not train, val, valid, test, 0, 1 or 2",
+                                   FIX)
+    try:
+        src, dst = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64)
+    except ValueError as error:
+        raise GraphValidationError("edges", f"{path}: a node id is not an integer ({error})", FIX) from error
+    return src, dst, np.array([SPLIT_CODES[name] for name in names.tolist()], dtype=np.int64)
+
+
+def _first_line(path: Path) -> str:
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip() and not line.lstrip().startswith("#"):
+                return line
+    return ""
+
+
+def from_edge_split_list(source: str | os.PathLike, *, features: ArrayLike | None = None,
+                         labels: ArrayLike | None = None, splits: Splits | None = None,
+                         options: ConvertOptions | None = None,
+                         negatives: int = DEFAULT_EVAL_NEGATIVES) -> GraphStore:
+    """A store whose topology is the listed training edges, with the listed edge split (module docstring)."""
+    options = options or ConvertOptions()
+    path = Path(source)
+    src, dst, codes = read_split_edges(path)
+    num_nodes = options.num_nodes or (int(max(src.max(initial=-1), dst.max(initial=-1))) + 1)
+    train = codes == 0
+    if not train.any():
+        raise GraphValidationError("edges", f"{path} lists no training edge", FIX)
+    store = assemble(GraphParts(src=src[train], dst=dst[train], num_nodes=num_nodes), options,
+                     path.name.split(".")[0], {"kind": "converted", "converter": "edgelist-split", "input": str(path)},
+                     features=features, labels=labels, splits=splits)
+    undirected = options.make_undirected
+    train_keys = edge_keys(src[train], dst[train], num_nodes)
+    if undirected:
+        train_keys = np.concatenate([train_keys, edge_keys(dst[train], src[train], num_nodes)])
+    for code, name in ((1, "val"), (2, "test")):
+        held = codes == code
+        leaked = np.isin(edge_keys(src[held], dst[held], num_nodes), train_keys)
+        if leaked.any():
+            first = np.flatnonzero(held)[np.flatnonzero(leaked)[0]]
+            raise GraphValidationError("edges", f"{path}: {name} edge {src[first]} -> {dst[first]} is also a training "
+                                       f"edge{' (or its reverse)' if undirected else ''}, so a model would read it",
+                                       "list every connection in one split only")
+    true_keys = edge_keys(src, dst, num_nodes)
+    if undirected:
+        true_keys = np.concatenate([true_keys, edge_keys(dst, src, num_nodes)])
+    true_keys = np.unique(true_keys)
+    rng = np.random.default_rng(np.random.SeedSequence([options.seed, 0xED6E]))
+
+    def pairs(mask: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.stack([src[mask], dst[mask]]).astype(np.int64))
+
+    val, test = pairs(codes == 1), pairs(codes == 2)
+    store.edge_split = EdgeSplit(
+        pairs(train), val, test,
+        torch.from_numpy(draw_negatives(rng, val[0].numpy(), negatives, num_nodes, true_keys)),
+        torch.from_numpy(draw_negatives(rng, test[0].numpy(), negatives, num_nodes, true_keys)),
+        bool(undirected), {"kind": "listed", "input": str(path), "negatives": int(negatives), "seed": options.seed})
+    store.validate()
+    return store
