@@ -1,4 +1,5 @@
-"""Link-prediction datasets from edge lists whose third column names each edge's split.
+"""Link-prediction datasets from OGB link directories (ogbl-*) and from edge lists whose third column names each
+edge's split.
 
 Rows are `source destination split`, the split `train`, `val` (or `valid`) or `test`, or 0, 1, 2
 (comma or whitespace separated, optional header, # comments; or an int .npy array [E, 3]). The
@@ -9,12 +10,14 @@ destinations drawn uniformly, none a true edge of the listed graph or the source
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from morphpipe.data.converters import ArrayLike, ConvertOptions, GraphParts, Splits, assemble, load_npy
+from morphpipe.data.converters import (ArrayLike, ConvertOptions, GraphParts, Splits, _ogb_split_dir, assemble,
+                                      load_npy, read_edge_file)
 from morphpipe.data.edge_split import DEFAULT_EVAL_NEGATIVES, EdgeSplit, draw_negatives, edge_keys
 from morphpipe.data.store import GraphStore
 from morphpipe.data.validation import GraphValidationError
@@ -111,5 +114,77 @@ def from_edge_split_list(source: str | os.PathLike, *, features: ArrayLike | Non
         torch.from_numpy(draw_negatives(rng, val[0].numpy(), negatives, num_nodes, true_keys)),
         torch.from_numpy(draw_negatives(rng, test[0].numpy(), negatives, num_nodes, true_keys)),
         bool(undirected), {"kind": "listed", "input": str(path), "negatives": int(negatives), "seed": options.seed})
+    store.validate()
+    return store
+
+
+def _ogb_pairs(record: dict, path: Path) -> np.ndarray:
+    """int64 [2, E] positive pairs of one OGB link split file: source_node/target_node (citation2) or edge."""
+    if "source_node" in record and "target_node" in record:
+        return np.stack([np.asarray(record["source_node"]), np.asarray(record["target_node"])]).astype(np.int64)
+    if "edge" in record:
+        return np.asarray(record["edge"]).astype(np.int64).T.copy()
+    raise GraphValidationError("edge split", f"{path} holds keys {sorted(record)}, expected source_node and "
+                               "target_node, or edge", "point at an OGB link-property-prediction directory (ogbl-*)")
+
+
+def from_ogb_link(directory: str | os.PathLike, *, split_scheme: str | None = None,
+                  features: ArrayLike | None = None, labels: ArrayLike | None = None, splits: Splits | None = None,
+                  options: ConvertOptions | None = None, negatives: int = DEFAULT_EVAL_NEGATIVES) -> GraphStore:
+    """A link dataset from an OGB link-property-prediction directory (ogbl-*, as downloaded by ogb).
+
+    The topology is raw/edge.csv.gz (OGB's training graph; `make_undirected` adds the reverses, as
+    OGB's loaders do for ogbl-collab, -ddi, -ppa), features raw/node-feat.csv.gz when present; the
+    positives are split/<scheme>/{train,valid,test}.pt. ogbl-citation2's per-positive negatives
+    (target_node_neg, [E, 1000]) are kept as they are; where OGB gives negatives as pairs shared by
+    every positive (edge_neg, Hits@K style), `negatives` per positive are drawn instead, with a warning.
+    Split files are read with torch.load(weights_only=True): tensors and plain containers only.
+    """
+    options = options or ConvertOptions()
+    root = Path(directory)
+    raw = root / "raw"
+    scheme_dir = _ogb_split_dir(root, split_scheme)
+    if not (raw / "edge.csv.gz").is_file() or scheme_dir is None:
+        raise FileNotFoundError(f"{root} is not an OGB link-property-prediction directory (expected raw/edge.csv.gz "
+                                "and split/<scheme>/{train,valid,test}.pt)")
+    edges = read_edge_file(raw / "edge.csv.gz")
+    num_nodes = int(np.loadtxt(raw / "num-node-list.csv.gz", dtype=np.int64, delimiter=",", ndmin=1)[0]) \
+        if (raw / "num-node-list.csv.gz").is_file() else None
+    parts = GraphParts(src=edges[0], dst=edges[1], num_nodes=num_nodes)
+    if (raw / "node-feat.csv.gz").is_file():
+        parts.features = np.loadtxt(raw / "node-feat.csv.gz", dtype=np.float32, delimiter=",", ndmin=2)
+    records = {}
+    for name, file in (("train", "train"), ("val", "valid"), ("test", "test")):
+        path = scheme_dir / f"{file}.pt"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: an OGB link split has train.pt, valid.pt and test.pt")
+        records[name] = (torch.load(path, weights_only=True), path)
+    store = assemble(parts, options, root.name, {"kind": "converted", "converter": "ogb-link", "input": str(root),
+                                                 "split_scheme": scheme_dir.name},
+                     features=features, labels=labels, splits=splits)
+    num_nodes = store.num_nodes
+    pairs = {name: _ogb_pairs(record, path) for name, (record, path) in records.items()}
+    topology_dst = np.repeat(np.arange(num_nodes, dtype=np.int64), np.diff(store.indptr.numpy()))
+    topology_keys = np.unique(edge_keys(store.indices.numpy(), topology_dst, num_nodes))
+    true_keys = np.unique(np.concatenate([topology_keys] + [edge_keys(p[0], p[1], num_nodes) for p in pairs.values()]
+                                         + ([edge_keys(p[1], p[0], num_nodes) for p in pairs.values()]
+                                            if options.make_undirected else [])))
+    rng = np.random.default_rng(np.random.SeedSequence([options.seed, 0xED6E]))
+    fixed = {}
+    for name in ("val", "test"):
+        record, path = records[name]
+        if np.isin(edge_keys(pairs[name][0], pairs[name][1], num_nodes), topology_keys).any():
+            raise GraphValidationError("edge split", f"{path}: some {name} edges are edges of raw/edge.csv.gz, so a "
+                                       "model would read them", "convert the unmodified OGB download")
+        if "target_node_neg" in record:
+            fixed[name] = np.asarray(record["target_node_neg"]).astype(np.int64)
+        else:
+            warnings.warn(f"{path}: OGB's negatives are pairs shared by every positive (edge_neg); drew {negatives} "
+                          f"negative destinations per {name} positive instead (seed {options.seed})", stacklevel=2)
+            fixed[name] = draw_negatives(rng, pairs[name][0], negatives, num_nodes, true_keys)
+    store.edge_split = EdgeSplit(*(torch.from_numpy(pairs[name]) for name in ("train", "val", "test")),
+                                 torch.from_numpy(fixed["val"]), torch.from_numpy(fixed["test"]),
+                                 bool(options.make_undirected),
+                                 {"kind": "ogb", "input": str(root), "split_scheme": scheme_dir.name})
     store.validate()
     return store

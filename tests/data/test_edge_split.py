@@ -146,3 +146,43 @@ def test_an_edge_list_with_a_split_column_converts_to_a_link_dataset(tmp_path, c
     assert main(["data", "convert", "edgelist", str(tmp_path / "bad.csv"), "-o", str(tmp_path / "b"),
                  "--edge-split-column"]) == 2
     assert "split 'holdout' is not train" in capsys.readouterr().err
+
+
+def write_ogb_link(root, *, citation_style: bool) -> None:
+    """A miniature ogbl-* download: raw/edge.csv.gz (the training graph, each edge once) and split/time/*.pt."""
+    import gzip
+
+    (root / "raw").mkdir(parents=True)
+    (root / "split" / "time").mkdir(parents=True)
+    train = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0)]
+    with gzip.open(root / "raw" / "edge.csv.gz", "wt") as handle:
+        handle.write("".join(f"{u},{v}\n" for u, v in train))
+    with gzip.open(root / "raw" / "num-node-list.csv.gz", "wt") as handle:
+        handle.write("8\n")
+    held = {"train": train, "valid": [(0, 2), (1, 3)], "test": [(2, 4), (6, 7)]}
+    for file, pairs in held.items():
+        pairs = torch.tensor(pairs)
+        if citation_style:
+            record = {"source_node": pairs[:, 0], "target_node": pairs[:, 1]}
+            if file != "train":
+                record["target_node_neg"] = torch.tensor([[5, 6, 7]] * len(pairs))
+        else:
+            record = {"edge": pairs}
+            if file != "train":
+                record["edge_neg"] = torch.tensor([[0, 7], [3, 7]])
+        torch.save(record, root / "split" / "time" / f"{file}.pt")
+
+
+def test_ogb_link_directories_convert_with_their_split(tmp_path, capsys):
+    write_ogb_link(tmp_path / "ogbl-citation", citation_style=True)
+    assert main(["data", "convert", "ogbl", str(tmp_path / "ogbl-citation"), "-o", str(tmp_path / "c")]) == 0
+    graph = GraphStore.load(tmp_path / "c")
+    split = graph.edge_split
+    assert not split.undirected and graph.num_nodes == 8 and graph.num_edges == 6
+    assert split.val.tolist() == [[0, 1], [2, 3]] and split.test_negatives.tolist() == [[5, 6, 7]] * 2
+    write_ogb_link(tmp_path / "ogbl-collab", citation_style=False)
+    assert main(["data", "convert", "ogbl", str(tmp_path / "ogbl-collab"), "-o", str(tmp_path / "u"), "--undirected",
+                 "--negatives", "4"]) == 0
+    assert "drew 4 negative destinations per val positive" in capsys.readouterr().err
+    graph = GraphStore.load(tmp_path / "u")
+    assert graph.edge_split.undirected and graph.num_edges == 12 and graph.edge_split.val_negatives.shape == (2, 4)
