@@ -123,7 +123,8 @@ for negatives in args["negatives"]:
     model.eval()
     with torch.no_grad():
         h = model.full(g, g.ndata["feat"])
-        val = torch.from_numpy(np.load(f"{root}/val_edges.npy")); val_neg = torch.from_numpy(np.load(f"{root}/val_negatives.npy"))
+        val = torch.from_numpy(np.load(f"{root}/val_edges.npy"))
+        val_neg = torch.from_numpy(np.load(f"{root}/val_negatives.npy"))
         pos = (h[val[0]] * h[val[1]]).sum(-1)
         neg = (h[val[0]][:, None] * h[val_neg]).sum(-1)
         rank = 1 + (neg > pos[:, None]).sum(1).double() + 0.5 * (neg == pos[:, None]).sum(1).double()

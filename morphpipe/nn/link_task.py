@@ -20,7 +20,8 @@ from morphpipe.data import GraphStore
 from morphpipe.nn.layerwise import layerwise_inference
 from morphpipe.nn.link_metrics import LinkMetrics
 from morphpipe.nn.link_model import DECODERS, LinkModel, build_link_model
-from morphpipe.nn.task import SPLITS, EvalSettings, Task, TaskLoss, cast_features, check_eval_mode, check_split, register_task
+from morphpipe.nn.task import (SPLITS, EvalSettings, Task, TaskLoss, cast_features, check_eval_mode, check_split,
+                               register_task)
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.cpu_batcher import CpuBatcher

@@ -225,6 +225,7 @@ def sample_edge_batch(graph: GraphStore, edge_ids: torch.Tensor, fanouts: Sequen
         graph.indptr, graph.indices, split.train[0].contiguous(), split.train[1].contiguous(),
         torch.as_tensor(edge_ids, dtype=torch.int64), check_fanouts(fanouts), negatives.k, negative_cdf,
         bool(exclude), split.undirected, negatives.reject_positives, int(seed))
-    return MiniBatch(seeds=seeds, input_nodes=input_nodes, blocks=blocks_from_native(input_nodes.numel(), indptrs, indices),
+    return MiniBatch(seeds=seeds, input_nodes=input_nodes,
+                     blocks=blocks_from_native(input_nodes.numel(), indptrs, indices),
                      x=ops.gather_rows(graph.features, input_nodes), y=torch.empty(0, dtype=torch.int64),
                      pairs=EdgePairs(torch.as_tensor(edge_ids, dtype=torch.int64).clone(), src, dst, negative_dst))
