@@ -2,6 +2,8 @@
 agree, the guard naming edges, and end to end: SAGE + dot beats common neighbours on validation MRR."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -102,8 +104,16 @@ def test_non_finite_scores_name_the_edges(small, community_cache):
     model = task.build_model("sage", small, num_layers=1, hidden=8, dropout=0.0)
     with task.batcher(small, [2], 16, num_threads=1) as batcher:
         batch = next(iter(batcher))
-    batch.x[:] = float("nan")
     step = TrainStep(model, torch.optim.Adam(model.parameters()), task)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("inf"))  # finite inputs, non-finite pair scores
+    with pytest.raises(NonFiniteError) as raised:
+        step(batch)
+    edges = batch.pairs.edge_ids.tolist()
+    shown = re.search(r"outputs are NaN or infinite for edges ([^;]*)", str(raised.value)).group(1)
+    named = [int(i) for i in re.findall(r"\d+", shown.split("...")[0])]
+    assert named == sorted(edges)[:len(named)]  # the first of the batch's edges, each once
+    batch.x[:] = float("nan")
     with pytest.raises(NonFiniteError, match="features of nodes"):
         step(batch)
 
