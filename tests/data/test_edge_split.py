@@ -186,3 +186,11 @@ def test_ogb_link_directories_convert_with_their_split(tmp_path, capsys):
     assert "drew 4 negative destinations per val positive" in capsys.readouterr().err
     graph = GraphStore.load(tmp_path / "u")
     assert graph.edge_split.undirected and graph.num_edges == 12 and graph.edge_split.val_negatives.shape == (2, 4)
+
+
+def test_data_info_describes_the_edge_split(link_graph, tmp_path, capsys):
+    link_graph.save(tmp_path / "g")
+    assert main(["data", "info", str(tmp_path / "g")]) == 0
+    split = link_graph.edge_split
+    assert (f"edge split  train {split.train.shape[1]:,}, val {split.val.shape[1]:,}, test {split.test.shape[1]:,} "
+            "edges; 20 negatives each (undirected)") in capsys.readouterr().out
