@@ -53,7 +53,7 @@ inline void forward_run(const scalar_t* __restrict__ x, const scalar_t* __restri
   for (int64_t k = 0; k < run; ++k) {
     acc_t y = static_cast<acc_t>(x[k]);
     if constexpr (kBias) y += static_cast<acc_t>(bias[k]);
-    if constexpr (kAct == Activation::kRelu) y = y > acc_t(0) ? y : acc_t(0);
+    if constexpr (kAct == Activation::kRelu) y = y < acc_t(0) ? acc_t(0) : y;  // NaN stays NaN, as in torch.relu
     if constexpr (kDrop) y *= factor[k];
     out[k] = static_cast<scalar_t>(y);
   }

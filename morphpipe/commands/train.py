@@ -26,6 +26,7 @@ from morphpipe.commands.workload import (
     workload_task,
 )
 from morphpipe.executor.replan import REPLAN_MODES, Replanner
+from morphpipe.executor.stopping import DEFAULT_GRACE_S
 from morphpipe.nn.finite_guard import ON_NONFINITE
 from morphpipe.outputs import check_output_dir, check_output_file
 from morphpipe.profiler.profile import Profile
@@ -85,6 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="at a batch with labels outside the classes or a NaN/infinite loss or gradient: stop "
                              "with the epoch, batch and seeds (default), or skip-batch (no update for that batch; "
                              "skips are counted per epoch)")
+    parser.add_argument("--stop-grace", type=arguments.number(0.0), default=DEFAULT_GRACE_S, metavar="SECONDS",
+                        help="after SIGTERM mid epoch, finish and checkpoint the epoch if it ends within this many "
+                             f"seconds, else stop at the next step (default {DEFAULT_GRACE_S:g}; the scheduler's "
+                             "SIGTERM-to-SIGKILL wait, less the time a checkpoint takes)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     train_distributed.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -93,7 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Loads the data, gets a plan, trains, reports test accuracy (as one rank when a launcher started us).
 
-    During mini-batch training SIGTERM stops at the next step or epoch end (see
+    During mini-batch training SIGTERM stops at the epoch's end when it comes within `--stop-grace`, else at the
+    next step (see
     `morphpipe.executor.stopping`): the message says where to resume from; the exit status is 143.
     """
     if train_distributed.wants_distributed(args):
@@ -124,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     spec = model_spec(graph, args, settings)
     model = model_from_spec(spec)
-    stop = StopRequest()
+    stop = StopRequest(args.stop_grace)
     with stop.on_sigterm(), Trainer(
             graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
             seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,

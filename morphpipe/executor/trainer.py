@@ -31,7 +31,7 @@ from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.stats import EpochStats
-from morphpipe.executor.stopping import StepStop, StopRequest, TrainingStopped
+from morphpipe.executor.stopping import StepStop, StopRequest, TrainingStopped, epoch_finish_estimate_s
 from morphpipe.nn.finite_guard import FiniteGuard
 from morphpipe.nn.task import EvalSettings, NodeClassification, Task, check_eval_mode, check_split
 from morphpipe.nn.train_step import TrainStep, make_optimizer
@@ -123,8 +123,9 @@ class Trainer:
     plan it switches to (`self.plan` is always the plan in force). `on_nonfinite` is what a step with
     labels outside the classes or a NaN/infinite loss or gradient does: "stop" (a NonFiniteError naming
     the epoch, batch and seeds) or "skip-batch" (no update; counted in the epoch's stats).
-    When `stop` is requested, `fit` raises TrainingStopped after the current step (dropping the
-    unfinished epoch) or epoch (checkpointed).
+    When `stop` is requested, `fit` raises TrainingStopped after the current epoch (checkpointed) when the
+    rest of it fits in the stop's grace period and there is a checkpoint directory, else after the current
+    step (dropping the unfinished epoch).
     """
 
     def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
@@ -162,6 +163,7 @@ class Trainer:
         self.gpu_batcher = gpu_batcher
         self.replanner = replanner
         self.stop = stop
+        self.validation_s: float | None = None  # how long the last validation took
         self.executor = self._executor(plan)
 
     def _executor(self, plan: Plan) -> Executor:
@@ -204,8 +206,8 @@ class Trainer:
             self.guard.start_epoch(epoch)
             try:
                 with torch_threads(training_threads(self.plan)):
-                    result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
-                    val_acc = self.evaluate("val") if validate else None
+                    result, cpu_share, op_choices = self._train_epoch(epoch, epochs, validate)
+                    val_acc = self._validate() if validate else None
             except StepStop as stopped:
                 raise self._stopped(epoch, f"during epoch {epoch + 1} after {stopped.steps} of "
                                            f"{self.plan.num_batches} steps (that epoch is dropped)") from None
@@ -235,7 +237,36 @@ class Trainer:
         return TrainingStopped(f"{reason}; the checkpoint in {self.checkpoints.directory} holds {epochs_done} "
                                "completed epochs: run the same command again to resume from it", epochs_done)
 
-    def _train_epoch(self, epoch: int, epochs: int) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
+    def _validate(self) -> float:
+        """The validation metric, timed (a stop request uses the time to judge whether an epoch can still end)."""
+        start = time.perf_counter()
+        value = self.evaluate("val")
+        self.validation_s = time.perf_counter() - start
+        return value
+
+    def _finishes_in_grace(self, steps: int, elapsed_s: float, validate: bool) -> bool:
+        """After a stop request mid epoch: can the epoch still be trained, validated and checkpointed in time?
+
+        Validation is estimated by its last measured time, or before any by the steps' time per unit scaled to
+        the validation units (sampled inference costs less than training per unit); a first exact validation
+        cannot be estimated, so the epoch is then dropped.
+        """
+        if self.checkpoints is None or self.stop is None:
+            return False
+        validation_s = 0.0
+        if validate and self.validation_s is not None:
+            validation_s = self.validation_s
+        elif validate and self.eval_mode == "full":
+            return False
+        elif validate:
+            units = max(self.task.seeds(self.graph).numel(), 1)
+            validation_s = elapsed_s * self.plan.num_batches / max(steps, 1) * (
+                self.task.seeds(self.graph, "val").numel() / units)
+        estimate = epoch_finish_estimate_s(steps, self.plan.num_batches, elapsed_s, validation_s)
+        return estimate <= self.stop.grace_left_s()
+
+    def _train_epoch(self, epoch: int, epochs: int,
+                     validate: bool) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
         """One epoch through the executor, with a progress bar; also the process's CPU utilisation and op choices."""
         choices_before = choice_counts()
         process = psutil.Process()
@@ -244,13 +275,20 @@ class Trainer:
         with tqdm(total=self.plan.num_batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                   disable=not self.progress) as bar:
             steps = 0
+            finishing = False
 
             def advance(_: InFlight) -> None:
-                nonlocal steps
+                nonlocal steps, finishing
                 steps += 1
                 bar.update(1)
-                if self.stop is not None and self.stop.requested:
+                if self.stop is None or not self.stop.requested or finishing:
+                    return
+                if not self._finishes_in_grace(steps, time.perf_counter() - wall_before, validate):
                     raise StepStop(steps)
+                finishing = True
+                self.log(f"stop requested by {self.stop.reason or 'request'}: finishing epoch {epoch + 1} "
+                         f"({self.plan.num_batches - steps} steps left) to checkpoint it within the "
+                         f"{self.stop.grace_s:g} s grace period")
 
             result = self.executor.run_epoch(epoch, on_step=advance)
         wall = time.perf_counter() - wall_before
