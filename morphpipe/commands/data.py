@@ -23,7 +23,7 @@ from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, 
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.edge_split import DEFAULT_EDGE_FRACTIONS, DEFAULT_EVAL_NEGATIVES, with_edge_split
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
-from morphpipe.data.link_converters import from_edge_split_list, from_ogb_link
+from morphpipe.data.link_converters import from_edge_split_list, from_ogb_link, from_pyg_link
 from morphpipe.data.link_generator import generate_link
 from morphpipe.data.ondisk import check_graph_output
 from morphpipe.data.presets import PRESETS, get_preset
@@ -31,7 +31,7 @@ from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
 from morphpipe.data.summary import summarize
 from morphpipe.data.validation import GraphValidationError
 
-CONVERTERS = ("edgelist", "scipy", "ogb", "ogbl", "pyg")
+CONVERTERS = ("edgelist", "scipy", "ogb", "ogbl", "pyg", "pyg-link")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -127,7 +127,8 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("format", choices=CONVERTERS, help="edgelist: .npy (2,E)/(E,2) or csv/txt; scipy: .npz "
                         "from scipy.sparse.save_npz; ogb: dataset directory with raw/ and split/; ogbl: an OGB "
                         "link-prediction directory (ogbl-*: its edge split too; --undirected for collab, ddi, ppa); "
-                        "pyg: torch.save'd Data (unpickled: only convert files you trust)")
+                        "pyg: torch.save'd Data; pyg-link: torch.save'd (train, val, test) Data of RandomLinkSplit, "
+                        "with its edge split (both unpickled: only convert files you trust)")
     parser.add_argument("source", help="input file or directory")
     parser.add_argument("-o", "--output", required=True, help="output graph directory")
     parser.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
@@ -176,9 +177,9 @@ def run_convert(args: argparse.Namespace) -> int:
     if args.edge_split_column and args.format != "edgelist":
         raise ValueError(f"--edge-split-column reads a third column of an edge list; format {args.format} has none "
                          "(convert it, then `morphpipe data split-edges`)")
-    if args.negatives is not None and not (args.edge_split_column or args.format == "ogbl"):
-        raise ValueError("--negatives applies with --edge-split-column or format ogbl; for a random edge split use "
-                         "`morphpipe data split-edges --negatives K`")
+    if args.negatives is not None and not (args.edge_split_column or args.format in ("ogbl", "pyg-link")):
+        raise ValueError("--negatives applies with --edge-split-column or formats ogbl and pyg-link; for a random "
+                         "edge split use `morphpipe data split-edges --negatives K`")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         if args.edge_split_column:
@@ -188,6 +189,10 @@ def run_convert(args: argparse.Namespace) -> int:
             store = read_input(source, "source", "an OGB link-property-prediction directory",
                                lambda path: from_ogb_link(path, split_scheme=args.split_scheme, options=options,
                                                           negatives=args.negatives or DEFAULT_EVAL_NEGATIVES, **extra))
+        elif args.format == "pyg-link":
+            store = from_pyg_link(read_input(source, "source", "a torch.save'd (train, val, test) tuple of PyG Data",
+                                             load_pyg_data),
+                                  options=options, negatives=args.negatives or DEFAULT_EVAL_NEGATIVES, **extra)
         elif args.format == "edgelist":
             store = read_input(source, "source", "an edge list (.npy, csv or txt)",
                                lambda path: from_edge_list(path, options=options, **extra))

@@ -1,5 +1,5 @@
-"""Link-prediction datasets from OGB link directories (ogbl-*) and from edge lists whose third column names each
-edge's split.
+"""Link-prediction datasets from OGB link directories (ogbl-*), from torch_geometric's RandomLinkSplit output
+(edge_label_index), and from edge lists whose third column names each edge's split.
 
 Rows are `source destination split`, the split `train`, `val` (or `valid`) or `test`, or 0, 1, 2
 (comma or whitespace separated, optional header, # comments; or an int .npy array [E, 3]). The
@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from morphpipe.data.converters import (ArrayLike, ConvertOptions, GraphParts, Splits, _ogb_split_dir, assemble,
-                                      load_npy, read_edge_file)
-from morphpipe.data.edge_split import DEFAULT_EVAL_NEGATIVES, EdgeSplit, draw_negatives, edge_keys
+                                      from_pyg, load_npy, read_edge_file)
+from morphpipe.data.edge_split import (DEFAULT_EVAL_NEGATIVES, EdgeSplit, draw_negatives, edge_keys, is_symmetric,
+                                       topology_pairs)
 from morphpipe.data.store import GraphStore
 from morphpipe.data.validation import GraphValidationError
 
@@ -186,5 +189,58 @@ def from_ogb_link(directory: str | os.PathLike, *, split_scheme: str | None = No
                                  torch.from_numpy(fixed["val"]), torch.from_numpy(fixed["test"]),
                                  bool(options.make_undirected),
                                  {"kind": "ogb", "input": str(root), "split_scheme": scheme_dir.name})
+    store.validate()
+    return store
+
+
+def _labelled_positives(data: Any, name: str) -> np.ndarray:
+    """int64 [2, E]: the columns of `data.edge_label_index` whose `edge_label` is 1 (all of them without labels)."""
+    index = getattr(data, "edge_label_index", None)
+    if index is None:
+        raise GraphValidationError(f"{name}.edge_label_index", "is missing",
+                                   "pass the (train, val, test) Data objects of torch_geometric's RandomLinkSplit")
+    index = index.detach().cpu().numpy().astype(np.int64)
+    label = getattr(data, "edge_label", None)
+    if label is None:
+        return index
+    return index[:, label.detach().cpu().numpy() == 1]
+
+
+def from_pyg_link(datas: Sequence[Any], *, features: ArrayLike | None = None, labels: ArrayLike | None = None,
+                  splits: Splits | None = None, options: ConvertOptions | None = None,
+                  negatives: int = DEFAULT_EVAL_NEGATIVES) -> GraphStore:
+    """A link dataset from torch_geometric's RandomLinkSplit output `(train_data, val_data, test_data)`.
+
+    The topology is `train_data.edge_index` (the training message-passing edges; undirected when every
+    edge has its reverse), features `train_data.x`; the positives of each split are its `edge_label_index`
+    columns labelled 1. PyG's negatives are pairs shared by a split, not per positive: `negatives` fixed
+    destinations per validation and test positive are drawn instead, with a warning.
+    """
+    if isinstance(datas, (str, bytes)) or not isinstance(datas, Sequence) or len(datas) != 3:
+        raise GraphValidationError("data", f"got {type(datas).__name__}, expected (train_data, val_data, test_data)",
+                                   "torch.save the tuple that torch_geometric's RandomLinkSplit returns")
+    train_data = datas[0]
+    store = from_pyg(train_data, features=features, labels=labels, splits=splits, options=options)
+    store.source = {**store.source, "converter": "pyg-link"}
+    num_nodes = store.num_nodes
+    pairs = {name: _labelled_positives(data, f"{name}_data") for name, data in zip(("train", "val", "test"), datas)}
+    src, dst = topology_pairs(store.indptr.numpy(), store.indices.numpy())
+    keys = np.sort(edge_keys(src, dst, num_nodes))
+    undirected = is_symmetric(keys, src, dst, num_nodes)
+    for name in ("val", "test"):
+        if np.isin(edge_keys(pairs[name][0], pairs[name][1], num_nodes), keys).any():
+            raise GraphValidationError(f"{name}_data.edge_label_index", "holds edges of train_data.edge_index, so a "
+                                       "model would read them", "pass RandomLinkSplit's output unchanged")
+    true_keys = np.unique(np.concatenate([keys] + [edge_keys(p[0], p[1], num_nodes) for p in pairs.values()] +
+                                         [edge_keys(p[1], p[0], num_nodes) for p in pairs.values()]))
+    options = options or ConvertOptions()
+    rng = np.random.default_rng(np.random.SeedSequence([options.seed, 0xED6E]))
+    warnings.warn(f"PyG's negatives are pairs shared by a split; drew {negatives} negative destinations per "
+                  f"validation and test positive instead (seed {options.seed})", stacklevel=2)
+    store.edge_split = EdgeSplit(
+        *(torch.from_numpy(pairs[name]) for name in ("train", "val", "test")),
+        torch.from_numpy(draw_negatives(rng, pairs["val"][0], negatives, num_nodes, true_keys)),
+        torch.from_numpy(draw_negatives(rng, pairs["test"][0], negatives, num_nodes, true_keys)),
+        bool(undirected), {"kind": "pyg", "negatives": int(negatives), "seed": options.seed})
     store.validate()
     return store

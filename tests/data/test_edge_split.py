@@ -194,3 +194,25 @@ def test_data_info_describes_the_edge_split(link_graph, tmp_path, capsys):
     split = link_graph.edge_split
     assert (f"edge split  train {split.train.shape[1]:,}, val {split.val.shape[1]:,}, test {split.test.shape[1]:,} "
             "edges; 20 negatives each (undirected)") in capsys.readouterr().out
+
+
+def test_randomlinksplit_output_converts_with_its_split(tmp_path, capsys):
+    pyg = pytest.importorskip("torch_geometric")
+    from torch_geometric.transforms import RandomLinkSplit
+    from torch_geometric.utils import to_undirected
+
+    generator = torch.Generator().manual_seed(0)
+    edge_index = to_undirected(torch.randint(0, 60, (2, 300), generator=generator))
+    data = pyg.data.Data(x=torch.randn(60, 4, generator=generator), edge_index=edge_index, num_nodes=60)
+    train, val, test = RandomLinkSplit(num_val=0.1, num_test=0.1, is_undirected=True)(data)
+    torch.save((train, val, test), tmp_path / "split.pt")
+    assert main(["data", "convert", "pyg-link", str(tmp_path / "split.pt"), "-o", str(tmp_path / "g"),
+                 "--negatives", "5"]) == 0
+    assert "drew 5 negative destinations" in capsys.readouterr().err
+    graph = GraphStore.load(tmp_path / "g")
+    split = graph.edge_split
+    assert split.undirected and torch.equal(graph.features, train.x)
+    assert edge_set(graph.indptr, graph.indices) == {tuple(e) for e in train.edge_index.T.tolist()}
+    for part, data in (("val", val), ("test", test)):
+        positives = data.edge_label_index[:, data.edge_label == 1]
+        assert torch.equal(split.pairs(part), positives) and split.negatives(part).shape == (positives.shape[1], 5)
