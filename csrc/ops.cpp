@@ -9,6 +9,15 @@ TORCH_LIBRARY(morphpipe, m) {
   // (local ids), input layer first.
   m.def("sample_neighbors(Tensor indptr, Tensor indices, Tensor seeds, int[] fanouts, int seed) "
         "-> (Tensor input_nodes, Tensor[] block_indptrs, Tensor[] block_indices)");
+  // One link-prediction batch: training positives `edge_ids` (pair_src[e] -> pair_dst[e]), num_negatives corrupted
+  // destinations each (uniform, or by the cumulative weights negative_cdf [N]; reject_positives redraws edges of
+  // the topology), every endpoint a seed (returned, sources and destinations first), the pairs in local ids of the
+  // seeds, and sample_neighbors' outputs over the seeds with the positives (and reverses when undirected) left out
+  // of the blocks when `exclude`. Same random choices as the CpuBatcher's edge task for the same seed.
+  m.def("sample_edge_batch(Tensor indptr, Tensor indices, Tensor pair_src, Tensor pair_dst, Tensor edge_ids, "
+        "int[] fanouts, int num_negatives, Tensor? negative_cdf, bool exclude, bool undirected, bool reject_positives, "
+        "int seed) -> (Tensor seeds, Tensor src, Tensor dst, Tensor negative_dst, Tensor input_nodes, "
+        "Tensor[] block_indptrs, Tensor[] block_indices)");
   // out[i] = source[index[i]] for a 2-D source (feature gathering).
   m.def("gather_rows(Tensor source, Tensor index) -> Tensor");
   // Route 1 (CUDA only): sample_neighbors with topology in pinned host memory (read over UVA) and the

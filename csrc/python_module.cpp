@@ -24,8 +24,12 @@ namespace {
 
 py::object batch_to_python(std::optional<CpuBatch> batch) {
   if (!batch) return py::none();
+  py::object pairs = py::none();
+  if (batch->edge_ids.defined()) {
+    pairs = py::make_tuple(batch->edge_ids, batch->pair_src, batch->pair_dst, batch->negative_dst);
+  }
   return py::make_tuple(batch->batch_index, batch->seeds, batch->input_nodes, batch->block_indptrs,
-                        batch->block_indices, batch->x, batch->y, batch->build_seconds);
+                        batch->block_indices, batch->x, batch->y, batch->build_seconds, pairs);
 }
 
 py::object hetero_batch_to_python(std::optional<HeteroCpuBatch> batch) {
@@ -77,6 +81,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>, int64_t, int64_t, bool>(),
            py::arg("indptr"), py::arg("indices"), py::arg("features"), py::arg("labels"), py::arg("fanouts"),
            py::arg("num_threads"), py::arg("queue_size"), py::arg("pin_memory"))
+      .def(
+          "set_edge_task",
+          [](CpuBatcher& self, at::Tensor pair_src, at::Tensor pair_dst, int64_t num_negatives,
+             std::optional<at::Tensor> negative_cdf, bool exclude, bool undirected, bool reject_positives) {
+            py::gil_scoped_release release;
+            self.set_edge_task(morphpipe::EdgeTask{std::move(pair_src), std::move(pair_dst), num_negatives,
+                                                   negative_cdf.value_or(at::Tensor()), exclude, undirected,
+                                                   reject_positives});
+          },
+          py::arg("pair_src"), py::arg("pair_dst"), py::arg("num_negatives"), py::arg("negative_cdf"),
+          py::arg("exclude"), py::arg("undirected"), py::arg("reject_positives"),
+          "batches of training edge ids from now on (order = edge ids); see csrc/cpu/edge_batch.h")
       .def("start_epoch", &CpuBatcher::start_epoch, py::arg("order"), py::arg("batch_size"), py::arg("drop_last"),
            py::arg("epoch_seed"), py::call_guard<py::gil_scoped_release>())
       .def(
@@ -89,7 +105,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             }
             return batch_to_python(std::move(batch));
           },
-          "(batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y, build_seconds) or None at epoch end")
+          "(batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y, build_seconds, pairs) or None at "
+          "epoch end; pairs: (edge_ids, src, dst, negative_dst) of an edge task, else None")
       .def("stop", &CpuBatcher::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_batches", &CpuBatcher::num_batches)
       .def_property_readonly("num_threads", &CpuBatcher::num_threads);

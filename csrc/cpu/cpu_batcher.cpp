@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/edge_batch_checks.h"
 #include "common/random.h"
 #include "common/sampler_checks.h"
 #include "cpu/gather_rows.h"
@@ -35,7 +36,7 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor feature
   TORCH_CHECK(labels_.numel() == num_nodes, "labels: ", labels_.numel(), " labels for ", num_nodes,
               " nodes; give one label per node");
   // Enough idle buffers for every tensor of every batch in flight or in the consumer's hands.
-  const size_t tensors_per_batch = 2 * fanouts_.size() + 4;
+  const size_t tensors_per_batch = 2 * fanouts_.size() + 8;
   const size_t batches_held = static_cast<size_t>(queue_size_ + num_threads_ + 2);
   pool_ = BufferPool::create(at::TensorOptions().pinned_memory(pin_memory), tensors_per_batch * batches_held);
 }
@@ -53,9 +54,44 @@ void CpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool d
   epoch_seed_ = splitmix64(static_cast<uint64_t>(epoch_seed));
   const int64_t num_batches = drop_last ? num_seeds / batch_size : (num_seeds + batch_size - 1) / batch_size;
   window_.start(num_batches, num_threads_, [this]() -> OrderedWindow<CpuBatch>::Builder {
+    if (edge_task_) {
+      auto edges = std::make_shared<EdgeBatchBuilder>(*edge_task_, indptr_, indices_, fanouts_);
+      return [this, edges](int64_t batch_index) { return build_edge_batch(*edges, batch_index); };
+    }
     auto sampler = std::make_shared<NeighborSampler>(indptr_, indices_, fanouts_);
     return [this, sampler](int64_t batch_index) { return build_batch(*sampler, batch_index); };
   });
+}
+
+void CpuBatcher::set_edge_task(EdgeTask task) {
+  stop();
+  check_edge_task(task.pair_src, task.pair_dst, task.num_negatives, task.negative_cdf, indptr_.numel() - 1);
+  edge_task_ = std::move(task);
+}
+
+uint64_t CpuBatcher::batch_seed(int64_t batch_index) const {
+  return splitmix64(epoch_seed_ ^ static_cast<uint64_t>(batch_index));
+}
+
+CpuBatch CpuBatcher::build_edge_batch(EdgeBatchBuilder& builder, int64_t batch_index) {
+  const int64_t begin = batch_index * batch_size_;
+  const int64_t count = std::min(batch_size_, order_.numel() - begin);
+  EdgeSample sample = builder.build(order_.data_ptr<int64_t>() + begin, count, batch_seed(batch_index), *pool_);
+  CpuBatch batch;
+  batch.batch_index = batch_index;
+  batch.seeds = std::move(sample.seeds);
+  batch.input_nodes = std::move(sample.blocks.input_nodes);
+  batch.block_indptrs = std::move(sample.blocks.block_indptrs);
+  batch.block_indices = std::move(sample.blocks.block_indices);
+  const int64_t num_inputs = batch.input_nodes.numel();
+  batch.x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
+  gather_rows_into(features_, batch.input_nodes.data_ptr<int64_t>(), num_inputs, batch.x);
+  batch.y = pool_->empty({0}, at::kLong);
+  batch.edge_ids = std::move(sample.edge_ids);
+  batch.pair_src = std::move(sample.src);
+  batch.pair_dst = std::move(sample.dst);
+  batch.negative_dst = std::move(sample.negative_dst);
+  return batch;
 }
 
 CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) {
@@ -67,8 +103,7 @@ CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) 
   const int64_t* seeds = order_.data_ptr<int64_t>() + begin;
   std::memcpy(batch.seeds.data_ptr<int64_t>(), seeds, count * sizeof(int64_t));
 
-  SampledBlocks blocks = sampler.sample(seeds, count, splitmix64(epoch_seed_ ^ static_cast<uint64_t>(batch_index)),
-                                        *pool_);
+  SampledBlocks blocks = sampler.sample(seeds, count, batch_seed(batch_index), *pool_);
   batch.input_nodes = std::move(blocks.input_nodes);
   batch.block_indptrs = std::move(blocks.block_indptrs);
   batch.block_indices = std::move(blocks.block_indices);

@@ -7,6 +7,7 @@
 
 #include "cpu/buffer_pool.h"
 #include "cpu/ordered_window.h"
+#include "cpu/edge_batch.h"
 
 #include <cstdint>
 #include <memory>
@@ -23,7 +24,9 @@ struct CpuBatch {
   std::vector<at::Tensor> block_indptrs;
   std::vector<at::Tensor> block_indices;
   at::Tensor x;
-  at::Tensor y;
+  at::Tensor y;  // node task: labels of the seeds; edge task: empty
+  // Edge task only (undefined otherwise): the positives' edge ids, their endpoints and negatives in local ids.
+  at::Tensor edge_ids, pair_src, pair_dst, negative_dst;
   double build_seconds = 0.0;  // wall time one worker spent building it (re-planning measures T_CB)
 };
 
@@ -34,6 +37,10 @@ class CpuBatcher {
   ~CpuBatcher();
   CpuBatcher(const CpuBatcher&) = delete;
   CpuBatcher& operator=(const CpuBatcher&) = delete;
+
+  // Makes this an edge-task batcher: `order` then holds training edge ids, and each batch is an edge batch
+  // (EdgeBatchBuilder) with its features gathered. Stops any epoch in progress.
+  void set_edge_task(EdgeTask task);
 
   // Starts producing the batches of one epoch: `order` (int64 seed ids, already shuffled)
   // is cut into consecutive batches of `batch_size`; `epoch_seed` fixes all random choices.
@@ -52,9 +59,12 @@ class CpuBatcher {
 
  private:
   CpuBatch build_batch(class NeighborSampler& sampler, int64_t batch_index);
+  CpuBatch build_edge_batch(EdgeBatchBuilder& builder, int64_t batch_index);
+  uint64_t batch_seed(int64_t batch_index) const;
 
   at::Tensor indptr_, indices_, features_, labels_;
   std::vector<int64_t> fanouts_;
+  std::optional<EdgeTask> edge_task_;
   int64_t num_threads_;
   int64_t queue_size_;
   std::shared_ptr<BufferPool> pool_;  // memory of batch outputs, recycled

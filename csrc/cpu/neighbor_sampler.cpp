@@ -38,6 +38,14 @@ int64_t NeighborSampler::local_id(int64_t node) {
 }
 
 template <typename index_t>
+void NeighborSampler::allowed_offsets(const index_t* neighbours, int64_t degree, int64_t node) {
+  allowed_.clear();
+  for (int64_t offset = 0; offset < degree; ++offset) {
+    if (!exclusion_->contains(static_cast<int64_t>(neighbours[offset]), node)) allowed_.push_back(offset);
+  }
+}
+
+template <typename index_t>
 void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
                                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices) {
   // Pass 1: how many neighbours each destination takes. indptr reads are random, so they
@@ -57,7 +65,11 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
                 " has the neighbour range indptr[", node, "..", node + 1, "] = [", begin, ", ", end,
                 "), which is not inside [0, ", num_edges_, "] and non-decreasing; fix: rebuild the CSC with "
                 "build_csc(src, dst, num_nodes), and validate the graph with GraphStore.validate()");
-    const int64_t degree = end - begin;
+    int64_t degree = end - begin;
+    if (dst < static_cast<int64_t>(filtered_.size()) && filtered_[dst]) {
+      allowed_offsets(indices + begin, degree, node);
+      degree = static_cast<int64_t>(allowed_.size());
+    }
     const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
     begins_[dst] = begin;
     out_indptr[dst + 1] = out_indptr[dst] + taken;
@@ -80,7 +92,16 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
       *out++ = local_id(neighbour);
     };
     // Map slots are random accesses too: request them all before the first insert.
-    if (taken == degree) {
+    if (dst < static_cast<int64_t>(filtered_.size()) && filtered_[dst]) {
+      allowed_offsets(neighbours, degree, nodes_[dst]);
+      const int64_t allowed = static_cast<int64_t>(allowed_.size());
+      if (taken == allowed) {
+        for (const int64_t offset : allowed_) emit(neighbours[offset]);
+      } else {
+        choose_offsets(allowed, taken, rng);
+        for (const int64_t pick : chosen_) emit(neighbours[allowed_[pick]]);
+      }
+    } else if (taken == degree) {
       for (int64_t offset = 0; offset < degree; ++offset) node_map_.prefetch(neighbours[offset]);
       for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
     } else {
@@ -92,11 +113,13 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
 }
 
 SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
-                                      BufferPool& pool) {
+                                      BufferPool& pool, const EdgeExclusion* exclusion) {
   Xoshiro256 rng(rng_seed);
   node_map_.clear();
   nodes_.clear();
   node_map_.reserve(num_seeds * 8);
+  exclusion_ = (exclusion != nullptr && !exclusion->empty()) ? exclusion : nullptr;
+  filtered_.assign(exclusion_ != nullptr ? num_seeds : 0, 0);
   for (int64_t i = 0; i < num_seeds; ++i) {
     const int64_t seed = seeds[i];
     check_seed_id(i, seed, num_nodes_);
@@ -104,6 +127,7 @@ SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, u
     node_map_.insert(seed, i, inserted);
     check_seed_first(i, seed, inserted);
     nodes_.push_back(seed);
+    if (exclusion_ != nullptr) filtered_[i] = exclusion_->targets(seed);
   }
 
   const size_t num_hops = fanouts_.size();

@@ -52,6 +52,17 @@ class NodeMap {
     }
   }
 
+  // The local id of `key`, or -1 when it is absent.
+  int64_t find(int64_t key) const {
+    uint64_t position = hash(key);
+    while (true) {
+      const Slot& slot = slots_[position];
+      if (slot.generation != generation_) return -1;
+      if (slot.key == key) return slot.value;
+      position = (position + 1) & mask_;
+    }
+  }
+
   // Hints the cache to load the slot where `key` would start probing.
   void prefetch(int64_t key) const { __builtin_prefetch(&slots_[hash(key)]); }
 

@@ -1,4 +1,4 @@
-"""`morphpipe data generate | convert | info`: make, import and inspect graph datasets."""
+"""`morphpipe data generate | convert | split-edges | info`: make, import and inspect graph datasets."""
 from __future__ import annotations
 
 import argparse
@@ -21,16 +21,19 @@ import torch
 from morphpipe.commands import arguments
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
+from morphpipe.data.edge_split import DEFAULT_EDGE_FRACTIONS, DEFAULT_EVAL_NEGATIVES, with_edge_split
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
 from morphpipe.data.hetero_convert import from_igbh, from_ogb_mag
 from morphpipe.data.hetero_generator import MagSpec, generate_hetero
+from morphpipe.data.link_converters import from_edge_split_list, from_ogb_link, from_pyg_link
+from morphpipe.data.link_generator import generate_link
 from morphpipe.data.ondisk import check_graph_output, nearest_existing_dir
 from morphpipe.data.presets import PRESETS, get_preset
 from morphpipe.data.store import GraphStore, ensure_preset, load_dataset, load_graph_dir
 from morphpipe.data.summary import summarize
 from morphpipe.data.validation import GraphValidationError
 
-CONVERTERS = ("edgelist", "scipy", "ogb", "ogb-hetero", "igbh", "pyg")
+CONVERTERS = ("edgelist", "scipy", "ogb", "ogbl", "ogb-hetero", "igbh", "pyg", "pyg-link")
 MEMORY_BUDGET_HELP = ("memory the build may use, e.g. 6G (default: half the available memory); edges beyond it are "
                       "sorted on disk in runs, and a budget below what the per-node arrays need is refused")
 
@@ -43,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands.required = True
     add_generate(commands)
     add_convert(commands)
+    add_split_edges(commands)
     add_info(commands)
 
 
@@ -101,9 +105,13 @@ def run_generate(args: argparse.Namespace) -> int:
             path = generate_hetero(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
                                    preset=None if changed else preset.name, overwrite=args.force)
         else:
-            path = generate(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
-                            preset=None if changed else preset.name, progress=progress, overwrite=args.force,
-                            memory_budget=args.memory_budget)
+            spec = preset.spec.with_overrides(**changed)
+            options = {"name": args.name or preset.name, "preset": None if changed else preset.name,
+                       "progress": progress, "overwrite": args.force}
+            if preset.edge_split is None:
+                path = generate(spec, args.output, memory_budget=args.memory_budget, **options)
+            else:
+                path = generate_link(spec, preset.edge_split, args.output, **options)
     else:
         if args.kind is None:
             raise ValueError(f"give a PRESET ({', '.join(PRESETS)}) or --kind {'|'.join(KINDS)}")
@@ -132,10 +140,13 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
                     "A[i, j] != 0 of a scipy matrix, OGB raw/edge.csv.gz rows, PyG edge_index columns. What the "
                     "source lacks comes from --features/--labels/--splits or is generated with --seed.")
     parser.add_argument("format", choices=CONVERTERS, help="edgelist: .npy (2,E)/(E,2) or csv/txt; scipy: .npz "
-                        "from scipy.sparse.save_npz; ogb: dataset directory with raw/ and split/; ogb-hetero: a heterogeneous OGB "
-                        "directory such as ogbn-mag (reverse relations added); igbh: a folder per node type (node_feat.npy, "
-                        "paper/node_label_19.npy) and per relation src__name__dst (edge_index.npy [E, 2]); pyg: torch.save'd "
-                        "Data (unpickled: only convert files you trust)")
+                        "from scipy.sparse.save_npz; ogb: dataset directory with raw/ and split/; ogbl: an OGB "
+                        "link-prediction directory (ogbl-*: its edge split too; --undirected for collab, ddi, ppa); "
+                        "ogb-hetero: a heterogeneous OGB directory such as ogbn-mag (reverse relations added); igbh: "
+                        "a folder per node type (node_feat.npy, paper/node_label_19.npy) and per relation "
+                        "src__name__dst (edge_index.npy [E, 2]); pyg: torch.save'd Data; pyg-link: torch.save'd "
+                        "(train, val, test) Data of RandomLinkSplit, with its edge split (both unpickled: only convert "
+                        "files you trust)")
     parser.add_argument("source", help="input file or directory")
     parser.add_argument("-o", "--output", required=True, help="output graph directory")
     parser.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
@@ -150,6 +161,12 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", type=arguments.split_fractions, default="0.6,0.2,0.2", help="fractions of a generated split (0.6,0.2,0.2)")
     parser.add_argument("--seed", type=arguments.seed, default=0, help="seed for whatever is generated (0)")
     parser.add_argument("--split-scheme", help="ogb: the split/<scheme> directory, when there are several")
+    parser.add_argument("--edge-split-column", action="store_true",
+                        help="edgelist: a third column names each edge's split (train, val/valid, test or 0, 1, 2): "
+                             "the topology holds the training edges, the others become a link-prediction edge split")
+    parser.add_argument("--negatives", type=arguments.positive_int, default=None,
+                        help=f"with --edge-split-column, or ogbl without per-edge negatives: fixed negatives per "
+                             f"validation and test edge (default {DEFAULT_EVAL_NEGATIVES})")
     parser.add_argument("--name", help="dataset name (default: from the source)")
     parser.add_argument("--memory-budget", type=arguments.byte_size, help=MEMORY_BUDGET_HELP + " (beside the output)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
@@ -177,9 +194,26 @@ def run_convert(args: argparse.Namespace) -> int:
         "splits": read_input(args.splits, "--splits", "an .npz archive of id arrays",
                              lambda path: dict(np.load(path, allow_pickle=False))),
     }
+    if args.edge_split_column and args.format != "edgelist":
+        raise ValueError(f"--edge-split-column reads a third column of an edge list; format {args.format} has none "
+                         "(convert it, then `morphpipe data split-edges`)")
+    if args.negatives is not None and not (args.edge_split_column or args.format in ("ogbl", "pyg-link")):
+        raise ValueError("--negatives applies with --edge-split-column or formats ogbl and pyg-link; for a random "
+                         "edge split use `morphpipe data split-edges --negatives K`")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        if args.format == "edgelist":
+        if args.edge_split_column:
+            store = from_edge_split_list(source, options=options, negatives=args.negatives or DEFAULT_EVAL_NEGATIVES,
+                                         **extra)
+        elif args.format == "ogbl":
+            store = read_input(source, "source", "an OGB link-property-prediction directory",
+                               lambda path: from_ogb_link(path, split_scheme=args.split_scheme, options=options,
+                                                          negatives=args.negatives or DEFAULT_EVAL_NEGATIVES, **extra))
+        elif args.format == "pyg-link":
+            store = from_pyg_link(read_input(source, "source", "a torch.save'd (train, val, test) tuple of PyG Data",
+                                             load_pyg_data),
+                                  options=options, negatives=args.negatives or DEFAULT_EVAL_NEGATIVES, **extra)
+        elif args.format == "edgelist":
             store = read_input(source, "source", "an edge list (.npy, csv or txt)",
                                lambda path: from_edge_list(path, options=options, **extra))
         elif args.format == "scipy":
@@ -230,6 +264,43 @@ def load_pyg_data(path: Path):
         return torch.load(path, weights_only=False)
     except RuntimeError as error:  # torch.load's way of saying the file is not one torch.save wrote
         raise ValueError(f"not a file written by torch.save ({error})") from error
+
+
+def add_split_edges(commands: argparse._SubParsersAction) -> None:
+    """`data split-edges DATASET --out DIR [--fractions ...] [--negatives K]`."""
+    parser = commands.add_parser(
+        "split-edges", help="split a graph's edges into train/val/test pairs for link prediction",
+        description="Hold out a random share of a graph's edges as validation and test positives (removed from the "
+                    "topology, with their reverses when the graph is undirected), draw K fixed negatives per "
+                    "held-out positive, and write the graph with its edge split to --out (train with --task link).")
+    parser.add_argument("dataset", help="preset name or dataset directory")
+    parser.add_argument("--out", required=True, help="output directory of the split graph")
+    parser.add_argument("--fractions", type=arguments.split_fractions, default=DEFAULT_EDGE_FRACTIONS,
+                        help="train,val,test shares of the edges (default 0.9,0.05,0.05; train takes the rest)")
+    parser.add_argument("--negatives", type=arguments.positive_int, default=DEFAULT_EVAL_NEGATIVES,
+                        help=f"fixed negatives per validation and test edge (default {DEFAULT_EVAL_NEGATIVES})")
+    parser.add_argument("--seed", type=arguments.seed, default=0, help="random seed (default 0)")
+    direction = parser.add_mutually_exclusive_group()
+    direction.add_argument("--undirected", dest="undirected", action="store_true", default=None,
+                           help="treat edges as connections both ways (default: detected)")
+    direction.add_argument("--directed", dest="undirected", action="store_false", help="treat edges as directed")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing graph at --out")
+    parser.set_defaults(func=run_split_edges)
+
+
+def run_split_edges(args: argparse.Namespace) -> int:
+    """Checks the output, splits the dataset's edges and writes the split graph there atomically."""
+    out = check_graph_output(args.out, overwrite=args.force)
+    graph = load_dataset(args.dataset)
+    split = with_edge_split(graph, fractions=args.fractions, negatives=args.negatives, seed=args.seed,
+                            undirected=args.undirected)
+    split.save(out)
+    edges = split.edge_split
+    print(f"{graph.name}: {edges.train.shape[1]:,} training, {edges.val.shape[1]:,} validation and "
+          f"{edges.test.shape[1]:,} test edges ({'undirected' if edges.undirected else 'directed'}; "
+          f"{args.negatives} negatives per held-out edge); topology {graph.num_edges:,} -> {split.num_edges:,} "
+          f"edges -> {out}")
+    return 0
 
 
 def add_info(commands: argparse._SubParsersAction) -> None:

@@ -1,4 +1,5 @@
-"""`morphpipe evaluate DATASET --checkpoint DIR`: accuracy of a saved model, exact (layer-wise) or sampled."""
+"""`morphpipe evaluate DATASET --checkpoint DIR`: accuracy of a saved model (link prediction: MRR, Hits@K and AUC
+against the stored negatives), exact (layer-wise) or sampled."""
 from __future__ import annotations
 
 import argparse
@@ -76,25 +77,54 @@ def run(args: argparse.Namespace) -> int:
             said.add(message)
             print(message)
 
-    results = {}
-    for split in SPLITS if args.split == "all" else (args.split,):
-        seeds = getattr(graph, f"{split}_idx")
-        if args.mode == "full" and not typed:
-            results[split] = full_accuracy(model, graph, seeds, device=device, chunk_size=args.chunk_size,
-                                           memory_budget=budget, graph_block=block, progress=not args.no_progress,
-                                           log=say_once)
-        elif typed:
-            relation_fanouts = spec.get("relation_fanouts")
-            task = NodeClassification(relation_fanouts=parse_relation_fanouts(relation_fanouts)
-                                      if relation_fanouts else None)
-            settings = EvalSettings(spec["fanouts"], batch_size=args.batch_size, mode=args.mode)
-            results[split] = task.evaluate(model, graph, seeds, settings, device=torch.device(device))
-        else:
-            results[split] = accuracy(model, graph, seeds, spec["fanouts"], batch_size=args.batch_size,
-                                      device=device)
-        print(f"{split} accuracy {results[split]:.4f}")
+    if spec.get("task") == "link":
+        results = evaluate_link(model, graph, state.meta, spec, args, device, block, say_once)
+    else:
+        results = {}
+        for split in SPLITS if args.split == "all" else (args.split,):
+            seeds = getattr(graph, f"{split}_idx")
+            if args.mode == "full" and not typed:
+                results[split] = full_accuracy(model, graph, seeds, device=device, chunk_size=args.chunk_size,
+                                               memory_budget=budget, graph_block=block,
+                                               progress=not args.no_progress, log=say_once)
+            elif typed:
+                relation_fanouts = spec.get("relation_fanouts")
+                task = NodeClassification(relation_fanouts=parse_relation_fanouts(relation_fanouts)
+                                          if relation_fanouts else None)
+                settings = EvalSettings(spec["fanouts"], batch_size=args.batch_size, mode=args.mode)
+                results[split] = task.evaluate(model, graph, seeds, settings, device=torch.device(device))
+            else:
+                results[split] = accuracy(model, graph, seeds, spec["fanouts"], batch_size=args.batch_size,
+                                          device=device)
+            print(f"{split} accuracy {results[split]:.4f}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"mode": args.mode, "epochs": state.epoch, "accuracy": results}, indent=2)
+        key = "link" if spec.get("task") == "link" else "accuracy"
+        args.json.write_text(json.dumps({"mode": args.mode, "epochs": state.epoch, key: results}, indent=2)
                              + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
     return 0
+
+
+def evaluate_link(model, graph, meta: dict, spec: dict, args: argparse.Namespace, device: str, block,
+                  log) -> dict[str, dict[str, object]]:
+    """MRR, Hits@K and AUC of a link model on the held-out edge splits (val, test: the ones with stored negatives)."""
+    from morphpipe.nn.link_task import LinkPrediction
+    from morphpipe.nn.task import EvalSettings
+
+    task = LinkPrediction(**{key: meta[key] for key in ("negatives", "negative_kind", "decoder", "loss", "exclude")
+                             if key in meta})
+    task.check_graph(graph)
+    if args.split == "train":
+        raise ValueError("--split train: training edges have no stored negatives to rank against; evaluate val or "
+                         "test (the default, all, takes both)")
+    if args.chunk_size is not None or args.memory_mb is not None:
+        raise ValueError("--chunk-size and --memory-mb size node classification's layer-wise tables; link "
+                         "evaluation plans its own chunks: drop them")
+    settings = EvalSettings(spec["fanouts"], args.batch_size, 0, args.mode, not args.no_progress, log)
+    results = {}
+    for split in ("val", "test") if args.split == "all" else (args.split,):
+        metrics = task.metrics(model, graph, task.seeds(graph, split), settings, device=torch.device(device),
+                               graph_block=(lambda: block) if block is not None else None)
+        print(f"{split} {metrics.line()}")
+        results[split] = metrics.to_dict()
+    return results

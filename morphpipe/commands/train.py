@@ -113,20 +113,19 @@ def run(args: argparse.Namespace) -> int:
         return train_distributed.run(args)
     from morphpipe.data import load_dataset
     from morphpipe.executor.stopping import STOP_EXIT_STATUS, StopRequest, TrainingStopped
-    from morphpipe.executor.trainer import Trainer
+    from morphpipe.executor.trainer import Trainer, metric_label
 
     check_outputs(args)
     graph = load_dataset(args.dataset)
-    print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features"
-          f"{' (target type)' if getattr(graph, 'is_hetero', False) else ''}, {graph.num_classes} classes, "
-          f"{len(graph.train_idx):,} training seeds")
-    empty = [split for split in ("val", "test") if getattr(graph, f"{split}_idx").numel() == 0]
-    if empty:
-        print(f"note: the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: no "
-              f"{' or '.join(empty)} accuracy will be reported")
     if args.full_graph:
-        return run_full_graph(graph, args, empty)
+        if workload_settings(args)["task"] != "node":
+            raise ValueError("--full-graph trains node classification only; drop it to train --task link on "
+                             "mini-batches")
+        return run_full_graph(graph, args, describe_dataset(graph, workload_task(workload_settings(args))))
     plan, profile, settings = choose_plan(graph, args)
+    task = workload_task(settings)
+    empty = describe_dataset(graph, task)
+    metric = metric_label(task)
     print("plan:\n  " + plan.describe().replace("\n", "\n  "))
     replanner = None
     if args.replan == "epoch":
@@ -143,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     with stop.on_sigterm(), Trainer(
             graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
             seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
-            progress=not args.no_progress, eval_mode=args.eval_mode, task=workload_task(settings),
+            progress=not args.no_progress, eval_mode=args.eval_mode, task=task,
             model_spec=spec, replanner=replanner, on_nonfinite=args.on_nonfinite, stop=stop,
             precision=precision) as trainer:
         try:
@@ -164,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"wrote {args.save_plan}")
     if test_acc is not None:
-        print(f"test accuracy {test_acc:.4f} ({args.eval_mode})")
+        print(f"test {'accuracy' if metric == 'acc' else metric} {test_acc:.4f} ({args.eval_mode})")
     print_epoch_summary(history, plan.predicted_epoch_s)
     if args.stats_json is not None:
         write_stats(args.stats_json, {"plan": plan.to_dict()}, {**run_settings(settings, args, graph.name),
@@ -190,6 +189,22 @@ def choose_precision(requested: str, graph, spec: dict[str, object], settings: d
     print(f"precision {chosen} (auto: {' '.join(present)}; a step takes {timed['float32'] * 1e3:.0f} ms in float32, "
           f"{timed['bf16'] * 1e3:.0f} ms in bf16)")
     return chosen
+
+
+def describe_dataset(graph, task) -> list[str]:
+    """Prints the dataset's sizes for `task` and a note on empty held-out splits; returns those splits."""
+    from morphpipe.executor.trainer import metric_label
+
+    task.check_graph(graph)
+    units = "training edges" if task.name == "link" else "training seeds"
+    print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features"
+          f"{' (target type)' if getattr(graph, 'is_hetero', False) else ''}, {graph.num_classes} classes, "
+          f"{len(task.seeds(graph)):,} {units}")
+    empty = [split for split in ("val", "test") if task.seeds(graph, split).numel() == 0]
+    if empty:
+        print(f"note: the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: no "
+              f"{' or '.join(empty)} {metric_label(task)} will be reported")
+    return empty
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -248,7 +263,7 @@ def choose_plan(graph, args: argparse.Namespace) -> tuple[Plan, Profile | None, 
     workload = plan.profile.get("workload", {})
     settings = workload_settings(args, workload)
     problems = plan_mismatches(workload, graph, settings) + hardware_problems(plan)
-    batches = math.ceil(len(graph.train_idx) / int(settings["batch_size"]))
+    batches = math.ceil(len(workload_task(settings).seeds(graph)) / int(settings["batch_size"]))
     if batches != plan.num_batches:
         problems.append(f"batches per epoch: plan {plan.num_batches}, now {batches}")
     if problems:

@@ -87,10 +87,12 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     rank, world = env.rank, env.world_size
     say = print if rank == 0 else (lambda *_: None)
     graph = load_dataset(args.dataset, progress=False)
-    say(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {len(graph.train_idx):,} "
-        f"training seeds; {world} ranks ({env.launcher})")
     given = Profile.load(args.profile) if args.profile is not None else None
     settings = workload_settings(args, given.workload if given is not None else None)
+    task = workload_task(settings)
+    task.check_graph(graph)
+    say(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {len(task.seeds(graph)):,} "
+        f"training {'edges' if task.name == 'link' else 'seeds'}; {world} ranks ({env.launcher})")
     global_batch = int(settings["batch_size"])
     profile = given or workload_profiler(graph, args, settings, progress=False).run()
     if rank == 0 and given is None:
@@ -99,7 +101,6 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     labels, throughputs = [item[0] for item in everyone], [item[1] for item in everyone]
-    task = workload_task(settings)
     split = SeedSplit.make(len(task.seeds(graph)), global_batch, throughputs, args.split)
     plan = plan_from_profile(local_profile(profile, split.local_batches[rank], split.steps), args.gbs, args.seed)
     plans: list = [None] * world
@@ -114,7 +115,7 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
                             eval_batch_size=args.eval_batch_size, on_nonfinite=args.on_nonfinite) as trainer:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test")
-    say(f"test accuracy {test_acc:.4f}")
+    say(f"test {'accuracy' if task.metric == 'accuracy' else task.metric} {test_acc:.4f}")
     print_epoch_summary(history, prediction.epoch_s, say)
     if rank == 0 and args.stats_json is not None:
         head = {"world_size": world, "launcher": env.launcher, "split": split.describe(),

@@ -5,7 +5,8 @@ import argparse
 from pathlib import Path
 
 from morphpipe.commands import arguments
-from morphpipe.commands.workload import add_workload_arguments, format_profile, workload_profiler, workload_settings
+from morphpipe.commands.workload import (add_workload_arguments, format_profile, workload_profiler, workload_settings,
+                                         workload_task)
 from morphpipe.outputs import check_output_file
 from morphpipe.profiler.profiler import DEVICES
 from morphpipe.scheduler import Plan, plan_from_profile
@@ -37,10 +38,13 @@ def run(args: argparse.Namespace) -> int:
             check_output_file(path, option)
     native.prepare()
     graph = load_dataset(args.dataset)
+    settings = workload_settings(args)
+    task = workload_task(settings)
+    task.check_graph(graph)
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.feature_dim} x {str(graph.feature_dtype).removeprefix('torch.')} features, "
-          f"{len(graph.train_idx):,} training seeds")
-    profile = workload_profiler(graph, args, workload_settings(args), progress=True, warmup=args.warmup).run()
+          f"{len(task.seeds(graph)):,} training {'edges' if task.name == 'link' else 'seeds'}")
+    profile = workload_profiler(graph, args, settings, progress=True, warmup=args.warmup).run()
     profile.save(args.profile_output)
     print(format_profile(profile))
     plan: Plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed)

@@ -10,12 +10,17 @@ from morphpipe.commands import arguments
 from morphpipe.nn import build_model
 from morphpipe.nn.factory import MODELS
 from morphpipe.nn.hetero import HETERO_MODELS, build_hetero_model
+from morphpipe.nn.link_model import DECODERS, build_link_model
+from morphpipe.nn.link_task import LOSSES, LinkPrediction
 from morphpipe.nn.task import TASKS, NodeClassification, Task, is_hetero, make_task
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.profiler.profiler import Profiler
+from morphpipe.sampling.edge_batcher import NEGATIVE_KINDS
 
 DEFAULTS = {"task": "node", "model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None,
             "relation_fanouts": None}
+# The link task's options (--task link): flag defaults; a plan made for link prediction records its own.
+LINK_DEFAULTS = {"negatives": 1, "negative_kind": "uniform", "decoder": "dot", "loss": "bce"}
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
@@ -38,7 +43,16 @@ def add_workload_arguments(parser: argparse.ArgumentParser, from_plan: bool) -> 
 
     parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
     parser.add_argument("--task", default=default("task"), choices=list(TASKS),
-                        help=f"what is trained: node (classification) ({says('node')})")
+                        help=f"what is trained: node (classification) or link (prediction, on a dataset with an edge "
+                             f"split: `morphpipe data split-edges`) ({says('node')})")
+    link = parser.add_argument_group("link prediction (--task link)")
+    link.add_argument("--negatives", type=arguments.non_negative_int, default=None,
+                      help=f"corrupted destinations per training edge ({says('1')})")
+    link.add_argument("--negative-kind", choices=NEGATIVE_KINDS, default=None,
+                      help=f"how negatives are drawn: uniform over the nodes, or by in-degree^0.75 ({says('uniform')})")
+    link.add_argument("--decoder", choices=DECODERS, default=None, help=f"pair scorer ({says('dot')})")
+    link.add_argument("--loss", choices=LOSSES, default=None,
+                      help=f"bce (positives vs negatives) or bpr (each positive above its negatives) ({says('bce')})")
     parser.add_argument("--model", default=default("model"), choices=[*MODELS, *HETERO_MODELS],
                         help=f"model ({says('sage')}); a heterogeneous dataset takes rgcn, rsage or rgat")
     parser.add_argument("--hidden", type=arguments.positive_int, default=None, help="hidden width (default: the paper's per model)")
@@ -63,6 +77,15 @@ def workload_settings(args: argparse.Namespace, workload: dict[str, object] | No
     chosen["fanouts"] = parse_int_list(str(chosen["fanouts"]), "--fanouts")
     if chosen["relation_fanouts"] is not None:
         chosen["relation_fanouts"] = parse_relation_fanouts(chosen["relation_fanouts"])
+    given_link = [f"--{key.replace('_', '-')}" for key in LINK_DEFAULTS if getattr(args, key, None) is not None]
+    if chosen["task"] != LinkPrediction.name:
+        if given_link:
+            raise ValueError(f"{', '.join(given_link)} set{'s' if len(given_link) == 1 else ''} up link prediction; "
+                             f"add --task link, or drop {'it' if len(given_link) == 1 else 'them'}")
+        return chosen
+    for key, default in LINK_DEFAULTS.items():
+        given = getattr(args, key, None)
+        chosen[key] = given if given is not None else workload.get(key, default)
     return chosen
 
 
@@ -83,7 +106,12 @@ def parse_relation_fanouts(given: object) -> dict[str, list[int]]:
 
 
 def workload_task(settings: dict[str, object]) -> Task:
-    """The task `--task` names, with the relation fanouts of a heterogeneous dataset."""
+    """The task of the workload `settings`: the link task with its options, or node classification with the
+    relation fanouts of a heterogeneous dataset."""
+    if settings["task"] == LinkPrediction.name:
+        if settings.get("relation_fanouts") is not None:
+            raise ValueError("--relation-fanouts applies to --task node (heterogeneous graphs), not --task link")
+        return make_task(LinkPrediction.name, **{key: settings[key] for key in LINK_DEFAULTS})
     task = make_task(str(settings["task"]))
     if settings.get("relation_fanouts") is not None:
         if not isinstance(task, NodeClassification):
@@ -105,8 +133,13 @@ def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, objec
 
 def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> dict[str, object]:
     """`build_model`'s arguments, saved in checkpoints so `morphpipe evaluate` can rebuild the model; a heterogeneous
-    graph's model also records the node types, relations and target type it was shaped for."""
+    graph's model also records the node types, relations and target type it was shaped for; for link prediction
+    `num_classes` is the embedding width and `decoder` the pair scorer."""
+    task = workload_task(settings)
     if is_hetero(graph):
+        if isinstance(task, LinkPrediction):
+            raise ValueError(f"--task link needs a homogeneous dataset; {graph.name!r} is heterogeneous "
+                             "(link prediction on typed graphs is not supported yet)")
         return {"name": str(settings["model"]), "hetero": {
                     "num_nodes": {t.name: t.count for t in graph.node_types}, "feature_dims": graph.feature_dims,
                     "relations": [list(r) for r in graph.relations], "target_type": graph.target_type},
@@ -116,9 +149,12 @@ def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> 
     if settings["model"] in HETERO_MODELS:
         raise ValueError(f"model {settings['model']!r} needs a heterogeneous dataset; {graph.name!r} has one node and "
                          "one edge type: use sage, gcn, gat or mlp")
-    return {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
+    spec = {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
             "num_layers": len(settings["fanouts"]), "hidden": settings["hidden"], "heads": args.heads,
             "dropout": args.dropout, "fanouts": list(settings["fanouts"])}
+    if isinstance(task, LinkPrediction):
+        spec.update(task=task.name, num_classes=task.embedding_size(settings["hidden"]), decoder=task.decoder)
+    return spec
 
 
 def model_from_spec(spec: dict[str, object]) -> nn.Module:
@@ -129,6 +165,10 @@ def model_from_spec(spec: dict[str, object]) -> nn.Module:
                                   relations=[tuple(r) for r in schema["relations"]], target_type=schema["target_type"],
                                   num_classes=spec["num_classes"], num_layers=spec["num_layers"],
                                   hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
+    if spec.get("task") == LinkPrediction.name:
+        return build_link_model(spec["name"], spec["in_dim"], spec["num_classes"], decoder=spec["decoder"],
+                                num_layers=spec["num_layers"], hidden=spec["hidden"], heads=spec["heads"],
+                                dropout=spec["dropout"])
     return build_model(spec["name"], spec["in_dim"], spec["num_classes"], num_layers=spec["num_layers"],
                        hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
 

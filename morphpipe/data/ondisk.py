@@ -23,6 +23,9 @@ META_FILE = "meta.json"
 FORMAT_NAME = "morphpipe-graph"
 FORMAT_VERSION = 1
 ARRAY_FIELDS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
+# A link-prediction edge split (morphpipe.data.edge_split): these arrays, then its record file, written last.
+EDGE_ARRAYS = ("train_edges", "val_edges", "test_edges", "val_negatives", "test_negatives")
+EDGE_SPLIT_FILE = "edge_split.json"
 # Arrays memory-mapped on load (copy-on-write): the two that grow with the graph.
 MMAP_FIELDS = ("indices", "features")
 
@@ -141,8 +144,9 @@ def nearest_existing_dir(path: str | os.PathLike) -> Path:
 
 def foreign_entries(directory: Path) -> list[str]:
     """Names of the entries of an existing directory that are not files of a graph (sorted)."""
-    ours = {META_FILE, f".{META_FILE}.tmp"} | {f"{name}.npy" for name in ARRAY_FIELDS} | \
-        {f".{name}.npy.tmp" for name in ARRAY_FIELDS}
+    names = ARRAY_FIELDS + EDGE_ARRAYS
+    ours = {META_FILE, f".{META_FILE}.tmp", EDGE_SPLIT_FILE, f".{EDGE_SPLIT_FILE}.tmp"} | \
+        {f"{name}.npy" for name in names} | {f".{name}.npy.tmp" for name in names}
     return sorted(entry.name for entry in directory.iterdir() if entry.name not in ours or not entry.is_file())
 
 

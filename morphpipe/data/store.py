@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
-from morphpipe.data.generators import generate, generation_record
-from morphpipe.data.hetero_generator import MagSpec, generate_hetero, hetero_generation_record
+from morphpipe.data.edge_split import SPLIT_EDGES_HINT, EdgeSplit
+from morphpipe.data.hetero_generator import MagSpec
 from morphpipe.data.hetero_store import HeteroGraphStore, is_hetero_dir, read_hetero_meta
-from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, array_path, foreign_entries, is_graph_dir,
-                                   load_array, read_meta, save_array, write_meta)
+from morphpipe.data.ondisk import (ARRAY_FIELDS, EDGE_SPLIT_FILE, MMAP_FIELDS, GraphMeta, array_path,
+                                   foreign_entries, is_graph_dir, load_array, read_meta, save_array, write_meta)
 from morphpipe.data.presets import PRESETS, Preset
 from morphpipe.data.validation import GraphValidationError, validate_graph
 from morphpipe.outputs import replacing_directory
@@ -42,6 +42,7 @@ class GraphStore:
     num_classes: int
     name: str = "graph"
     source: dict[str, Any] = field(default_factory=dict)  # how the graph was made (meta.json `source`)
+    edge_split: EdgeSplit | None = None  # link prediction's positive pairs and fixed negatives, when split
     # Memory-mapped files behind the arrays: path -> (device, inode, size in bytes) when loaded.
     mapped_files: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False, compare=False)
     # What the last full validation saw (see `is_validated`); None until a validation passes.
@@ -74,9 +75,19 @@ class GraphStore:
         """int64 [N]: number of in-neighbours of each node."""
         return self.indptr[1:] - self.indptr[:-1]
 
+    def require_edge_split(self, task: str = "link") -> EdgeSplit:
+        """The graph's edge split, or a GraphValidationError saying how to make one."""
+        if self.edge_split is None:
+            raise GraphValidationError("edge split", f"graph {self.name!r} has no edge split (train/val/test positive "
+                                       f"pairs and negatives), which the {task} task trains and ranks on",
+                                       SPLIT_EDGES_HINT)
+        return self.edge_split
+
     def validate(self) -> None:
         """Checks dtypes, shapes and every value; raises GraphValidationError naming the field and the fix."""
         validate_graph(**self._arrays(), num_classes=self.num_classes)
+        if self.edge_split is not None:
+            self.edge_split.validate(self.num_nodes)
         self.validated_signature = self._signature()
 
     def is_validated(self) -> bool:
@@ -131,6 +142,10 @@ class GraphStore:
         (directory / "meta.json").unlink(missing_ok=True)
         for name, tensor in self._arrays().items():
             save_array(directory, name, tensor_to_numpy(tensor))
+        if self.edge_split is not None:
+            self.edge_split.save(directory)
+        else:
+            (directory / EDGE_SPLIT_FILE).unlink(missing_ok=True)  # a split of an earlier topology is stale
         write_meta(directory, GraphMeta(
             name=self.name,
             num_nodes=self.num_nodes,
@@ -152,7 +167,7 @@ class GraphStore:
         tensors = {name: _tensor(array, name) for name, array in arrays.items() if name != "features"}
         tensors["features"] = features_from_storage(arrays["features"], meta.feature_dtype)
         store = cls(**tensors, num_classes=meta.num_classes, name=meta.name, source=meta.source,
-                    mapped_files=_mapped_files(path, arrays))
+                    edge_split=EdgeSplit.load(path, meta.num_nodes), mapped_files=_mapped_files(path, arrays))
         validate_graph(**store._arrays(), num_classes=store.num_classes, num_nodes=meta.num_nodes,
                        scan_values=validate)
         if validate:
@@ -172,7 +187,7 @@ class GraphStore:
         return (f"GraphStore(name={self.name!r}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
                 f"features={tuple(self.features.shape)} {dtype_name(self.feature_dtype)}, "
                 f"num_classes={self.num_classes}, splits={self.train_idx.numel()}/{self.val_idx.numel()}/"
-                f"{self.test_idx.numel()})")
+                f"{self.test_idx.numel()}{'' if self.edge_split is None else f', {self.edge_split!r}'})")
 
 
 def _check_against_meta(arrays: dict[str, np.ndarray], meta: GraphMeta, path: Path) -> None:
@@ -275,11 +290,7 @@ def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progres
             print(f"morphpipe: generating dataset {preset.name} into {target} ({reason})", file=sys.stderr)
         for leftover in cache.glob(f".{preset.name}.partial-*"):
             shutil.rmtree(leftover)
-        if isinstance(preset.spec, MagSpec):
-            generate_hetero(preset.spec, target, preset=preset.name, overwrite=True)
-        else:
-            generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True,
-                     memory_budget=memory_budget)
+        preset.generate(target, progress=progress, overwrite=True, memory_budget=memory_budget)
     return target
 
 
@@ -289,7 +300,7 @@ def _is_current(directory: Path, preset: Preset) -> bool:
         return False
     try:
         if isinstance(preset.spec, MagSpec):
-            return read_hetero_meta(directory).get("source") == hetero_generation_record(preset.spec, preset.name)
-        return read_meta(directory).source == generation_record(preset.spec, preset.name)
+            return read_hetero_meta(directory).get("source") == preset.record()
+        return read_meta(directory).source == preset.record()
     except (GraphValidationError, OSError):
         return False

@@ -49,6 +49,7 @@ class GraphSummary:
     val: int
     test: int
     source: dict
+    edge_split: str | None = None  # link prediction's split, described; None without one
 
     def __str__(self) -> str:
         made = self.source.get("kind", "unknown")
@@ -62,6 +63,7 @@ class GraphSummary:
             f"features    {self.feature_shape[0]:,} x {self.feature_shape[1]} {self.feature_dtype}",
             f"classes     {self.num_classes} ({self.labelled:,} labelled nodes)",
             f"splits      train {self.train:,}, val {self.val:,}, test {self.test:,}",
+            *([f"edge split  {self.edge_split}"] if self.edge_split else []),
         ])
 
 
@@ -84,4 +86,14 @@ def summarize(store: GraphStore) -> GraphSummary:
         val=store.val_idx.numel(),
         test=store.test_idx.numel(),
         source=store.source,
+        edge_split=_describe_edge_split(store.edge_split),
     )
+
+
+def _describe_edge_split(split) -> str | None:
+    """"train 16,000, val 900, test 900 edges; 100 negatives each (undirected)", or None without a split."""
+    if split is None:
+        return None
+    sizes = ", ".join(f"{name} {split.pairs(name).shape[1]:,}" for name in ("train", "val", "test"))
+    return (f"{sizes} edges; {split.val_negatives.shape[1]} negatives each "
+            f"({'undirected' if split.undirected else 'directed'})")

@@ -15,7 +15,6 @@ import torch
 from morphpipe.distributed.split import SeedSplit
 from morphpipe.sampling.batcher import Batcher, SeedBatcher
 from morphpipe.sampling.minibatch import MiniBatch
-from morphpipe.sampling.validation import check_seed_ids
 
 
 class RankBatcher(Batcher):
@@ -47,7 +46,7 @@ class RankBatcher(Batcher):
         return seeds[start:end]
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
-        self.inner.seeds = check_seed_ids(self.epoch_seeds(epoch), self.inner.graph.num_nodes)
+        self.inner.seeds = self.inner.check_units(self.epoch_seeds(epoch))
         return self.inner.epoch(epoch)
 
     def close(self) -> None:

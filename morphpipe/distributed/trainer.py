@@ -28,7 +28,8 @@ from morphpipe.distributed.split import SeedSplit, apportion, check_exactly_once
 from morphpipe.executor.checkpoint import Checkpointing, TrainingState, run_meta
 from morphpipe.executor.devices import default_devices
 from morphpipe.executor.executor import Executor
-from morphpipe.executor.trainer import GpuBatcherFactory, torch_threads, training_device, training_threads
+from morphpipe.executor.trainer import (GpuBatcherFactory, metric_label, torch_threads, training_device,
+                                       training_threads)
 from morphpipe.nn.finite_guard import FiniteGuard, skipped_text
 from morphpipe.nn.task import EvalSettings, NodeClassification, Task, check_split
 from morphpipe.nn.train_step import TrainStep
@@ -82,10 +83,11 @@ class DistEpochStats:
     val_acc: float | None
     predicted_epoch_s: float
     skipped_batches: dict[str, int] = field(default_factory=dict)  # steps left out on every rank, by this rank's reason
+    metric: str = "acc"  # what val_acc measures (the task's metric)
 
     def line(self, epochs: int) -> str:
         ranks = "/".join(f"{s:.2f}" for s in self.rank_epoch_s)
-        acc = f", val acc {self.val_acc:.4f}" if self.val_acc is not None else ""
+        acc = f", val {self.metric} {self.val_acc:.4f}" if self.val_acc is not None else ""
         if self.skipped_batches:
             acc += f", {skipped_text(self.skipped_batches)}"
         return (f"epoch {self.epoch + 1}/{epochs}: {self.epoch_s:.2f} s (ranks {ranks} s), "
@@ -179,7 +181,7 @@ class DistributedTrainer:
             dist.all_reduce(totals)
             stats = DistEpochStats(epoch, float(times.max()), times.tolist(), int(totals[1]),
                                    float(totals[0] / totals[1]), val_acc, self.predicted_epoch_s,
-                                   dict(self.step.guard.skipped))
+                                   dict(self.step.guard.skipped), metric_label(self.task))
             self.history.append(stats)
             if self.rank == 0:
                 self.log(stats.line(epochs))

@@ -40,6 +40,7 @@ class EpochStats:
     op_choices: dict[str, dict[str, int]] = field(default_factory=dict)
     plan_change: str | None = None  # set when the re-planner switched plans after this epoch, and why
     skipped_batches: dict[str, int] = field(default_factory=dict)  # steps left out for non-finite values, by reason
+    metric: str = "acc"  # what val_acc measures: the task's metric ("acc", or "mrr" for link prediction)
 
     @property
     def batches_per_s(self) -> float:
@@ -65,7 +66,7 @@ class EpochStats:
         parts.append(f"{self.batches_per_s:.2f} batches/s ({self.seeds_per_s:,.0f} seeds/s)")
         parts.append(f"loss {self.loss:.4f}")
         if self.val_acc is not None:
-            parts.append(f"val acc {self.val_acc:.4f}")
+            parts.append(f"val {self.metric} {self.val_acc:.4f}")
         busy = ", ".join(f"{device} {share:.0%}" + (f" (pred {self.predicted_busy[device]:.0%})"
                                                     if device in self.predicted_busy else "")
                          for device, share in self.busy.items())

@@ -91,6 +91,11 @@ def choice_counts_since(before: dict[str, dict[str, int]]) -> dict[str, dict[str
     return since
 
 
+def metric_label(task: Task) -> str:
+    """How the epoch line names the task's validation metric ("acc" for accuracy)."""
+    return "acc" if task.metric == "accuracy" else task.metric
+
+
 class LogOnce:
     """Logs each message the first time only (layer-wise inference says where its tables live on every call)."""
 
@@ -196,7 +201,7 @@ class Trainer:
         """Trains until `epochs` epochs are done (continuing from a checkpoint), returns every epoch's stats."""
         check_positive("epochs", epochs)
         if validate and self.task.seeds(self.graph, "val").numel() == 0:
-            self.log("the validation split is empty: epochs run without validation accuracy")
+            self.log(f"the validation split is empty: epochs run without validation {self.task.metric}")
             validate = False
         first = self._resume()
         for epoch in range(first, epochs):
@@ -300,7 +305,7 @@ class Trainer:
             max_cpu_buffer=result.max_cpu_buffer, max_gpu_buffer=result.max_gpu_buffer,
             cpu_idle_s=result.idle_s("cpu"), gpu_idle_s=result.idle_s("gpu"), cpu_utilisation=cpu_share,
             predicted_epoch_s=self.plan.predicted_epoch_s, busy=result.busy, predicted_busy=dict(self.plan.busy),
-            op_choices=op_choices, skipped_batches=dict(self.guard.skipped),
+            op_choices=op_choices, skipped_batches=dict(self.guard.skipped), metric=metric_label(self.task),
         )
 
     def evaluate(self, split: str = "val", mode: str | None = None) -> float:

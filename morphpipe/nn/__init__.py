@@ -8,6 +8,8 @@ from morphpipe.nn.base import BlockModel
 from morphpipe.nn.factory import MODELS, build_model
 from morphpipe.nn.gat import GAT, GATConv
 from morphpipe.nn.gcn import GCN, GCNConv
+from morphpipe.nn.link_model import LinkModel
+from morphpipe.nn.link_task import LinkPrediction
 from morphpipe.nn.mlp import MLP
 from morphpipe.nn.sage import GraphSAGE, SAGEConv
 from morphpipe.nn.task import TASKS, NodeClassification, Task, make_task
@@ -23,6 +25,8 @@ __all__ = [
     "GATConv",
     "GCNConv",
     "GraphSAGE",
+    "LinkModel",
+    "LinkPrediction",
     "NodeClassification",
     "SAGEConv",
     "Task",

@@ -69,7 +69,8 @@ class FiniteGuard:
 
     def allows_update(self, *, loss: torch.Tensor, labels_ok: torch.Tensor, logits: torch.Tensor,
                       labels: torch.Tensor, seeds: torch.Tensor, inputs: tuple[torch.Tensor, torch.Tensor | None],
-                      model: nn.Module, where: str, after_all_reduce: bool = False) -> bool:
+                      model: nn.Module, where: str, after_all_reduce: bool = False,
+                      output_units: torch.Tensor | None = None) -> bool:
         """True when the step may update the parameters; False (counted) to skip it; raises under "stop".
 
         One host sync: labels in range, loss finite, and every gradient finite (one fused norm;
@@ -77,6 +78,8 @@ class FiniteGuard:
         `inputs` is (input features, their node ids; None: row i is node i), read only to explain a
         failure. `where` places the step in messages ("batch 3 of Route 0"); `after_all_reduce`: the
         gradients were averaged over ranks, so a bad gradient may come from another rank's batch.
+        `output_units`: the unit (e.g. training edge) of each output row, where outputs are not one row per
+        seed (an edge task's pair scores); None: row i belongs to seeds[i].
         """
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         ok = labels_ok & torch.isfinite(loss)
@@ -84,7 +87,8 @@ class FiniteGuard:
             ok = ok & torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()
         if bool(ok):
             return True
-        reason, detail = _diagnose(loss, labels_ok, logits, labels, seeds, inputs, model, after_all_reduce)
+        reason, detail = _diagnose(loss, labels_ok, logits, labels, seeds, inputs, model, after_all_reduce,
+                                   output_units)
         if self.policy == "stop":
             raise NonFiniteError(
                 f"epoch {self.epoch + 1}, {where}: {detail}. Check the graph's features and labels (a store built "
@@ -96,9 +100,10 @@ class FiniteGuard:
 
 def _diagnose(loss: torch.Tensor, labels_ok: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
               seeds: torch.Tensor, inputs: tuple[torch.Tensor, torch.Tensor | None], model: nn.Module,
-              after_all_reduce: bool) -> tuple[str, str]:
+              after_all_reduce: bool, output_units: torch.Tensor | None = None) -> tuple[str, str]:
     """(short reason, full description) of a step that failed the check; off the fast path."""
     seeds = seeds.cpu()
+    owners, owned = (seeds, "seeds") if output_units is None else (output_units.cpu(), "edges")
     if not bool(labels_ok):
         num_classes = logits.shape[-1]
         bad = ((labels < 0) | (labels >= num_classes)).cpu()
@@ -112,11 +117,13 @@ def _diagnose(loss: torch.Tensor, labels_ok: torch.Tensor, logits: torch.Tensor,
     else:
         reason, what = "non-finite loss", f"the loss is {float(loss)}"
     bad_nodes = _non_finite_rows(*inputs)
-    bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu()
+    outputs = logits.detach().reshape(logits.shape[0], -1)  # one row per output (a pair score is a row of one)
+    bad_outputs = (~torch.isfinite(outputs).all(dim=-1)).cpu()
     if bad_nodes.numel():
         cause = f"the features of nodes {_few(bad_nodes)} are NaN or infinite (seeds {_few(seeds)})"
     elif bool(bad_outputs.any()):
-        cause = f"the model's outputs are NaN or infinite for seeds {_few(seeds[bad_outputs])}"
+        ids = owners[bad_outputs] if output_units is None else torch.unique(owners[bad_outputs])  # k rows per edge
+        cause = f"the model's outputs are NaN or infinite for {owned} {_few(ids)}"
     elif after_all_reduce and reason == "non-finite gradient":
         cause = (f"this rank's inputs, labels and loss are finite: another rank's batch of this step is the cause "
                  f"(the gradients are all-reduced; seeds here {_few(seeds)})")

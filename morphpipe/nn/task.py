@@ -11,7 +11,8 @@ executor, the planner, re-planning, checkpoints and DDP stay the same for both:
 - `loss(model, batch, dtype)`: the model's outputs on a batch, its targets and the loss;
 - `evaluate(...)`: the task's metric on a split (`metric` names it), sampled or exact.
 
-`NodeClassification` is the node task; `TASKS` maps `--task` names to task classes.
+`NodeClassification` is the node task, `nn.link_task.LinkPrediction` the edge task; `TASKS` maps `--task`
+names to task classes (each registered with `register_task`).
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ class TaskLoss:
     outputs: torch.Tensor  # logits of the seeds, or scores of the pairs
     targets: torch.Tensor  # what the loss compared the outputs with (as stored in the batch)
     targets_ok: torch.Tensor  # bool scalar: every target is valid (e.g. a label inside the classes)
+    # the unit (batch.units id) of each output row where outputs are not one per unit (pair scores); None: seeds
+    output_units: torch.Tensor | None = None
 
 
 @dataclass
@@ -250,8 +253,14 @@ class NodeClassification(Task):
 TASKS: dict[str, type[Task]] = {NodeClassification.name: NodeClassification}
 
 
-def make_task(name: str) -> Task:
-    """The task named `name` (a `--task` value) with its defaults."""
+def register_task(task: type[Task]) -> type[Task]:
+    """Adds a Task class to TASKS under its `name` (a class decorator; `morphpipe.nn` imports every task module)."""
+    TASKS[task.name] = task
+    return task
+
+
+def make_task(name: str, **options: Any) -> Task:
+    """The task named `name` (a `--task` value) with `options` (e.g. the link task's negatives), else defaults."""
     if name not in TASKS:
         raise ValueError(f"task must be one of {tuple(TASKS)}, got {name!r}")
-    return TASKS[name]()
+    return TASKS[name](**options)

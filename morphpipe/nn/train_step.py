@@ -77,6 +77,7 @@ class TrainStep:
         self.backward(batch, loss, scored.targets_ok)
         if not self.guard.allows_update(loss=loss, labels_ok=scored.targets_ok, logits=scored.outputs,
                                         labels=scored.targets, seeds=batch.units, inputs=(batch.x, batch.input_nodes),
+                                        output_units=scored.output_units,
                                         model=self.model, after_all_reduce=self.after_all_reduce,
                                         where=self.place(batch)):
             return torch.full_like(loss.detach(), float("nan"))

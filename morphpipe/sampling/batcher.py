@@ -67,7 +67,7 @@ class SeedBatcher(Batcher):
         note_first_use(graph)
         self.fanouts = self.checked_fanouts(fanouts)
         self.batch_size = check_positive("batch_size", batch_size)
-        self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
+        self.seeds = self.check_units(graph.train_idx if seeds is None else seeds)
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = check_int("seed", seed, 0)
@@ -75,6 +75,9 @@ class SeedBatcher(Batcher):
     def checked_fanouts(self, fanouts):
         """`fanouts` as this batcher takes them (one count per hop); a typed batcher takes them per relation."""
         return check_fanouts(fanouts)
+    def check_units(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids` as this batcher's units (node ids of the graph; an edge batcher: training edge ids), checked."""
+        return check_seed_ids(ids, self.graph.num_nodes)
 
     def __len__(self) -> int:
         """Batches per epoch."""

@@ -16,13 +16,14 @@ from morphpipe.data import GraphStore
 from morphpipe.numeric import check_int
 from morphpipe.sampling.batcher import SeedBatcher
 from morphpipe.sampling.epochs import check_files, epoch_seed, note_first_use
-from morphpipe.sampling.minibatch import Block, MiniBatch
+from morphpipe.sampling.minibatch import Block, EdgePairs, MiniBatch
 from morphpipe.sampling.validation import check_fanouts, check_positive, check_seed_ids
 
 
 def minibatch_from_native(parts: tuple, route: int = 0) -> MiniBatch:
-    """Wraps the native (batch_index, seeds, input_nodes, indptrs, indices, x, y, build_seconds) tuple."""
-    batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y, build_seconds = parts
+    """Wraps the native (batch_index, seeds, input_nodes, indptrs, indices, x, y, build_seconds, pairs) tuple;
+    `pairs` is an edge task's (edge_ids, src, dst, negative_dst), else None."""
+    batch_index, seeds, input_nodes, block_indptrs, block_indices, x, y, build_seconds, pairs = parts
     return MiniBatch(
         seeds=seeds,
         input_nodes=input_nodes,
@@ -32,6 +33,7 @@ def minibatch_from_native(parts: tuple, route: int = 0) -> MiniBatch:
         batch_index=batch_index,
         route=route,
         build_s=build_seconds,
+        pairs=None if pairs is None else EdgePairs(*pairs),
     )
 
 

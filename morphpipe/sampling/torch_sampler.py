@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from morphpipe.sampling.minibatch import Block, MiniBatch
+from morphpipe.sampling.minibatch import Block, EdgePairs, MiniBatch
 
 # Floyd's loop costs O(fanout^2) comparisons per destination; beyond this, random keys and a sort are cheaper.
 FLOYD_MAX_FANOUT = 32
+# A negative that is an edge is redrawn at most this often (as csrc/cpu/edge_batch.cpp does).
+MAX_NEGATIVE_DRAWS = 64
 
 
 @dataclass(frozen=True)
@@ -124,19 +126,71 @@ def _list_bounds(graph: GraphTensors, cache: TorchCache | None, dst: torch.Tenso
     return begin, end - begin, hit
 
 
-def sample_hop(graph: GraphTensors, dst: torch.Tensor, fanout: int, generator: torch.Generator,
-               cache: TorchCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One hop for the distinct global ids `dst`: (block indptr [len(dst) + 1], global ids of the sampled sources)."""
-    begin, degree, hit = _list_bounds(graph, cache, dst)
-    indptr, rows, offsets = sample_offsets(degree, fanout, generator)
-    positions = begin[rows] + offsets
-    if hit is None:
-        return indptr, graph.indices.index_select(0, positions).to(torch.int64)
-    neighbours = torch.empty(positions.numel(), dtype=torch.int64, device=dst.device)
-    from_cache = hit[rows]
+def _read_neighbours(graph: GraphTensors, cache: TorchCache | None, from_cache: torch.Tensor | None,
+                     positions: torch.Tensor) -> torch.Tensor:
+    """int64 neighbour ids at list `positions`, read from the cache where `from_cache` (None: none cached)."""
+    if from_cache is None:
+        return graph.indices.index_select(0, positions).to(torch.int64)
+    neighbours = torch.empty(positions.numel(), dtype=torch.int64, device=positions.device)
     neighbours[from_cache] = cache.adjacency_indices.index_select(0, positions[from_cache]).to(torch.int64)
     neighbours[~from_cache] = graph.indices.index_select(0, positions[~from_cache]).to(torch.int64)
-    return indptr, neighbours
+    return neighbours
+
+
+@dataclass(frozen=True)
+class ExcludedEdges:
+    """Edges src -> dst that a batch passes no message over (an edge batch's own positives, and their reverses on an
+    undirected graph), as sorted keys dst * num_nodes + src, with their sorted distinct destinations."""
+
+    keys: torch.Tensor
+    targets: torch.Tensor
+    num_nodes: int
+
+    @classmethod
+    def of(cls, src: torch.Tensor, dst: torch.Tensor, num_nodes: int, undirected: bool) -> "ExcludedEdges":
+        if undirected:
+            src, dst = torch.cat([src, dst]), torch.cat([dst, src])
+        return cls(torch.unique(dst * num_nodes + src), torch.unique(dst), num_nodes)
+
+
+def _segments(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(segment of every element, its offset inside the segment) for consecutive segments of `lengths`."""
+    total = int(lengths.sum())
+    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths,
+                                      output_size=total)
+    starts = torch.cumsum(lengths, 0) - lengths
+    return segment, torch.arange(total, device=lengths.device) - starts[segment]
+
+
+def sample_hop(graph: GraphTensors, dst: torch.Tensor, fanout: int, generator: torch.Generator,
+               cache: TorchCache | None = None,
+               excluded: ExcludedEdges | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One hop for the distinct global ids `dst`: (block indptr [len(dst) + 1], global ids of the sampled sources).
+
+    With `excluded`, a destination's excluded in-edges are left out of its list before sampling (its
+    fanout is taken among the others)."""
+    begin, degree, hit = _list_bounds(graph, cache, dst)
+    filtered = torch.zeros(0, dtype=torch.int64, device=dst.device)
+    if excluded is not None:
+        filtered = torch.nonzero(torch.isin(dst, excluded.targets)).flatten()
+    if filtered.numel() == 0:
+        indptr, rows, offsets = sample_offsets(degree, fanout, generator)
+        return indptr, _read_neighbours(graph, cache, None if hit is None else hit[rows], begin[rows] + offsets)
+    segment, offset = _segments(degree[filtered])
+    listed = _read_neighbours(graph, cache, None if hit is None else hit[filtered][segment],
+                              begin[filtered][segment] + offset)
+    keep = ~torch.isin(dst[filtered][segment] * excluded.num_nodes + listed, excluded.keys)
+    allowed = torch.bincount(segment[keep], minlength=filtered.numel())
+    allowed_offsets, allowed_starts = offset[keep], torch.cumsum(allowed, 0) - allowed
+    effective = degree.clone()
+    effective[filtered] = allowed
+    indptr, rows, offsets = sample_offsets(effective, fanout, generator)
+    position_in_filtered = torch.full((dst.numel(),), -1, dtype=torch.int64, device=dst.device)
+    position_in_filtered[filtered] = torch.arange(filtered.numel(), device=dst.device)
+    row_filter = position_in_filtered[rows]
+    mapped = row_filter >= 0
+    offsets[mapped] = allowed_offsets[allowed_starts[row_filter[mapped]] + offsets[mapped]]
+    return indptr, _read_neighbours(graph, cache, None if hit is None else hit[rows], begin[rows] + offsets)
 
 
 def relabel(dst: torch.Tensor, neighbours: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,12 +206,14 @@ def relabel(dst: torch.Tensor, neighbours: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def sample_blocks(graph: GraphTensors, seeds: torch.Tensor, fanouts: Sequence[int], generator: torch.Generator,
-                  cache: TorchCache | None = None) -> tuple[torch.Tensor, list[Block]]:
-    """(input nodes, blocks input layer first) for distinct `seeds`; `fanouts[h]` applies at hop h from the seeds."""
+                  cache: TorchCache | None = None,
+                  excluded: ExcludedEdges | None = None) -> tuple[torch.Tensor, list[Block]]:
+    """(input nodes, blocks input layer first) for distinct `seeds`; `fanouts[h]` applies at hop h from the seeds;
+    no block holds an `excluded` edge (whose destinations must be seeds)."""
     nodes = seeds.to(torch.int64)
     blocks: list[Block] = []
     for fanout in fanouts:
-        indptr, neighbours = sample_hop(graph, nodes, int(fanout), generator, cache)
+        indptr, neighbours = sample_hop(graph, nodes, int(fanout), generator, cache, excluded)
         sources, local = relabel(nodes, neighbours)
         blocks.append(Block(indptr=indptr, indices=local, num_src=sources.numel(), num_dst=nodes.numel()))
         nodes = sources
@@ -186,3 +242,73 @@ def make_batch(graph: GraphTensors, seeds: torch.Tensor, fanouts: Sequence[int],
     y = graph.labels.index_select(0, seeds).to(torch.int64)
     return MiniBatch(seeds=seeds, input_nodes=input_nodes, blocks=blocks, x=x, y=y, batch_index=batch_index,
                      route=route)
+
+
+@dataclass(frozen=True)
+class EdgeTask:
+    """What an edge batch is drawn from, on the batcher's device: the training positives pair_src[e] -> pair_dst[e],
+    `negatives` corrupted destinations per positive (uniform, or by the cumulative weights `negative_cdf`),
+    whether a negative that is an edge is redrawn, and whether the batch's positives (and reverses) are excluded."""
+
+    pair_src: torch.Tensor
+    pair_dst: torch.Tensor
+    negatives: int
+    negative_cdf: torch.Tensor | None
+    reject_positives: bool
+    exclude: bool
+    undirected: bool
+
+
+def is_edge(graph: GraphTensors, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """bool, per pair: `src[i]` is an in-neighbour of `dst[i]` in the topology."""
+    begin = graph.indptr.index_select(0, dst)
+    segment, offset = _segments(graph.indptr.index_select(0, dst + 1) - begin)
+    match = graph.indices.index_select(0, begin[segment] + offset).to(torch.int64) == src[segment]
+    found = torch.zeros(dst.numel(), dtype=torch.bool, device=dst.device)
+    found[segment[match]] = True
+    return found
+
+
+def draw_negatives(graph: GraphTensors, task: EdgeTask, src: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """int64 [len(src), k] corrupted destinations per source (none an edge from it, nor itself, when rejecting)."""
+    num_nodes = graph.indptr.numel() - 1
+
+    def draw(count: int) -> torch.Tensor:
+        if task.negative_cdf is None:
+            return uniform_below(torch.full((count,), num_nodes, dtype=torch.int64, device=src.device), generator)
+        targets = torch.rand(count, generator=generator, dtype=torch.float64, device=src.device) * task.negative_cdf[-1]
+        return torch.clamp(torch.searchsorted(task.negative_cdf, targets, right=True), max=num_nodes - 1)
+
+    negatives = draw(src.numel() * task.negatives).view(src.numel(), task.negatives)
+    if not task.reject_positives:
+        return negatives
+    sources = src.unsqueeze(1).expand_as(negatives)
+    for _ in range(MAX_NEGATIVE_DRAWS):
+        bad = (negatives == sources) | is_edge(graph, sources.reshape(-1), negatives.reshape(-1)).view_as(negatives)
+        count = int(bad.sum())
+        if count == 0:
+            return negatives
+        negatives[bad] = draw(count)
+    raise ValueError(f"negative sampling: some source is joined to nearly every node it could be corrupted to; no "
+                     f"non-edge destination was found in {MAX_NEGATIVE_DRAWS} draws; sample negatives without "
+                     "rejecting positives (reject_positives=False)")
+
+
+def make_edge_batch(graph: GraphTensors, task: EdgeTask, edge_ids: torch.Tensor, fanouts: Sequence[int], seed: int, *,
+                    cache: TorchCache | None = None, batch_index: int = -1, route: int = 1) -> MiniBatch:
+    """An edge batch for training edges `edge_ids` on their device, deterministic for `seed`: every endpoint a seed
+    (each positive's source and destination in order, then the negatives), sampled in one pass with the batch's
+    positives excluded when `task.exclude` (csrc/cpu/edge_batch.h is the same on the CPU, with its own draws)."""
+    generator = seeded_generator(edge_ids.device, seed)
+    src, dst = task.pair_src.index_select(0, edge_ids), task.pair_dst.index_select(0, edge_ids)
+    negatives = draw_negatives(graph, task, src, generator)
+    endpoints = torch.cat([torch.stack([src, dst], dim=1).reshape(-1), negatives.reshape(-1)])
+    seeds, local = relabel(endpoints[:0], endpoints)
+    count = edge_ids.numel()
+    excluded = ExcludedEdges.of(src, dst, graph.indptr.numel() - 1, task.undirected) if task.exclude else None
+    input_nodes, blocks = sample_blocks(graph, seeds, fanouts, generator, cache, excluded)
+    x = gather_rows(graph.features, input_nodes, *((cache.feature_slot, cache.feature_rows) if cache else ()))
+    pairs = EdgePairs(edge_ids, local[0:2 * count:2], local[1:2 * count:2], local[2 * count:].view(count, task.negatives))
+    return MiniBatch(seeds=seeds, input_nodes=input_nodes, blocks=blocks, x=x,
+                     y=torch.empty(0, dtype=torch.int64, device=edge_ids.device), batch_index=batch_index,
+                     route=route, pairs=pairs)

@@ -29,6 +29,8 @@ def plan_mismatches(made_for: Mapping[str, Any], graph, settings: Mapping[str, A
         "fanouts": ",".join(str(f) for f in settings.get("fanouts", ())),
         "batch_size": settings.get("batch_size"),
         "hidden": settings.get("hidden"),
+        "task": settings.get("task"),
+        "negatives": settings.get("negatives"),  # link prediction: negatives per edge set the batching cost
     }
     differences = []
     for key, value in now.items():

@@ -75,6 +75,7 @@ COMMAND_PREFIX = {
     ("evaluate",): ["evaluate", "tiny", "--checkpoint", "ckpt"], ("simulate",): ["simulate", "p.json"],
     ("data", "generate"): ["data", "generate", "tiny"], ("data", "convert"): ["data", "convert", "edgelist", "e.npy",
                                                                            "-o", "out"],
+    ("data", "split-edges"): ["data", "split-edges", "tiny", "--out", "out"],
 }
 NUMERIC_TYPES = {"integer", "number"}
 

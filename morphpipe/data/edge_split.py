@@ -1,0 +1,245 @@
+"""Edge splits for link prediction: training, validation and test positive pairs, and fixed negatives to rank against.
+
+Stored in the graph directory beside the node arrays: `train_edges.npy`, `val_edges.npy`,
+`test_edges.npy` (int64 [2, E]: row 0 sources, row 1 destinations), `val_negatives.npy` and
+`test_negatives.npy` (int64 [E, K]: K corrupted destinations per positive, ogbl-citation2 style),
+and `edge_split.json` (written last: without it there is no split). The graph's topology holds the
+training edges only: `split_edges` removes the held-out pairs (and their reverses when the graph is
+undirected) from it, so nothing a model reads leaks a held-out edge.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from morphpipe.data.csc import csc_from_sorted_keys
+from morphpipe.data.dtypes import index_dtype_for
+from morphpipe.data.ondisk import EDGE_ARRAYS, EDGE_SPLIT_FILE, load_array, save_array
+from morphpipe.data.splits import SplitFractions
+from morphpipe.data.validation import GraphValidationError
+
+EDGE_SPLIT_FORMAT = "morphpipe-edge-split"
+DEFAULT_EDGE_FRACTIONS = SplitFractions(0.9, 0.05, 0.05)
+DEFAULT_EVAL_NEGATIVES = 100
+SPLIT_EDGES_HINT = "make one with `morphpipe data split-edges DATASET --out DIR` (or split_edges in Python)"
+# Redraws of a negative that hit a true edge; a node adjacent to nearly every node exhausts them.
+MAX_NEGATIVE_REDRAWS = 64
+
+
+@dataclass(repr=False)
+class EdgeSplit:
+    """Positive pairs per split (int64 [2, E]) and K fixed negative destinations per held-out positive (int64 [E, K]).
+
+    `undirected`: the topology holds every edge both ways, so a pair (u, v) stands for both directions.
+    """
+
+    train: torch.Tensor
+    val: torch.Tensor
+    test: torch.Tensor
+    val_negatives: torch.Tensor
+    test_negatives: torch.Tensor
+    undirected: bool
+    source: dict[str, Any] = field(default_factory=dict)  # how the split was made
+
+    def pairs(self, split: str) -> torch.Tensor:
+        """The [2, E] positive pairs of `split` ("train", "val" or "test")."""
+        return getattr(self, split)
+
+    def negatives(self, split: str) -> torch.Tensor:
+        """The [E, K] fixed negatives of the held-out `split` ("val" or "test")."""
+        if split == "train":
+            raise ValueError("the training split has no fixed negatives: they are drawn per batch; rank 'val' or "
+                             "'test'")
+        return getattr(self, f"{split}_negatives")
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        return {"train_edges": self.train, "val_edges": self.val, "test_edges": self.test,
+                "val_negatives": self.val_negatives, "test_negatives": self.test_negatives}
+
+    def validate(self, num_nodes: int) -> None:
+        """Shapes, dtypes and every id in [0, num_nodes); raises GraphValidationError naming the array and the fix."""
+        for name, tensor in self.arrays().items():
+            if tensor.dtype != torch.int64:
+                raise GraphValidationError(name, f"has dtype {tensor.dtype}, expected int64",
+                                           f"re-create the edge split: {SPLIT_EDGES_HINT}")
+            if name.endswith("_edges") and (tensor.dim() != 2 or tensor.shape[0] != 2):
+                raise GraphValidationError(name, f"has shape {tuple(tensor.shape)}, expected (2, num_edges)",
+                                           f"re-create the edge split: {SPLIT_EDGES_HINT}")
+            if tensor.numel():
+                low, high = int(tensor.min()), int(tensor.max())
+                if low < 0 or high >= num_nodes:
+                    raise GraphValidationError(name, f"holds node id {low if low < 0 else high} outside "
+                                               f"[0, {num_nodes})", f"re-create the edge split: {SPLIT_EDGES_HINT}")
+        if self.train.shape[1] == 0:
+            raise GraphValidationError("train_edges", "is empty: there is nothing to train on",
+                                       "split with a larger training fraction")
+        for split in ("val", "test"):
+            negatives, positives = self.negatives(split), self.pairs(split)
+            if negatives.dim() != 2 or negatives.shape[0] != positives.shape[1]:
+                raise GraphValidationError(f"{split}_negatives", f"has shape {tuple(negatives.shape)}, expected "
+                                           f"({positives.shape[1]}, K): K negatives per {split} positive",
+                                           f"re-create the edge split: {SPLIT_EDGES_HINT}")
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Writes the arrays (each atomically), then edge_split.json."""
+        directory = Path(directory)
+        (directory / EDGE_SPLIT_FILE).unlink(missing_ok=True)
+        for name, tensor in self.arrays().items():
+            save_array(directory, name, tensor.numpy())
+        record = {"format": EDGE_SPLIT_FORMAT, "undirected": self.undirected, "source": self.source,
+                  "sizes": {split: int(self.pairs(split).shape[1]) for split in ("train", "val", "test")},
+                  "negatives_per_positive": int(self.val_negatives.shape[1])}
+        temporary = directory / f".{EDGE_SPLIT_FILE}.tmp"
+        temporary.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(temporary, directory / EDGE_SPLIT_FILE)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, num_nodes: int) -> "EdgeSplit | None":
+        """The split stored in `directory`, checked against `num_nodes`; None when the directory has none."""
+        path = Path(directory) / EDGE_SPLIT_FILE
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except (ValueError, OSError) as error:
+            raise GraphValidationError(EDGE_SPLIT_FILE, f"{path} is unreadable ({error})",
+                                       f"re-create the edge split: {SPLIT_EDGES_HINT}") from None
+        if not isinstance(record, dict) or record.get("format") != EDGE_SPLIT_FORMAT or \
+                not isinstance(record.get("undirected"), bool):
+            raise GraphValidationError(EDGE_SPLIT_FILE, f"{path} is not an edge split written by morphpipe",
+                                       f"re-create the edge split: {SPLIT_EDGES_HINT}")
+        arrays = {name: torch.from_numpy(np.ascontiguousarray(load_array(directory, name, mmap=False)))
+                  for name in EDGE_ARRAYS}
+        split = cls(arrays["train_edges"], arrays["val_edges"], arrays["test_edges"], arrays["val_negatives"],
+                    arrays["test_negatives"], record["undirected"], dict(record.get("source") or {}))
+        split.validate(num_nodes)
+        return split
+
+    def __repr__(self) -> str:
+        return (f"EdgeSplit(train={self.train.shape[1]}, val={self.val.shape[1]}, test={self.test.shape[1]}, "
+                f"negatives={self.val_negatives.shape[1]}, undirected={self.undirected})")
+
+
+def edge_keys(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> np.ndarray:
+    """int64 keys `dst * N + src` of the pairs (the CSC's sort order)."""
+    return dst.astype(np.int64) * num_nodes + src.astype(np.int64)
+
+
+def topology_pairs(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) int64 of every edge of a CSC, in CSC order."""
+    dst = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
+    return indices.astype(np.int64), dst
+
+
+def is_symmetric(keys_sorted: np.ndarray, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> bool:
+    """True when every edge's reverse is an edge too (`keys_sorted`: the sorted keys of the same edges)."""
+    reverse = edge_keys(dst, src, num_nodes)
+    found = np.searchsorted(keys_sorted, reverse)
+    found = np.minimum(found, keys_sorted.size - 1)
+    return bool(keys_sorted.size == 0 or np.all(keys_sorted[found] == reverse))
+
+
+def draw_negatives(rng: np.random.Generator, src: np.ndarray, count: int, num_nodes: int,
+                   true_keys: np.ndarray) -> np.ndarray:
+    """[len(src), count] destinations drawn uniformly, none of them `src` itself or a true edge src -> destination
+    (`true_keys`: sorted keys of every edge of the original graph, both ways when undirected)."""
+    negatives = rng.integers(0, num_nodes, (src.size, count), dtype=np.int64)
+    sources = np.broadcast_to(src[:, None], negatives.shape)
+    for _ in range(MAX_NEGATIVE_REDRAWS):
+        keys = edge_keys(sources, negatives, num_nodes)
+        found = np.minimum(np.searchsorted(true_keys, keys), max(true_keys.size - 1, 0))
+        bad = (negatives == sources) | ((true_keys.size > 0) & (true_keys[found] == keys))
+        if not bad.any():
+            return negatives
+        negatives[bad] = rng.integers(0, num_nodes, int(bad.sum()), dtype=np.int64)
+    raise ValueError(f"could not draw {count} negatives per held-out edge that are not true edges in "
+                     f"{MAX_NEGATIVE_REDRAWS} tries: some source is adjacent to nearly every node; ask for fewer "
+                     "negatives (--negatives)")
+
+
+@dataclass(frozen=True)
+class EdgeSplitResult:
+    """The training topology (held-out edges removed) and the split."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    split: EdgeSplit
+
+
+def split_edges(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, *,
+                fractions: SplitFractions = DEFAULT_EDGE_FRACTIONS, negatives: int = DEFAULT_EVAL_NEGATIVES,
+                seed: int = 0, undirected: bool | None = None) -> EdgeSplitResult:
+    """A random edge split of a CSC graph: held-out pairs leave the topology (with their reverses when undirected).
+
+    `undirected` None: detected (every edge has its reverse). An undirected graph's pairs are its
+    edges u -> v with u < v (one per connection); a directed graph's pairs are its edges. Self loops
+    are never held out (they stay in the topology and are no pair). `fractions.val` and `.test` of the pairs are
+    held out; every other pair trains (`fractions.train` is not read). `negatives` fixed destinations
+    per validation and test positive are drawn uniformly among the nodes, none a true edge of the
+    original graph or the source itself.
+    """
+    if isinstance(negatives, bool) or not isinstance(negatives, (int, np.integer)) or negatives < 1:
+        raise ValueError(f"negatives: expected a positive count of fixed negatives per held-out edge, got "
+                         f"{negatives!r}")
+    src, dst = topology_pairs(np.asarray(indptr), np.asarray(indices))
+    keys = np.sort(edge_keys(src, dst, num_nodes))
+    symmetric = is_symmetric(keys, src, dst, num_nodes)
+    if undirected is None:
+        undirected = symmetric
+    elif undirected and not symmetric:
+        raise ValueError("undirected=True, but some edge of the graph has no reverse; split it as directed "
+                         "(--directed) or make it undirected first (`data convert --undirected`)")
+    candidate = (src < dst) if undirected else (src != dst)
+    pair_src, pair_dst = src[candidate], dst[candidate]
+    # Parallel edges are one pair: keys are unique per (src, dst).
+    _, first = np.unique(edge_keys(pair_src, pair_dst, num_nodes), return_index=True)
+    pair_src, pair_dst = pair_src[first], pair_dst[first]
+    if pair_src.size < 3:
+        raise ValueError(f"the graph has {pair_src.size} edges that could be split (self loops excluded); an edge "
+                         "split needs at least 3")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xED6E]))
+    order = rng.permutation(pair_src.size)
+    num_val = int(round(fractions.val * pair_src.size))
+    num_test = int(round(fractions.test * pair_src.size))
+    num_train = pair_src.size - num_val - num_test
+    if num_train < 1:
+        raise ValueError(f"edge split fractions {fractions.as_tuple()} leave no training edge of {pair_src.size}")
+    train_at, val_at = order[:num_train], order[num_train:num_train + num_val]
+    test_at = order[num_train + num_val:num_train + num_val + num_test]
+    held_out = np.concatenate([val_at, test_at])
+    removed = edge_keys(pair_src[held_out], pair_dst[held_out], num_nodes)
+    if undirected:
+        removed = np.concatenate([removed, edge_keys(pair_dst[held_out], pair_src[held_out], num_nodes)])
+    kept_keys = keys[~np.isin(keys, removed)]
+    new_indptr, new_indices = csc_from_sorted_keys(kept_keys, num_nodes)
+    new_indices = new_indices.astype(index_dtype_for(num_nodes), copy=False)
+
+    def pairs(at: np.ndarray) -> torch.Tensor:
+        at = np.sort(at)
+        return torch.from_numpy(np.stack([pair_src[at], pair_dst[at]]).astype(np.int64))
+
+    val, test = pairs(val_at), pairs(test_at)
+    val_negatives = draw_negatives(rng, val[0].numpy(), negatives, num_nodes, keys)
+    test_negatives = draw_negatives(rng, test[0].numpy(), negatives, num_nodes, keys)
+    source = {"kind": "random", "seed": int(seed), "fractions": list(fractions.as_tuple()),
+              "negatives": int(negatives), "held_out_reverses": bool(undirected)}
+    split = EdgeSplit(pairs(train_at), val, test, torch.from_numpy(val_negatives), torch.from_numpy(test_negatives),
+                      bool(undirected), source)
+    return EdgeSplitResult(new_indptr, new_indices, split)
+
+
+def with_edge_split(graph, *, fractions: SplitFractions = DEFAULT_EDGE_FRACTIONS,
+                    negatives: int = DEFAULT_EVAL_NEGATIVES, seed: int = 0, undirected: bool | None = None):
+    """A copy of GraphStore `graph` whose topology holds only its training edges, with the edge split attached
+    (`split_edges`); features, labels and node splits are shared with `graph`."""
+    result = split_edges(graph.indptr.numpy(), graph.indices.numpy(), graph.num_nodes, fractions=fractions,
+                         negatives=negatives, seed=seed, undirected=undirected)
+    source = {"kind": "edge-split", "split": result.split.source, "of": graph.source}
+    return replace(graph, indptr=torch.from_numpy(result.indptr), indices=torch.from_numpy(result.indices),
+                   edge_split=result.split, source=source, mapped_files={}, validated_signature=None)

@@ -1,0 +1,77 @@
+"""Link prediction models: a GNN encoder (any `nn.factory` model) that embeds nodes, and a decoder that scores pairs.
+
+`LinkModel(blocks, x)` returns the embeddings of the last block's destinations (the batch's
+endpoints), so it runs wherever a node model runs (profiler, layer-wise inference through
+`encoder`); `LinkModel(blocks, x, pairs)` also scores the batch's positives and negatives in the same
+forward (so a DistributedDataParallel wrapper sees the decoder's parameters used in its forward);
+`score(h_src, h_dst)` turns pairs of embeddings into logits.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from morphpipe.nn.factory import build_model
+from morphpipe.sampling.minibatch import Block, EdgePairs
+
+DECODERS = ("dot", "mlp")
+
+
+class DotDecoder(nn.Module):
+    """score(u, v) = <h_u, h_v>."""
+
+    def forward(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+        return (h_src * h_dst).sum(dim=-1)
+
+
+class MLPDecoder(nn.Module):
+    """score(u, v) = MLP(h_u * h_v): one hidden ReLU layer over the element-wise product (symmetric in u, v)."""
+
+    def __init__(self, dim: int, hidden: int | None = None) -> None:
+        super().__init__()
+        hidden = hidden or dim
+        self.hidden = nn.Linear(dim, hidden)
+        self.out = nn.Linear(hidden, 1)
+
+    def forward(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+        return self.out(torch.relu(self.hidden(h_src * h_dst))).squeeze(-1)
+
+
+def make_decoder(name: str, dim: int) -> nn.Module:
+    """The decoder named `name` ("dot" or "mlp") over `dim`-wide embeddings."""
+    if name not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {name!r}")
+    return DotDecoder() if name == "dot" else MLPDecoder(dim)
+
+
+class LinkModel(nn.Module):
+    """An encoder (node embeddings from blocks) and a decoder (pair scores)."""
+
+    def __init__(self, encoder: nn.Module, decoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+
+    def forward(self, blocks: Sequence[Block], x: Tensor,
+                pairs: EdgePairs | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """Embeddings [blocks[-1].num_dst, dim] of the batch's endpoints; with `pairs`, the logits of its positives
+        [B] and of their negatives [B, k] instead."""
+        h = self.encoder(blocks, x)
+        if pairs is None:
+            return h
+        h_src = h[pairs.src]
+        return self.score(h_src, h[pairs.dst]), self.score(h_src[:, None, :], h[pairs.negative_dst])
+
+    def score(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+        """Logits of the pairs (h_src[i], h_dst[i]); broadcasts over leading dimensions."""
+        return self.decoder(h_src, h_dst)
+
+
+def build_link_model(name: str, in_dim: int, embedding_dim: int, *, decoder: str = "dot", num_layers: int = 3,
+                     hidden: int | None = None, heads: int | None = None, dropout: float = 0.5) -> LinkModel:
+    """Encoder `name` (`nn.factory.MODELS`) with `embedding_dim` outputs, and decoder `decoder`."""
+    encoder = build_model(name, in_dim, embedding_dim, num_layers=num_layers, hidden=hidden, heads=heads,
+                          dropout=dropout)
+    return LinkModel(encoder, make_decoder(decoder, embedding_dim))

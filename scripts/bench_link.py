@@ -1,0 +1,250 @@
+"""Benchmark: link prediction, morphpipe beside DGL 2.1 on the same graph files, in one run.
+
+For 1 and for 100 negatives per positive: (a) edge batches per second (morphpipe's threaded
+EdgeBatcher with `--threads` threads; DGL's `as_edge_prediction_sampler` + `NeighborSampler` with
+reverse-edge exclusion and a uniform negative sampler, single-process loader, OMP/torch threads =
+`--threads`), features gathered on both sides; (b) a training epoch of GraphSAGE (`--layers` x
+`--hidden`, mean aggregation) + dot decoder with BCE on `--epoch-edges` training edges (32768 by
+default; 0: all), then validation MRR against the stored negatives by exact full-graph inference.
+morphpipe trains through its Trainer under a CPU-only plan made from this machine's measured
+batch and step times; DGL loads batches and trains them in turn (what its single-process loader
+does). Same graph (the dataset directory's .npy arrays), fanouts, batch size, seed.
+DGL runs as a subprocess of its own interpreter (`--dgl-python`), never imported here. Not a test.
+
+Usage: python scripts/bench_link.py [--dataset link] [--batches 30] [--epoch-edges 32768] [--out bench_link.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from morphpipe.cores import usable_cores
+from morphpipe.data import data_root, load_dataset
+from morphpipe.data.presets import PRESETS
+from morphpipe.executor import Trainer
+from morphpipe.nn import LinkPrediction, TrainStep, make_optimizer
+from morphpipe.nn.task import EvalSettings
+from morphpipe.profiler import Profile
+from morphpipe.scheduler import plan_from_profile
+from morphpipe.sampling.edge_batcher import EdgeBatcher, NegativeSampling
+
+DGL_PYTHON = "/work/dglvenv/bin/python"
+
+# DGL's side: reads the graph directory's arrays, times edge batches, trains, prints one JSON line.
+DGL_SCRIPT = r'''
+import json, sys, time
+import numpy as np, torch, dgl
+import torch.nn.functional as F
+from dgl.nn import SAGEConv
+
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args["threads"])
+torch.manual_seed(args["seed"])
+root = args["dataset"]
+indptr = np.load(f"{root}/indptr.npy"); indices = np.load(f"{root}/indices.npy").astype(np.int64)
+n = indptr.size - 1
+dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+g = dgl.graph((torch.from_numpy(indices), torch.from_numpy(dst)), num_nodes=n)
+g.ndata["feat"] = torch.from_numpy(np.load(f"{root}/features.npy")).float()
+keys = dst * n + indices  # eid order is CSC order: sorted by (dst, src)
+train = np.load(f"{root}/train_edges.npy")
+train_eids = torch.from_numpy(np.searchsorted(keys, train[1] * n + train[0]))
+reverse = torch.from_numpy(np.searchsorted(keys, indices * n + dst))
+assert bool((torch.from_numpy(keys)[train_eids] == torch.from_numpy(train[1] * n + train[0])).all())
+fanouts = list(reversed(args["fanouts"]))  # DGL lists fanouts input layer first
+
+def loader(negatives, eids):
+    sampler = dgl.dataloading.NeighborSampler(fanouts, prefetch_node_feats=["feat"])
+    sampler = dgl.dataloading.as_edge_prediction_sampler(
+        sampler, exclude="reverse_id", reverse_eids=reverse,
+        negative_sampler=dgl.dataloading.negative_sampler.Uniform(negatives))
+    return dgl.dataloading.DataLoader(g, eids, sampler, batch_size=args["batch_size"], shuffle=True,
+                                      drop_last=False, num_workers=0)
+
+class Model(torch.nn.Module):
+    def __init__(self, dim, hidden, layers):
+        super().__init__()
+        dims = [dim] + [hidden] * layers
+        self.convs = torch.nn.ModuleList(SAGEConv(a, b, "mean") for a, b in zip(dims[:-1], dims[1:]))
+    def forward(self, blocks, x):
+        h = x
+        for i, (conv, block) in enumerate(zip(self.convs, blocks)):
+            h = conv(block, h)
+            if i < len(self.convs) - 1:
+                h = F.relu(h)
+        return h
+    def full(self, graph, x):
+        h = x
+        for i, conv in enumerate(self.convs):
+            h = conv(graph, h)
+            if i < len(self.convs) - 1:
+                h = F.relu(h)
+        return h
+
+def score(h, graph):
+    with graph.local_scope():
+        graph.ndata["h"] = h
+        graph.apply_edges(dgl.function.u_dot_v("h", "h", "s"))
+        return graph.edata["s"].squeeze(-1)
+
+out = {"batching": {}, "training": {}}
+for negatives in args["negatives"]:
+    it = iter(loader(negatives, train_eids))
+    next(it)
+    start = time.perf_counter()
+    for _ in range(args["batches"]):
+        input_nodes, pair_graph, negative_graph, blocks = next(it)
+        x = blocks[0].srcdata["feat"]
+    out["batching"][str(negatives)] = args["batches"] / (time.perf_counter() - start)
+
+    torch.manual_seed(args["seed"])
+    model = Model(g.ndata["feat"].shape[1], args["hidden"], len(fanouts))
+    optimizer = torch.optim.Adam(model.parameters(), lr=args["lr"])
+    eids = train_eids[:args["epoch_edges"]] if args["epoch_edges"] else train_eids
+    start = time.perf_counter()
+    batches = 0
+    for input_nodes, pair_graph, negative_graph, blocks in loader(negatives, eids):
+        h = model(blocks, blocks[0].srcdata["feat"])
+        pos, neg = score(h, pair_graph), score(h, negative_graph)
+        loss = F.binary_cross_entropy_with_logits(torch.cat([pos, neg]),
+                                                  torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
+        optimizer.zero_grad(); loss.backward(); optimizer.step()
+        batches += 1
+    epoch_s = time.perf_counter() - start
+    model.eval()
+    with torch.no_grad():
+        h = model.full(g, g.ndata["feat"])
+        val = torch.from_numpy(np.load(f"{root}/val_edges.npy"))
+        val_neg = torch.from_numpy(np.load(f"{root}/val_negatives.npy"))
+        pos = (h[val[0]] * h[val[1]]).sum(-1)
+        neg = (h[val[0]][:, None] * h[val_neg]).sum(-1)
+        rank = 1 + (neg > pos[:, None]).sum(1).double() + 0.5 * (neg == pos[:, None]).sum(1).double()
+    out["training"][str(negatives)] = {"epoch_s": epoch_s, "batches": batches, "val_mrr": float((1 / rank).mean())}
+print(json.dumps(out))
+'''
+
+
+def morphpipe_batching(graph, fanouts: list[int], batch_size: int, negatives: int, threads: int, batches: int,
+                       seed: int) -> float:
+    """Edge batches per second of the threaded EdgeBatcher over the first `batches` batches of an epoch."""
+    with EdgeBatcher(graph, fanouts, batch_size, negatives=NegativeSampling(negatives), num_threads=threads,
+                     seed=seed, pin_memory=False) as batcher:
+        epoch = batcher.epoch(0)
+        next(epoch)
+        start = time.perf_counter()
+        for _ in range(batches):
+            next(epoch)
+        return batches / (time.perf_counter() - start)
+
+
+def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[str, float]:
+    """One epoch through the Trainer (plan from this machine's measured batch and step times), then exact val MRR."""
+    fanouts = args.fanouts
+    task = LinkPrediction(negatives)
+    units = task.seeds(graph)
+    if args.epoch_edges:
+        units = units[:args.epoch_edges]
+    torch.manual_seed(args.seed)
+    model = task.build_model("sage", graph, num_layers=len(fanouts), hidden=args.hidden, dropout=0.0)
+    step = TrainStep(model, make_optimizer(model.parameters(), args.lr, "cpu"), task)
+    with EdgeBatcher(graph, fanouts, args.batch_size, negatives=task.sampling, num_threads=1, edge_ids=units,
+                     pin_memory=False) as batcher:
+        sample = [batch for _, batch in zip(range(4), batcher.epoch(0))]
+    start = time.perf_counter()
+    for batch in sample[1:]:
+        step(batch)
+    step_s = (time.perf_counter() - start) / (len(sample) - 1)
+    batch_s = 1.0 / morphpipe_batching(graph, fanouts, args.batch_size, negatives, 1, 3, args.seed)
+    num_batches = -(-units.numel() // args.batch_size)
+    plan = plan_from_profile(Profile.synthetic(t_cb=batch_s, t_m=step_s, num_batches=num_batches,
+                                               cores=args.threads))
+
+    class Subset(LinkPrediction):
+        def seeds(self, graph, split="train"):
+            return units if split == "train" else super().seeds(graph, split)
+
+    subset = Subset(negatives)
+    torch.manual_seed(args.seed)
+    model = subset.build_model("sage", graph, num_layers=len(fanouts), hidden=args.hidden, dropout=0.0)
+    with Trainer(graph, model, plan, fanouts=fanouts, batch_size=args.batch_size, task=subset, lr=args.lr,
+                 seed=args.seed, progress=False, eval_mode="full", log=lambda line: None) as trainer:
+        history = trainer.fit(1, validate=False)
+        mrr = subset.evaluate(trainer.model, graph, subset.seeds(graph, "val"),
+                              EvalSettings(fanouts, mode="full", progress=False), device=torch.device("cpu"))
+    return {"epoch_s": history[0].epoch_s, "batches": history[0].batches, "val_mrr": mrr, "plan": plan.kind}
+
+
+def run_dgl(dataset: Path, args: argparse.Namespace) -> dict:
+    settings = {"dataset": str(dataset), "fanouts": args.fanouts, "batch_size": args.batch_size,
+                "negatives": args.negatives, "threads": args.threads, "batches": args.batches, "seed": args.seed,
+                "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DGLBACKEND": "pytorch"}
+    done = subprocess.run([args.dgl_python, "-c", DGL_SCRIPT, json.dumps(settings)], capture_output=True, text=True,
+                          env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"DGL's run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="link", help="a preset or graph directory with an edge split")
+    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--negatives", default="1,100", help="negatives per positive, one row each")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=30, help="edge batches timed per row")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--epoch-edges", type=int, default=32768,
+                        help="training edges of the timed epoch (default 32768, 32 batches: the run stays under ~5 "
+                             "minutes on 2 cores; 0: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dgl-python", default=DGL_PYTHON)
+    parser.add_argument("--out", default="bench_link.json")
+    args = parser.parse_args()
+    args.fanouts = [int(f) for f in args.fanouts.split(",")]
+    args.negatives = [int(k) for k in args.negatives.split(",")]
+
+    graph = load_dataset(args.dataset)
+    dataset = data_root() / args.dataset if args.dataset in PRESETS else Path(args.dataset)
+    torch.set_num_threads(args.threads)
+    ours: dict[str, dict] = {"batching": {}, "training": {}}
+    for negatives in args.negatives:
+        ours["batching"][str(negatives)] = morphpipe_batching(graph, args.fanouts, args.batch_size, negatives,
+                                                              args.threads, args.batches, args.seed)
+        ours["training"][str(negatives)] = morphpipe_training(graph, args, negatives)
+    dgl = run_dgl(dataset, args)
+
+    load = os.getloadavg()
+    print(f"graph {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
+          f"{graph.edge_split.train.shape[1]:,} training edges; fanouts {args.fanouts}, batch {args.batch_size}, "
+          f"{args.threads} threads; SAGE {len(args.fanouts)}x{args.hidden} + dot, BCE; load {load[0]:.1f}")
+    print(f"{'negatives':>9} | {'batches/s ours':>14} {'DGL':>8} {'ratio':>6} | {'epoch s ours':>12} {'DGL':>8} "
+          f"{'ratio':>6} | {'val MRR ours':>12} {'DGL':>7}")
+    for negatives in map(str, args.negatives):
+        b_ours, b_dgl = ours["batching"][negatives], dgl["batching"][negatives]
+        t_ours, t_dgl = ours["training"][negatives], dgl["training"][negatives]
+        print(f"{negatives:>9} | {b_ours:>14.2f} {b_dgl:>8.2f} {b_ours / b_dgl:>6.2f} | {t_ours['epoch_s']:>12.2f} "
+              f"{t_dgl['epoch_s']:>8.2f} {t_dgl['epoch_s'] / t_ours['epoch_s']:>6.2f} | {t_ours['val_mrr']:>12.4f} "
+              f"{t_dgl['val_mrr']:>7.4f}")
+    report = {"date": date.today().isoformat(), "load_average": load,
+              "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),
+                          "torch": torch.__version__, "python": sys.version.split()[0]},
+              "settings": {key: value for key, value in vars(args).items() if key != "out"},
+              "morphpipe": ours, "dgl": dgl}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
