@@ -98,7 +98,7 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
       if (taken == allowed) {
         for (const int64_t offset : allowed_) emit(neighbours[offset]);
       } else {
-        choose_offsets(allowed, taken, rng);
+        choose_offsets(allowed, taken, rng, chosen_, shuffle_);
         for (const int64_t pick : chosen_) emit(neighbours[allowed_[pick]]);
       }
     } else if (taken == degree) {
