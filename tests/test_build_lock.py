@@ -82,7 +82,10 @@ HALVES = textwrap.dedent('''
 @pytest.fixture
 def scratch(tmp_path: Path) -> dict[str, object]:
     source = tmp_path / "fake_native_source.py"
-    source.write_text("VALUES = list(range(100))\n" * 20 + "COMPLETE = True\n")
+    # The fake extension answers what native.load asks of every build: its CPU levels, and which one to run.
+    source.write_text("VALUES = list(range(100))\n" * 20 + "COMPLETE = True\n"
+                      "def cpu_capabilities():\n    return [('baseline', True, True)]\n"
+                      "def set_cpu_capability(name):\n    pass\n")
     halves = tmp_path / "halves.py"
     halves.write_text(HALVES)
     child = tmp_path / "child.py"
