@@ -11,12 +11,14 @@
 
 namespace morphpipe {
 
-CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor features, at::Tensor labels,
-                       std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory)
+CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, std::optional<at::Tensor> features, at::Tensor labels,
+                       std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory,
+                       std::shared_ptr<FeatureStore> feature_store)
     : indptr_(std::move(indptr)),
       indices_(std::move(indices)),
-      features_(std::move(features)),
+      features_(features.value_or(at::Tensor())),
       labels_(std::move(labels)),
+      feature_store_(std::move(feature_store)),
       fanouts_(std::move(fanouts)),
       num_threads_(num_threads),
       queue_size_(queue_size) {
@@ -25,10 +27,17 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor feature
   const int64_t num_nodes = indptr_.numel() - 1;
   TORCH_CHECK(num_threads_ >= 1, "num_threads: need at least 1 worker thread, got ", num_threads_);
   TORCH_CHECK(queue_size_ >= 1, "queue_size: need room for at least 1 batch, got ", queue_size_);
-  TORCH_CHECK(features_.device().is_cpu() && features_.dim() == 2 && features_.is_contiguous(),
-              "features: expected a contiguous 2-D CPU tensor, got shape ", features_.sizes());
-  TORCH_CHECK(features_.size(0) == num_nodes, "features: ", features_.size(0), " rows for ", num_nodes,
-              " nodes; give one feature row per node");
+  TORCH_CHECK(features_.defined() != (feature_store_ != nullptr),
+              "CpuBatcher: give the feature rows either as a features tensor or as a feature_store, exactly one");
+  if (feature_store_) {
+    TORCH_CHECK(feature_store_->num_rows() == num_nodes, "feature_store: ", feature_store_->num_rows(),
+                " rows in ", feature_store_->path(), " for ", num_nodes, " nodes; give one feature row per node");
+  } else {
+    TORCH_CHECK(features_.device().is_cpu() && features_.dim() == 2 && features_.is_contiguous(),
+                "features: expected a contiguous 2-D CPU tensor, got shape ", features_.sizes());
+    TORCH_CHECK(features_.size(0) == num_nodes, "features: ", features_.size(0), " rows for ", num_nodes,
+                " nodes; give one feature row per node");
+  }
   TORCH_CHECK(labels_.device().is_cpu() && labels_.dim() == 1 && labels_.scalar_type() == at::kLong &&
                   labels_.is_contiguous(),
               "labels: expected a contiguous 1-D int64 CPU tensor");
@@ -90,8 +99,14 @@ CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) 
   batch.block_indices = std::move(blocks.block_indices);
 
   const int64_t num_inputs = batch.input_nodes.numel();
-  batch.x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
-  gather_rows_into(features_, batch.input_nodes.data_ptr<int64_t>(), num_inputs, batch.x);
+  const int64_t* input_nodes = batch.input_nodes.data_ptr<int64_t>();
+  if (feature_store_) {
+    batch.x = pool_->empty({num_inputs, feature_store_->width()}, feature_store_->dtype());
+    feature_store_->gather_into(input_nodes, num_inputs, batch.x);
+  } else {
+    batch.x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
+    gather_rows_into(features_, input_nodes, num_inputs, batch.x);
+  }
 
   batch.y = pool_->empty({count}, at::kLong);
   const int64_t* labels = labels_.data_ptr<int64_t>();

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "cpu/buffer_pool.h"
+#include "cpu/feature_store.h"
 
 #include <condition_variable>
 #include <cstdint>
@@ -31,8 +32,10 @@ struct CpuBatch {
 
 class CpuBatcher {
  public:
-  CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor features, at::Tensor labels,
-             std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory);
+  // Feature rows come from `features` (in RAM or memory-mapped) or, when it is absent, from `feature_store`.
+  CpuBatcher(at::Tensor indptr, at::Tensor indices, std::optional<at::Tensor> features, at::Tensor labels,
+             std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory,
+             std::shared_ptr<FeatureStore> feature_store = nullptr);
   ~CpuBatcher();
   CpuBatcher(const CpuBatcher&) = delete;
   CpuBatcher& operator=(const CpuBatcher&) = delete;
@@ -57,6 +60,7 @@ class CpuBatcher {
   CpuBatch build_batch(class NeighborSampler& sampler, int64_t batch_index);
 
   at::Tensor indptr_, indices_, features_, labels_;
+  std::shared_ptr<FeatureStore> feature_store_;  // null when features_ holds the rows
   std::vector<int64_t> fanouts_;
   int64_t num_threads_;
   int64_t queue_size_;

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
+from morphpipe.data.feature_store import DEFAULT_IO_THREADS, FeatureStore
 from morphpipe.data.generators import generate, generation_record
 from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, array_path, foreign_entries, is_graph_dir,
                                    load_array, read_meta, save_array, write_meta)
@@ -44,6 +45,9 @@ class GraphStore:
     mapped_files: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False, compare=False)
     # What the last full validation saw (see `is_validated`); None until a validation passes.
     validated_signature: tuple | None = field(default=None, repr=False, compare=False)
+    # Features on disk (load(features_on_disk=True)): the CPU batcher gathers rows through this store (hot rows
+    # cached in RAM, the rest read from features.npy); `features` stays the memory map for everything else.
+    feature_store: FeatureStore | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """numpy arrays given for any array field become tensors (zero-copy where numpy's dtype allows)."""
@@ -141,11 +145,19 @@ class GraphStore:
         ))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, mmap: bool = True, validate: bool = True) -> "GraphStore":
+    def load(cls, path: str | os.PathLike, mmap: bool = True, validate: bool = True, *,
+             features_on_disk: bool = False, feature_cache_bytes: int = 0,
+             io_threads: int = DEFAULT_IO_THREADS) -> "GraphStore":
         """Reads a graph directory; `mmap` memory-maps indices and features (copy-on-write, the files are never
-        modified); `validate` scans every value (dtypes and shapes are always checked)."""
+        modified); `validate` scans every value (dtypes and shapes are always checked).
+
+        `features_on_disk` opens a FeatureStore on features.npy (features are then memory-mapped whatever `mmap`
+        says): the CPU batcher reads rows from the file with `io_threads` threads, the hottest rows by in-degree
+        cached in `feature_cache_bytes` of RAM."""
         meta = read_meta(path)
-        arrays = {name: load_array(path, name, mmap=mmap and name in MMAP_FIELDS) for name in ARRAY_FIELDS}
+        arrays = {name: load_array(path, name, mmap=name in MMAP_FIELDS and (mmap or features_on_disk and
+                                                                             name == "features"))
+                  for name in ARRAY_FIELDS}
         _check_against_meta(arrays, meta, Path(path))
         tensors = {name: _tensor(array, name) for name, array in arrays.items() if name != "features"}
         tensors["features"] = features_from_storage(arrays["features"], meta.feature_dtype)
@@ -155,6 +167,10 @@ class GraphStore:
                        scan_values=validate)
         if validate:
             store.validated_signature = store._signature()
+        if features_on_disk:
+            store.feature_store = FeatureStore(array_path(path, "features"), meta.feature_dtype,
+                                               cache_bytes=feature_cache_bytes, hotness=store.in_degrees(),
+                                               io_threads=io_threads)
         return store
 
     def _signature(self) -> tuple:
@@ -229,14 +245,15 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
 
 
 def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.PathLike | None = None,
-                 progress: bool = True) -> GraphStore:
+                 progress: bool = True, *, features_on_disk: bool = False, feature_cache_bytes: int = 0) -> GraphStore:
     """A graph directory (with meta.json), or a preset from the cache (generated there first if missing);
-    None means the "default" preset."""
+    None means the "default" preset. `features_on_disk` and `feature_cache_bytes`: see GraphStore.load."""
     target = DEFAULT_DATASET if name_or_path is None else str(name_or_path)
+    disk = {"features_on_disk": features_on_disk, "feature_cache_bytes": feature_cache_bytes}
     if is_graph_dir(Path(target).expanduser()):
-        return GraphStore.load(Path(target).expanduser())
+        return GraphStore.load(Path(target).expanduser(), **disk)
     if target in PRESETS:
-        return GraphStore.load(ensure_preset(PRESETS[target], root=root, progress=progress))
+        return GraphStore.load(ensure_preset(PRESETS[target], root=root, progress=progress), **disk)
     if Path(target).expanduser().exists():
         raise FileNotFoundError(f"{target} is not a morphpipe graph directory (no meta.json); create one with "
                                 "`morphpipe data convert` or `morphpipe data generate`")
