@@ -1,0 +1,300 @@
+"""Features larger than RAM: the feature store against the memory-mapped arrays, under the same memory limit.
+
+Side by side in one run, on the same graph, seeds, fanouts, batch size and threads, each configuration in a
+child process inside a cgroup-v1 memory group (/sys/fs/cgroup/memory; needs root):
+
+- `mmap`: GraphStore.load memory-maps indices and features and the CPU batcher gathers from the map, the
+  page cache doing the work (what DGL and PyG users do, and what morphpipe did before the store);
+- `store`: features_on_disk: the batcher gathers through the FeatureStore (pread threads, hot rows by
+  in-degree cached in RAM); `store-direct` the same with O_DIRECT reads.
+
+Each child first builds 6 batches unlimited, takes the peak anonymous memory it held besides the arrays (its
+working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the
+dataset's arrays; the store's cache gets that room minus the topology (indptr, labels and splits in RAM,
+indices in the page cache). A preset is copied out of the shared dataset cache first, so that no other
+process's map of the same files holds their pages. The page cache is dropped before each child when the kernel allows it. Beside
+them: the disk's random 4 KiB read rate at the store's queue depth and its sequential rate (O_DIRECT loops of
+ours), and the share of them the store's misses reach.
+
+  python scripts/bench_giant.py bench-1m --shares 1,0.8,0.5 --json bench_out/giant_store.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
+IN_RAM = ("indptr", "labels", "train_idx", "val_idx", "test_idx")  # loaded into anonymous memory by GraphStore.load
+MODES = ("mmap", "store", "store-direct")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dataset", help="graph directory or preset name (generated into the cache if missing)")
+    parser.add_argument("--shares", default="1,0.8,0.5",
+                        help="memory limits as shares of the dataset's arrays (1: everything fits; default 1,0.8,0.5)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"default {','.join(MODES)}")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--threads", type=int, default=2, help="batcher worker threads (default 2)")
+    parser.add_argument("--io-threads", type=int, default=16, help="feature store I/O threads (default 16)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration (default 20)")
+    parser.add_argument("--max-batches", type=int, default=200)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--scratch", type=Path, default=Path("/work/bench_scratch"),
+                        help="where a preset is copied to, away from other processes' maps (default /work/bench_scratch)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        return child(args)
+    return parent(args)
+
+
+def dataset_dir(name: str, scratch: Path) -> Path:
+    """A graph directory as given, or a preset copied out of the shared cache into `scratch`: another process
+    mapping the cached files would hold their pages in the page cache, charged to it, not to our memory group."""
+    from morphpipe.data import PRESETS, ensure_preset
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    cached = ensure_preset(PRESETS[name], progress=True)
+    private = scratch / name
+    if not private.is_dir() or any(not (private / f.name).exists() or (private / f.name).stat().st_size !=
+                                   f.stat().st_size for f in cached.iterdir()):
+        if private.exists():
+            shutil.rmtree(private)
+        shutil.copytree(cached, private)
+    return private
+
+
+def array_bytes(directory: Path, names) -> int:
+    return sum((directory / f"{name}.npy").stat().st_size for name in names)
+
+
+def drop_page_cache() -> bool:
+    """Drops clean page cache (root only); False when the kernel refuses."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def disk_random_reads(path: Path, block: int, queue_depth: int, seconds: float) -> dict:
+    """O_DIRECT reads of `block` bytes at random aligned offsets of `path`, `queue_depth` threads at once."""
+    size = path.stat().st_size // block * block
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    counts = [0] * queue_depth
+    stop = time.perf_counter() + seconds
+
+    def reader(slot: int) -> None:
+        buffer = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
+        rng = random.Random(slot)
+        blocks = size // block
+        while time.perf_counter() < stop:
+            os.preadv(fd, [buffer], rng.randrange(blocks) * block)
+            counts[slot] += 1
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=reader, args=(slot,)) for slot in range(queue_depth)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    os.close(fd)
+    reads = sum(counts)
+    return {"block": block, "queue_depth": queue_depth, "iops": reads / elapsed, "mb_s": reads * block / elapsed / 1e6}
+
+
+def disk_sequential_read(path: Path, block: int, seconds: float) -> dict:
+    """O_DIRECT sequential reads of `block` bytes through `path` (wrapping around), one at a time."""
+    size = path.stat().st_size // block * block
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buffer = mmap.mmap(-1, block)
+    done, offset = 0, 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        done += os.preadv(fd, [buffer], offset)
+        offset = (offset + block) % size
+    elapsed = time.perf_counter() - started
+    os.close(fd)
+    return {"block": block, "mb_s": done / elapsed / 1e6}
+
+
+def parent(args) -> int:
+    import torch
+
+    if os.geteuid() != 0 or not (CGROUP_ROOT / "memory.limit_in_bytes").exists():
+        print(f"bench_giant: needs root and the cgroup v1 memory controller at {CGROUP_ROOT}", file=sys.stderr)
+        return 2
+    directory = dataset_dir(args.dataset, args.scratch)
+    total = array_bytes(directory, ARRAYS)
+    features = directory / "features.npy"
+    cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    print(f"dataset {directory}: arrays {total / 1e6:,.0f} MB (features {features.stat().st_size / 1e6:,.0f} MB); "
+          f"cpu {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; load {os.getloadavg()[0]:.1f}", flush=True)
+    queue_depth = args.io_threads + args.threads
+    disk = {"random_4k": disk_random_reads(features, 4096, queue_depth, 3.0),
+            "random_4k_qd1": disk_random_reads(features, 4096, 1, 2.0),
+            "sequential_4m": disk_sequential_read(features, 4 << 20, 3.0)}
+    print(f"disk (O_DIRECT on {features.name}): random 4 KiB at QD {queue_depth}: {disk['random_4k']['iops']:,.0f} IOPS "
+          f"({disk['random_4k']['mb_s']:,.0f} MB/s); at QD 1: {disk['random_4k_qd1']['iops']:,.0f} IOPS; "
+          f"sequential 4 MiB: {disk['sequential_4m']['mb_s']:,.0f} MB/s", flush=True)
+    results = []
+    for share in [float(s) for s in args.shares.split(",")]:
+        for mode in args.modes.split(","):
+            dropped = drop_page_cache()
+            group = CGROUP_ROOT / f"morphpipe-bench-giant-{os.getpid()}-{mode}-{share}"
+            group.mkdir()
+            try:
+                command = [sys.executable, __file__, str(directory), "--child", f"{mode}:{share}:{group}",
+                           "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--threads",
+                           str(args.threads), "--io-threads", str(args.io_threads), "--seconds", str(args.seconds),
+                           "--max-batches", str(args.max_batches)]
+                run = subprocess.run(command, capture_output=True, text=True)
+            finally:
+                group.rmdir()
+            if run.returncode != 0:
+                print(f"{mode} at share {share}: child failed ({run.returncode}):\n{run.stderr[-2000:]}", flush=True)
+                results.append({"mode": mode, "share": share, "failed": run.returncode, "stderr": run.stderr[-2000:]})
+                continue
+            result = json.loads(run.stdout.strip().splitlines()[-1])
+            result["page_cache_dropped"] = dropped
+            results.append(result)
+            print(row(result, disk), flush=True)
+    print()
+    print(table(results, disk))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"dataset": str(directory), "arrays_bytes": total, "cpu": cpu,
+                                         "load": os.getloadavg(), "disk": disk, "results": results,
+                                         "settings": vars(args) | {"json": str(args.json)}}, indent=2))
+    return 0
+
+
+def row(result: dict, disk: dict) -> str:
+    if "failed" in result:
+        return f"| {result['mode']} | {result['share']:.0%} | failed (exit {result['failed']}) |"
+    seconds = result["seconds"]
+    read_mb_s = result["read_bytes"] / seconds / 1e6
+    hit = f"{result['hit_ratio']:.1%}" if result.get("hit_ratio") is not None else "-"
+    store_iops = result["store_reads"] / seconds if result.get("store_reads") is not None else None
+    iops_share = f"{store_iops / disk['random_4k']['iops']:.0%}" if store_iops is not None else "-"
+    return (f"| {result['mode']} | {result['share']:.0%} | {result['limit_bytes'] / 1e6:,.0f} | "
+            f"{result['cache_bytes'] / 1e6:,.0f} | {result['batches']} | {result['batches_per_s']:.3f} | {hit} | "
+            f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_4m']['mb_s']:.0%}) | "
+            f"{'-' if store_iops is None else f'{store_iops:,.0f}'} ({iops_share}) | "
+            f"{result['peak_bytes'] / 1e6:,.0f} |")
+
+
+def table(results: list[dict], disk: dict) -> str:
+    header = ("| mode | limit (share of arrays) | limit MB | cache MB | batches | batches/s | hit ratio | "
+              "disk read MB/s (share of sequential) | store preads/s (share of random 4K IOPS) | group peak MB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
+    lines = [header] + [row(result, disk) for result in results]
+    baseline = {r["share"]: r["batches_per_s"] for r in results if r.get("mode") == "mmap" and "failed" not in r}
+    for result in results:
+        if result.get("mode") != "mmap" and "failed" not in result and baseline.get(result["share"]):
+            lines.append(f"{result['mode']} / mmap at {result['share']:.0%}: "
+                         f"{result['batches_per_s'] / baseline[result['share']]:.1f}x")
+    return "\n".join(lines)
+
+
+def cgroup_stat(group: Path) -> dict[str, int]:
+    return {key: int(value) for key, value in (line.split() for line in (group / "memory.stat").read_text().splitlines())}
+
+
+def child(args) -> int:
+    mode, share, group = args.child.split(":", 2)
+    share, group = float(share), Path(group)
+    (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    import torch
+
+    from morphpipe import native
+    from morphpipe.data import GraphStore
+    from morphpipe.data.feature_store import FeatureStore
+    from morphpipe.data.ondisk import read_meta
+    from morphpipe.sampling import CpuBatcher
+
+    native.load()
+    directory = Path(args.dataset)
+    total = array_bytes(directory, ARRAYS)
+    in_ram = array_bytes(directory, IN_RAM)
+    on_disk = mode.startswith("store")
+    cache_bytes = 0
+    if on_disk:
+        num_nodes = (directory / "indptr.npy").stat().st_size // 8
+        room = share * total - in_ram - array_bytes(directory, ["indices"]) - 4 * num_nodes
+        cache_bytes = max(0, int(room))
+    graph = GraphStore.load(directory, validate=False)
+    if on_disk:
+        graph.feature_store = FeatureStore(directory / "features.npy", read_meta(directory).feature_dtype,
+                                           cache_bytes=cache_bytes, hotness=graph.in_degrees(),
+                                           io_threads=args.io_threads, direct=mode == "store-direct")
+    store = graph.feature_store
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    batcher = CpuBatcher(graph, fanouts, args.batch_size, num_threads=args.threads, queue_size=args.threads, seed=0,
+                         pin_memory=False)
+
+    def batches():
+        epoch = 0
+        while True:
+            yield from batcher.epoch(epoch)
+            epoch += 1
+
+    stream = batches()
+    peak_anon = 0
+    for _ in range(6):  # unlimited: the working memory (batch buffers, recycled) reaches its steady size
+        next(stream)
+        peak_anon = max(peak_anon, cgroup_stat(group)["rss"])
+    anon_arrays = in_ram + (store.cache_bytes + 4 * graph.num_nodes if store is not None else 0)
+    working = max(0, peak_anon - anon_arrays)
+    limit = int(1.15 * working + share * total)
+    (group / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    (group / "memory.max_usage_in_bytes").write_text("0\n")
+    for _ in range(2):  # under the limit: what the kernel keeps settles
+        next(stream)
+    if store is not None:
+        store.reset_counters()
+    io_before = read_bytes()
+    started = time.perf_counter()
+    count = 0
+    while count < args.max_batches and (time.perf_counter() - started < args.seconds or count < 3):
+        next(stream)
+        count += 1
+    elapsed = time.perf_counter() - started
+    counters = store.counters() if store is not None else None
+    batcher.close()
+    print(json.dumps({
+        "mode": mode, "share": share, "limit_bytes": limit, "working_bytes": working, "cache_bytes": cache_bytes,
+        "batches": count, "seconds": elapsed, "batches_per_s": count / elapsed,
+        "read_bytes": read_bytes() - io_before, "peak_bytes": int((group / "memory.max_usage_in_bytes").read_text()),
+        "hit_ratio": counters.hit_ratio if counters else None, "store_reads": counters.reads if counters else None,
+        "store_bytes": counters.bytes_read if counters else None, "torch_threads": torch.get_num_threads(),
+    }))
+    return 0
+
+
+def read_bytes() -> int:
+    """Bytes this process (all its threads) had read from storage."""
+    for line in open("/proc/self/io"):
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no read_bytes")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
