@@ -6,6 +6,7 @@
 #endif
 
 #include "cpu/cpu_batcher.h"
+#include "cpu/disk_probe.h"
 #include "cpu/feature_store.h"
 #ifdef MORPHPIPE_WITH_CUDA
 #include "cuda/host_pinning.h"
@@ -52,6 +53,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "cudaHostUnregister on the tensor's memory: '' on success, else CUDA's error text");
   m.def("cuda_host_register_read_only_supported", &morphpipe::cuda::host_register_read_only_supported);
 #endif
+
+  m.def(
+      "measure_random_reads",
+      [](const std::string& path, int64_t block, int64_t queue_depth, double seconds) {
+        morphpipe::DiskReadRate rate;
+        {
+          py::gil_scoped_release release;
+          rate = morphpipe::measure_random_reads(path, block, queue_depth, seconds);
+        }
+        return py::make_tuple(rate.reads, rate.bytes, rate.seconds);
+      },
+      py::arg("path"), py::arg("block"), py::arg("queue_depth"), py::arg("seconds"),
+      "O_DIRECT reads of `block` bytes at random offsets of `path`, queue_depth at once: (reads, bytes, seconds)");
+  m.def(
+      "measure_sequential_reads",
+      [](const std::string& path, int64_t block, double seconds) {
+        morphpipe::DiskReadRate rate;
+        {
+          py::gil_scoped_release release;
+          rate = morphpipe::measure_sequential_reads(path, block, seconds);
+        }
+        return py::make_tuple(rate.reads, rate.bytes, rate.seconds);
+      },
+      py::arg("path"), py::arg("block"), py::arg("seconds"),
+      "O_DIRECT reads of `block` bytes one after another through `path`: (reads, bytes, seconds)");
 
   py::class_<FeatureStore, std::shared_ptr<FeatureStore>>(m, "FeatureStore")
       .def(py::init<std::string, int64_t, int64_t, int64_t, at::ScalarType, const at::Tensor&, int64_t, bool>(),

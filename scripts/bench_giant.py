@@ -14,7 +14,7 @@ dataset's arrays; the store's cache gets that room minus the topology (indptr, l
 indices in the page cache). A preset is copied out of the shared dataset cache first, so that no other
 process's map of the same files holds their pages. The page cache is dropped before each child when the kernel allows it. Beside
 them: the disk's random 4 KiB read rate at the store's queue depth and its sequential rate (O_DIRECT loops of
-ours), and the share of them the store's misses reach.
+ours, morphpipe.profiler.disk), and the share of them the store's misses reach.
 
   python scripts/bench_giant.py bench-1m --shares 1,0.8,0.5 --json bench_out/giant_store.json
 """
@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
-import random
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -92,50 +89,10 @@ def drop_page_cache() -> bool:
         return False
 
 
-def disk_random_reads(path: Path, block: int, queue_depth: int, seconds: float) -> dict:
-    """O_DIRECT reads of `block` bytes at random aligned offsets of `path`, `queue_depth` threads at once."""
-    size = path.stat().st_size // block * block
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    counts = [0] * queue_depth
-    stop = time.perf_counter() + seconds
-
-    def reader(slot: int) -> None:
-        buffer = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
-        rng = random.Random(slot)
-        blocks = size // block
-        while time.perf_counter() < stop:
-            os.preadv(fd, [buffer], rng.randrange(blocks) * block)
-            counts[slot] += 1
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=reader, args=(slot,)) for slot in range(queue_depth)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    os.close(fd)
-    reads = sum(counts)
-    return {"block": block, "queue_depth": queue_depth, "iops": reads / elapsed, "mb_s": reads * block / elapsed / 1e6}
-
-
-def disk_sequential_read(path: Path, block: int, seconds: float) -> dict:
-    """O_DIRECT sequential reads of `block` bytes through `path` (wrapping around), one at a time."""
-    size = path.stat().st_size // block * block
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    buffer = mmap.mmap(-1, block)
-    done, offset = 0, 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        done += os.preadv(fd, [buffer], offset)
-        offset = (offset + block) % size
-    elapsed = time.perf_counter() - started
-    os.close(fd)
-    return {"block": block, "mb_s": done / elapsed / 1e6}
-
-
 def parent(args) -> int:
     import torch
+
+    from morphpipe.profiler.disk import measure_disk_reads
 
     if os.geteuid() != 0 or not (CGROUP_ROOT / "memory.limit_in_bytes").exists():
         print(f"bench_giant: needs root and the cgroup v1 memory controller at {CGROUP_ROOT}", file=sys.stderr)
@@ -146,13 +103,16 @@ def parent(args) -> int:
     cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     print(f"dataset {directory}: arrays {total / 1e6:,.0f} MB (features {features.stat().st_size / 1e6:,.0f} MB); "
           f"cpu {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; load {os.getloadavg()[0]:.1f}", flush=True)
-    queue_depth = args.io_threads + args.threads
-    disk = {"random_4k": disk_random_reads(features, 4096, queue_depth, 3.0),
-            "random_4k_qd1": disk_random_reads(features, 4096, 1, 2.0),
-            "sequential_4m": disk_sequential_read(features, 4 << 20, 3.0)}
-    print(f"disk (O_DIRECT on {features.name}): random 4 KiB at QD {queue_depth}: {disk['random_4k']['iops']:,.0f} IOPS "
-          f"({disk['random_4k']['mb_s']:,.0f} MB/s); at QD 1: {disk['random_4k_qd1']['iops']:,.0f} IOPS; "
-          f"sequential 4 MiB: {disk['sequential_4m']['mb_s']:,.0f} MB/s", flush=True)
+    queue_depth = args.io_threads + args.threads  # the store's I/O threads and the batcher threads calling it
+    drop_page_cache()
+    facts = measure_disk_reads(features, queue_depth, seconds=3.0)
+    single = measure_disk_reads(features, 1, seconds=1.0)
+    disk = {"random_4k_iops": facts.random_reads_per_s, "random_4k_mb_s": facts.random_bytes_per_s / 1e6,
+            "queue_depth": queue_depth, "random_4k_iops_qd1": single.random_reads_per_s,
+            "sequential_mb_s": facts.sequential_bytes_per_s / 1e6}
+    print(f"disk (O_DIRECT on {features.name}): random 4 KiB at QD {queue_depth}: {disk['random_4k_iops']:,.0f} IOPS "
+          f"({disk['random_4k_mb_s']:,.0f} MB/s); at QD 1: {disk['random_4k_iops_qd1']:,.0f} IOPS; "
+          f"sequential 4 MiB: {disk['sequential_mb_s']:,.0f} MB/s", flush=True)
     results = []
     for share in [float(s) for s in args.shares.split(",")]:
         for mode in args.modes.split(","):
@@ -192,18 +152,19 @@ def row(result: dict, disk: dict) -> str:
     read_mb_s = result["read_bytes"] / seconds / 1e6
     hit = f"{result['hit_ratio']:.1%}" if result.get("hit_ratio") is not None else "-"
     store_iops = result["store_reads"] / seconds if result.get("store_reads") is not None else None
-    iops_share = f"{store_iops / disk['random_4k']['iops']:.0%}" if store_iops is not None else "-"
+    iops_share = f"{store_iops / disk['random_4k_iops']:.0%}" if store_iops is not None else "-"
+    request = (f"{result['store_bytes'] / result['store_reads'] / 1024:,.1f}" if result.get("store_reads") else "-")
     return (f"| {result['mode']} | {result['share']:.0%} | {result['limit_bytes'] / 1e6:,.0f} | "
             f"{result['cache_bytes'] / 1e6:,.0f} | {result['batches']} | {result['batches_per_s']:.3f} | {hit} | "
-            f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_4m']['mb_s']:.0%}) | "
-            f"{'-' if store_iops is None else f'{store_iops:,.0f}'} ({iops_share}) | "
+            f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_mb_s']:.0%}) | "
+            f"{'-' if store_iops is None else f'{store_iops:,.0f}'} ({iops_share}) | {request} | "
             f"{result['peak_bytes'] / 1e6:,.0f} |")
 
 
 def table(results: list[dict], disk: dict) -> str:
     header = ("| mode | limit (share of arrays) | limit MB | cache MB | batches | batches/s | hit ratio | "
-              "disk read MB/s (share of sequential) | store preads/s (share of random 4K IOPS) | group peak MB |\n"
-              "|---|---|---|---|---|---|---|---|---|---|")
+              "disk read MB/s (share of sequential) | store preads/s (share of random 4K IOPS) | KiB per pread | group peak MB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [header] + [row(result, disk) for result in results]
     baseline = {r["share"]: r["batches_per_s"] for r in results if r.get("mode") == "mmap" and "failed" not in r}
     for result in results:

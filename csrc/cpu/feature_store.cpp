@@ -183,7 +183,15 @@ void FeatureStore::gather_into(const int64_t* rows, int64_t count, at::Tensor& o
   }
   const char* cache = static_cast<const char*>(cache_.data_ptr());
   std::vector<int64_t> miss_rows, miss_positions;
+  constexpr int64_t kPrefetchDistance = 8;  // cached rows are scattered in RAM, as in gather_rows_into
   for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchDistance < count) {
+      const int32_t ahead = slot_of_[rows[i + kPrefetchDistance]];
+      if (ahead >= 0) {
+        const char* row = cache + ahead * row_bytes_;
+        for (int64_t line = 0; line < row_bytes_; line += 64) __builtin_prefetch(row + line);
+      }
+    }
     const int32_t slot = slot_of_[rows[i]];
     if (slot >= 0) {
       std::memcpy(dst + i * row_bytes_, cache + slot * row_bytes_, static_cast<size_t>(row_bytes_));

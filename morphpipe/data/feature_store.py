@@ -67,10 +67,14 @@ def npy_layout(path: str | os.PathLike) -> NpyLayout:
     return NpyLayout(offset, (int(shape[0]), int(shape[1])), dtype)
 
 
+def hotness_order(hotness: torch.Tensor) -> torch.Tensor:
+    """Row ids from the hottest to the coldest (ties: the lower id first); a static cache of k rows holds the first k."""
+    return torch.argsort(hotness, descending=True, stable=True)
+
+
 def hottest_rows(hotness: torch.Tensor, count: int) -> torch.Tensor:
     """Ids of the `count` rows with the largest `hotness` (ties to the lower id), in increasing id order."""
-    order = torch.argsort(hotness, descending=True, stable=True)
-    return torch.sort(order[:count]).values
+    return torch.sort(hotness_order(hotness)[:count]).values
 
 
 class FeatureStore:
