@@ -7,7 +7,9 @@ a file truncated or replaced while in use is an error naming it, never a SIGBUS.
 """
 from __future__ import annotations
 
+import errno
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,13 +84,15 @@ class FeatureStore:
 
     `dtype` names the feature dtype ("float32", "float16", "bfloat16"; bfloat16 is stored as uint16 bits, so it
     must be named); by default the file's own. `cache_bytes` of host RAM hold the rows with the largest
-    `hotness` (one value per row, e.g. in-degree), read once now. `io_threads` threads issue the misses' reads;
-    `direct` reads with O_DIRECT, past the page cache.
+    `hotness` (one value per row, e.g. in-degree), read once now. `io_threads` threads issue the misses' reads.
+    `direct` reads with O_DIRECT, past the page cache (False: through it); by default it does so where the file
+    system allows it (measured faster under memory pressure: BENCHMARKS.md, bench_giant), else says so once and
+    reads through the page cache.
     """
 
     def __init__(self, path: str | os.PathLike, dtype: str | None = None, *, cache_bytes: int = 0,
                  hotness: torch.Tensor | None = None, io_threads: int = DEFAULT_IO_THREADS,
-                 direct: bool = False) -> None:
+                 direct: bool | None = None) -> None:
         self.path = Path(path)
         # Pickling re-opens the file with these (a worker process gets its own threads and cache).
         self._arguments = (path, dtype, cache_bytes, hotness, io_threads, direct)
@@ -108,8 +112,9 @@ class FeatureStore:
                 raise ValueError(f"hotness: a cache of {cache_bytes:,} bytes needs one hotness value per row "
                                  f"({num_rows} rows), got {shape}; pass e.g. the graph's in-degrees")
             cached = hottest_rows(hotness, num_cached)
+        direct = _direct_reads_allowed(self.path) if direct is None else bool(direct)
         self._native = native.load().FeatureStore(str(self.path), layout.data_offset, num_rows, width,
-                                                  FEATURE_DTYPES[self.dtype_name], cached, io_threads, bool(direct))
+                                                  FEATURE_DTYPES[self.dtype_name], cached, io_threads, direct)
 
     @property
     def native(self) -> object:
@@ -167,8 +172,28 @@ class FeatureStore:
                 f"direct={self.direct})")
 
 
+_announced_buffered: set[str] = set()
+
+
+def _direct_reads_allowed(path: Path) -> bool:
+    """True when `path` opens with O_DIRECT; otherwise says once per file system that reads go through the page
+    cache instead (tmpfs, some network file systems)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+    device = str(os.stat(path).st_dev)
+    if device not in _announced_buffered:
+        _announced_buffered.add(device)
+        print(f"morphpipe: the file system of {path} refuses O_DIRECT; the feature store reads through the page "
+              "cache there", file=sys.stderr)
+    return False
+
+
 def _reopen(path: str | os.PathLike, dtype: str | None, cache_bytes: int, hotness: torch.Tensor | None,
-            io_threads: int, direct: bool) -> FeatureStore:
+            io_threads: int, direct: bool | None) -> FeatureStore:
     """A pickled FeatureStore, opened again."""
     return FeatureStore(path, dtype, cache_bytes=cache_bytes, hotness=hotness, io_threads=io_threads, direct=direct)
 
