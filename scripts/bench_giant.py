@@ -5,16 +5,18 @@ child process inside a cgroup-v1 memory group (/sys/fs/cgroup/memory; needs root
 
 - `mmap`: GraphStore.load memory-maps indices and features and the CPU batcher gathers from the map, the
   page cache doing the work (what DGL and PyG users do, and what morphpipe did before the store);
-- `store`: features_on_disk: the batcher gathers through the FeatureStore (pread threads, hot rows by
-  in-degree cached in RAM); `store-direct` the same with O_DIRECT reads.
+- `store-direct`: the batcher gathers through the FeatureStore (pread threads, hot rows by in-degree cached
+  in RAM, O_DIRECT reads: GraphStore.load(features_on_disk=True)'s default); `store` the same reading
+  through the page cache.
 
 Each child first builds 6 batches unlimited, takes the peak anonymous memory it held besides the arrays (its
 working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the
 dataset's arrays; the store's cache gets that room minus the topology (indptr, labels and splits in RAM,
 indices in the page cache). A preset is copied out of the shared dataset cache first, so that no other
-process's map of the same files holds their pages. The page cache is dropped before each child when the kernel allows it. Beside
-them: the disk's random 4 KiB read rate at the store's queue depth and its sequential rate (O_DIRECT loops of
-ours, morphpipe.profiler.disk), and the share of them the store's misses reach.
+process's map of the same files holds their pages. The page cache is dropped before each child when the
+kernel allows it. Beside them: the disk's random 4 KiB read rate at the store's queue depth and its
+sequential rate (O_DIRECT loops of ours, morphpipe.profiler.disk), and the share of them the store's misses
+reach.
 
   python scripts/bench_giant.py bench-1m --shares 1,0.8,0.5 --json bench_out/giant_store.json
 """
@@ -26,13 +28,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
 IN_RAM = ("indptr", "labels", "train_idx", "val_idx", "test_idx")  # loaded into anonymous memory by GraphStore.load
-MODES = ("mmap", "store", "store-direct")
+MODES = ("mmap", "store-direct", "store")
 
 
 def main() -> int:
@@ -47,9 +50,13 @@ def main() -> int:
     parser.add_argument("--io-threads", type=int, default=16, help="feature store I/O threads (default 16)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration (default 20)")
     parser.add_argument("--max-batches", type=int, default=200)
+    parser.add_argument("--max-seconds", type=float, default=150.0,
+                        help="hard cap per configuration after the limit is set: a thrashing one reports the batches "
+                             "it finished by then (default 150)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--scratch", type=Path, default=Path("/work/bench_scratch"),
-                        help="where a preset is copied to, away from other processes' maps (default /work/bench_scratch)")
+                        help="where a preset is copied to, away from other processes' maps "
+                             "(default /work/bench_scratch)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -90,6 +97,8 @@ def drop_page_cache() -> bool:
 
 
 def parent(args) -> int:
+    import signal
+
     import torch
 
     from morphpipe.profiler.disk import measure_disk_reads
@@ -97,6 +106,7 @@ def parent(args) -> int:
     if os.geteuid() != 0 or not (CGROUP_ROOT / "memory.limit_in_bytes").exists():
         print(f"bench_giant: needs root and the cgroup v1 memory controller at {CGROUP_ROOT}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that a killed run still removes its memory group
     directory = dataset_dir(args.dataset, args.scratch)
     total = array_bytes(directory, ARRAYS)
     features = directory / "features.npy"
@@ -105,33 +115,39 @@ def parent(args) -> int:
           f"cpu {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; load {os.getloadavg()[0]:.1f}", flush=True)
     queue_depth = args.io_threads + args.threads  # the store's I/O threads and the batcher threads calling it
     drop_page_cache()
-    facts = measure_disk_reads(features, queue_depth, seconds=3.0)
-    single = measure_disk_reads(features, 1, seconds=1.0)
+    block = min(4 << 20, features.stat().st_size // 4096 * 4096)
+    facts = measure_disk_reads(features, queue_depth, seconds=3.0, sequential_block=block)
+    single = measure_disk_reads(features, 1, seconds=1.0, sequential_block=block)
     disk = {"random_4k_iops": facts.random_reads_per_s, "random_4k_mb_s": facts.random_bytes_per_s / 1e6,
             "queue_depth": queue_depth, "random_4k_iops_qd1": single.random_reads_per_s,
             "sequential_mb_s": facts.sequential_bytes_per_s / 1e6}
     print(f"disk (O_DIRECT on {features.name}): random 4 KiB at QD {queue_depth}: {disk['random_4k_iops']:,.0f} IOPS "
           f"({disk['random_4k_mb_s']:,.0f} MB/s); at QD 1: {disk['random_4k_iops_qd1']:,.0f} IOPS; "
-          f"sequential 4 MiB: {disk['sequential_mb_s']:,.0f} MB/s", flush=True)
+          f"sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s", flush=True)
     results = []
     for share in [float(s) for s in args.shares.split(",")]:
         for mode in args.modes.split(","):
             dropped = drop_page_cache()
             group = CGROUP_ROOT / f"morphpipe-bench-giant-{os.getpid()}-{mode}-{share}"
             group.mkdir()
+            process = None
             try:
                 command = [sys.executable, __file__, str(directory), "--child", f"{mode}:{share}:{group}",
                            "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--threads",
                            str(args.threads), "--io-threads", str(args.io_threads), "--seconds", str(args.seconds),
-                           "--max-batches", str(args.max_batches)]
-                run = subprocess.run(command, capture_output=True, text=True)
+                           "--max-batches", str(args.max_batches), "--max-seconds", str(args.max_seconds)]
+                process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                stdout, stderr = process.communicate()
             finally:
+                if process is not None and process.poll() is None:  # interrupted: the group goes once it is empty
+                    process.kill()
+                    process.wait()
                 group.rmdir()
-            if run.returncode != 0:
-                print(f"{mode} at share {share}: child failed ({run.returncode}):\n{run.stderr[-2000:]}", flush=True)
-                results.append({"mode": mode, "share": share, "failed": run.returncode, "stderr": run.stderr[-2000:]})
+            if process.returncode != 0:
+                print(f"{mode} at share {share}: child failed ({process.returncode}):\n{stderr[-2000:]}", flush=True)
+                results.append({"mode": mode, "share": share, "failed": process.returncode, "stderr": stderr[-2000:]})
                 continue
-            result = json.loads(run.stdout.strip().splitlines()[-1])
+            result = json.loads(stdout.strip().splitlines()[-1])
             result["page_cache_dropped"] = dropped
             results.append(result)
             print(row(result, disk), flush=True)
@@ -149,13 +165,17 @@ def row(result: dict, disk: dict) -> str:
     if "failed" in result:
         return f"| {result['mode']} | {result['share']:.0%} | failed (exit {result['failed']}) |"
     seconds = result["seconds"]
+    batches, rate = str(result["batches"]), f"{result['batches_per_s']:.3f}"
+    if result.get("capped"):  # stopped at --max-seconds: at most one more batch would have come in that time
+        batches += f" in {seconds:.0f} s (capped)"
+        rate = f"< {(result['batches'] + 1) / seconds:.3f}"
     read_mb_s = result["read_bytes"] / seconds / 1e6
     hit = f"{result['hit_ratio']:.1%}" if result.get("hit_ratio") is not None else "-"
     store_iops = result["store_reads"] / seconds if result.get("store_reads") is not None else None
     iops_share = f"{store_iops / disk['random_4k_iops']:.0%}" if store_iops is not None else "-"
     request = (f"{result['store_bytes'] / result['store_reads'] / 1024:,.1f}" if result.get("store_reads") else "-")
     return (f"| {result['mode']} | {result['share']:.0%} | {result['limit_bytes'] / 1e6:,.0f} | "
-            f"{result['cache_bytes'] / 1e6:,.0f} | {result['batches']} | {result['batches_per_s']:.3f} | {hit} | "
+            f"{result['cache_bytes'] / 1e6:,.0f} | {batches} | {rate} | {hit} | "
             f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_mb_s']:.0%}) | "
             f"{'-' if store_iops is None else f'{store_iops:,.0f}'} ({iops_share}) | {request} | "
             f"{result['peak_bytes'] / 1e6:,.0f} |")
@@ -163,19 +183,27 @@ def row(result: dict, disk: dict) -> str:
 
 def table(results: list[dict], disk: dict) -> str:
     header = ("| mode | limit (share of arrays) | limit MB | cache MB | batches | batches/s | hit ratio | "
-              "disk read MB/s (share of sequential) | store preads/s (share of random 4K IOPS) | KiB per pread | group peak MB |\n"
+              "disk read MB/s (share of sequential) | store preads/s (share of random 4K IOPS) | KiB per pread | "
+              "group peak MB |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [header] + [row(result, disk) for result in results]
-    baseline = {r["share"]: r["batches_per_s"] for r in results if r.get("mode") == "mmap" and "failed" not in r}
+    baseline = {r["share"]: r for r in results if r.get("mode") == "mmap" and "failed" not in r}
     for result in results:
-        if result.get("mode") != "mmap" and "failed" not in result and baseline.get(result["share"]):
-            lines.append(f"{result['mode']} / mmap at {result['share']:.0%}: "
-                         f"{result['batches_per_s'] / baseline[result['share']]:.1f}x")
+        mmap_run = baseline.get(result["share"])
+        if result.get("mode") != "mmap" and "failed" not in result and mmap_run:
+            if mmap_run.get("capped"):  # the baseline's rate is only bounded from above
+                bound = (mmap_run["batches"] + 1) / mmap_run["seconds"]
+                lines.append(f"{result['mode']} / mmap at {result['share']:.0%}: > "
+                             f"{result['batches_per_s'] / bound:.1f}x")
+            elif mmap_run["batches_per_s"] > 0:
+                lines.append(f"{result['mode']} / mmap at {result['share']:.0%}: "
+                             f"{result['batches_per_s'] / mmap_run['batches_per_s']:.1f}x")
     return "\n".join(lines)
 
 
 def cgroup_stat(group: Path) -> dict[str, int]:
-    return {key: int(value) for key, value in (line.split() for line in (group / "memory.stat").read_text().splitlines())}
+    lines = (group / "memory.stat").read_text().splitlines()
+    return {key: int(value) for key, value in (line.split() for line in lines)}
 
 
 def child(args) -> int:
@@ -226,26 +254,40 @@ def child(args) -> int:
     limit = int(1.15 * working + share * total)
     (group / "memory.limit_in_bytes").write_text(f"{limit}\n")
     (group / "memory.max_usage_in_bytes").write_text("0\n")
-    for _ in range(2):  # under the limit: what the kernel keeps settles
-        next(stream)
-    if store is not None:
-        store.reset_counters()
-    io_before = read_bytes()
-    started = time.perf_counter()
-    count = 0
-    while count < args.max_batches and (time.perf_counter() - started < args.seconds or count < 3):
-        next(stream)
-        count += 1
+    limited = time.perf_counter()
+    progress = {"count": 0, "started": None, "io_before": None}
+
+    def consume() -> None:
+        next(stream)  # under the limit: what the kernel keeps settles
+        if store is not None:
+            store.reset_counters()
+        progress["io_before"] = read_bytes()
+        progress["started"] = time.perf_counter()
+        while progress["count"] < args.max_batches and (
+                time.perf_counter() - progress["started"] < args.seconds or progress["count"] < 2):
+            next(stream)
+            progress["count"] += 1
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(timeout=args.max_seconds)  # a thrashing configuration reports what it managed by then
+    capped = consumer.is_alive()
+    count = progress["count"]
+    started = progress["started"] if progress["started"] is not None else limited
     elapsed = time.perf_counter() - started
     counters = store.counters() if store is not None else None
-    batcher.close()
+    if not capped:
+        batcher.close()
     print(json.dumps({
         "mode": mode, "share": share, "limit_bytes": limit, "working_bytes": working, "cache_bytes": cache_bytes,
-        "batches": count, "seconds": elapsed, "batches_per_s": count / elapsed,
-        "read_bytes": read_bytes() - io_before, "peak_bytes": int((group / "memory.max_usage_in_bytes").read_text()),
+        "batches": count, "seconds": elapsed, "batches_per_s": count / elapsed, "capped": capped,
+        "read_bytes": read_bytes() - (progress["io_before"] or read_bytes()),
+        "peak_bytes": int((group / "memory.max_usage_in_bytes").read_text()),
         "hit_ratio": counters.hit_ratio if counters else None, "store_reads": counters.reads if counters else None,
         "store_bytes": counters.bytes_read if counters else None, "torch_threads": torch.get_num_threads(),
-    }))
+    }), flush=True)
+    if capped:
+        os._exit(0)  # the consumer still waits in the native batcher; nothing else is left to do
     return 0
 
 

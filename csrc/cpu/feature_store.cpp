@@ -124,8 +124,8 @@ void FeatureStore::read_exactly(char* buffer, int64_t begin, int64_t end) const 
     if (got < 0 && errno == EINTR) continue;
     TORCH_CHECK(got >= 0, "features file ", path_, ": reading bytes [", begin, ", ", end, ") failed: ",
                 std::strerror(errno));
-    TORCH_CHECK(got > 0, "features file ", path_, " ends at byte ", request_begin + done, ", but row data reaches byte ",
-                end, " (the file held ", file_size_, " bytes when the dataset was opened): it was truncated or "
+    TORCH_CHECK(got > 0, "features file ", path_, " ends at byte ", request_begin + done,
+                ", but row data reaches byte ", end, " (the file held ", file_size_, " bytes when the dataset was opened): it was truncated or "
                 "replaced while in use; restore it (or regenerate the dataset) and load it again");
     done += got;
   }

@@ -70,7 +70,8 @@ def npy_layout(path: str | os.PathLike) -> NpyLayout:
 
 
 def hotness_order(hotness: torch.Tensor) -> torch.Tensor:
-    """Row ids from the hottest to the coldest (ties: the lower id first); a static cache of k rows holds the first k."""
+    """Row ids from the hottest to the coldest (ties: the lower id first); a static cache of k rows holds the
+    first k."""
     return torch.argsort(hotness, descending=True, stable=True)
 
 
