@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--fanouts", default="15,10,5")
     parser.add_argument("--threads", type=int, default=2, help="batcher worker threads (default 2)")
-    parser.add_argument("--io-threads", type=int, default=16, help="feature store I/O threads (default 16)")
+    parser.add_argument("--io-threads", type=int, default=48, help="feature store I/O threads (default 48, the store's)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration (default 20)")
     parser.add_argument("--max-batches", type=int, default=200)
     parser.add_argument("--max-seconds", type=float, default=150.0,

@@ -48,7 +48,7 @@ def test_info_says_which_tier_each_array_is_on(tmp_path, capsys):
     assert "tiers       indptr RAM; indices memory-mapped (page cache); features memory-mapped (page cache);" in out
     run("data", "info", str(tmp_path), "--features-on-disk", "--feature-cache-mb", "0.0384")  # 300 rows of 128 B
     out = capsys.readouterr().out
-    assert ("features disk (feature store, 16 I/O threads, O_DIRECT), 300 hottest rows (10.0%, 0.0 MB) cached "
+    assert ("features disk (feature store, 48 I/O threads, O_DIRECT), 300 hottest rows (10.0%, 0.0 MB) cached "
             "in RAM") in out
 
 
