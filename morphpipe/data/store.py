@@ -153,7 +153,7 @@ class GraphStore:
 
         `features_on_disk` opens a FeatureStore on features.npy (features are then memory-mapped whatever `mmap`
         says): the CPU batcher reads rows from the file with `io_threads` threads, the hottest rows by in-degree
-        cached in `feature_cache_bytes` of RAM."""
+        cached in `feature_cache_bytes` of RAM. `validate` still scans the features once, through the map."""
         meta = read_meta(path)
         arrays = {name: load_array(path, name, mmap=name in MMAP_FIELDS and (mmap or features_on_disk and
                                                                              name == "features"))
