@@ -179,3 +179,18 @@ def test_a_file_cut_short_or_unreadable_is_refused_naming_it(tmp_path):
                                             0, False)
     with pytest.raises(RuntimeError, match=f"features file {tmp_path}: reading bytes \\[0, 4\\) failed"):
         unreadable.gather(torch.tensor([0]))
+
+
+def test_a_read_error_on_an_io_thread_reaches_the_caller(tmp_path):
+    """Reads far apart go to several I/O threads; the error of any of them comes back to the caller."""
+    directory = tmp_path / "rows"
+    directory.mkdir()
+    for index in range(400):  # a directory whose size spans many pages, and which pread refuses to read
+        (directory / f"{index:0200d}").touch()
+    num_rows = os.path.getsize(directory) // 4
+    if num_rows < 20_000:
+        pytest.skip(f"this file system keeps {directory} at {num_rows * 4} bytes")
+    unreadable = native.load().FeatureStore(str(directory), 0, num_rows, 1, torch.float32,
+                                            torch.empty(0, dtype=torch.long), 4, False)
+    with pytest.raises(RuntimeError, match=f"features file {directory}: reading bytes .* failed: Is a directory"):
+        unreadable.gather(torch.arange(0, 20_000, 2000))  # 8 KB apart: ten separate reads
