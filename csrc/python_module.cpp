@@ -1,13 +1,17 @@
 // Python bindings for what is not a stateless op: the threaded CPU batcher, the feature store and build facts.
 #include <torch/extension.h>
 
+#include <string>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "cpu/cpu_batcher.h"
+#include "cpu/cpu_capability.h"
 #include "cpu/disk_probe.h"
 #include "cpu/feature_store.h"
+#include "cpu/hetero_batcher.h"
 #ifdef MORPHPIPE_WITH_CUDA
 #include "cuda/host_pinning.h"
 #endif
@@ -16,6 +20,8 @@ namespace py = pybind11;
 using morphpipe::CpuBatch;
 using morphpipe::CpuBatcher;
 using morphpipe::FeatureStore;
+using morphpipe::HeteroCpuBatch;
+using morphpipe::HeteroCpuBatcher;
 
 namespace {
 
@@ -23,6 +29,12 @@ py::object batch_to_python(std::optional<CpuBatch> batch) {
   if (!batch) return py::none();
   return py::make_tuple(batch->batch_index, batch->seeds, batch->input_nodes, batch->block_indptrs,
                         batch->block_indices, batch->x, batch->y, batch->build_seconds);
+}
+
+py::object hetero_batch_to_python(std::optional<HeteroCpuBatch> batch) {
+  if (!batch) return py::none();
+  return py::make_tuple(batch->batch_index, batch->seeds, batch->nodes, batch->indptrs, batch->indices, batch->counts,
+                        batch->x, batch->y, batch->build_seconds);
 }
 
 int openmp_max_threads() {
@@ -45,6 +57,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return false;
 #endif
   });
+
+  m.def(
+      "cpu_capability", [] { return std::string(morphpipe::capability_name(morphpipe::active_cpu_capability())); },
+      "the instruction-set level the CPU kernels run at: baseline, avx2 or avx512");
+  m.def("set_cpu_capability", &morphpipe::set_cpu_capability, py::arg("name"),
+        "runs the CPU kernels at level `name`; ValueError when it is unknown or this CPU lacks it");
+  m.def("cpu_capabilities", &morphpipe::cpu_capabilities,
+        "(name, compiled into this build, supported by this CPU) for every level, lowest first");
+  m.def("take_dispatched_capabilities", &morphpipe::take_dispatched_capabilities,
+        "bit i set when a kernel of level i (baseline, avx2, avx512) ran since the last call; clears the record");
 
 #ifdef MORPHPIPE_WITH_CUDA
   m.def("cuda_host_register", &morphpipe::cuda::host_register, py::arg("tensor"), py::arg("read_only"),
@@ -122,4 +144,40 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("stop", &CpuBatcher::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_batches", &CpuBatcher::num_batches)
       .def_property_readonly("num_threads", &CpuBatcher::num_threads);
+
+  py::class_<HeteroCpuBatcher>(m, "HeteroCpuBatcher")
+      .def(py::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>,
+                    std::vector<at::Tensor>, std::vector<std::optional<at::Tensor>>, at::Tensor,
+                    std::vector<std::vector<int64_t>>, int64_t, int64_t, bool>(),
+           py::arg("type_offsets"), py::arg("src_types"), py::arg("dst_types"), py::arg("indptrs"), py::arg("indices"),
+           py::arg("features"), py::arg("labels"), py::arg("fanouts"), py::arg("num_threads"), py::arg("queue_size"),
+           py::arg("pin_memory"))
+      .def("start_epoch", &HeteroCpuBatcher::start_epoch, py::arg("order"), py::arg("batch_size"),
+           py::arg("drop_last"), py::arg("epoch_seed"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "next",
+          [](HeteroCpuBatcher& self) {
+            std::optional<HeteroCpuBatch> batch;
+            {
+              py::gil_scoped_release release;
+              batch = self.next();
+            }
+            return hetero_batch_to_python(std::move(batch));
+          },
+          "(batch_index, seeds, nodes, indptrs, indices, counts, x, y, build_seconds) or None at epoch end")
+      .def(
+          "build",
+          [](HeteroCpuBatcher& self, const at::Tensor& seeds, int64_t batch_index, int64_t epoch_seed) {
+            std::optional<HeteroCpuBatch> batch;
+            {
+              py::gil_scoped_release release;
+              batch = self.build(seeds, batch_index, epoch_seed);
+            }
+            return hetero_batch_to_python(std::move(batch));
+          },
+          py::arg("seeds"), py::arg("batch_index"), py::arg("epoch_seed"),
+          "batch `batch_index` of `seeds` built on the calling thread, as an epoch with `epoch_seed` builds it")
+      .def("stop", &HeteroCpuBatcher::stop, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_batches", &HeteroCpuBatcher::num_batches)
+      .def_property_readonly("num_threads", &HeteroCpuBatcher::num_threads);
 }

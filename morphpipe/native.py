@@ -19,6 +19,8 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +37,8 @@ PREBUILT_INFO = Path(__file__).resolve().parent / "_native_build.json"
 CXX_FLAGS = ("-O3", "-fopenmp", "-Wall", "-Wno-unused-function")
 NVCC_FLAGS = ("-O3", "--use_fast_math", "-DMORPHPIPE_WITH_CUDA")
 LD_FLAGS = ("-fopenmp",)
+# Forces the instruction-set level of the CPU kernels (baseline, avx2, avx512); unset: the best this CPU supports.
+CPU_CAPABILITY_ENV = "MORPHPIPE_CPU_CAPABILITY"
 REINSTALL = ("`pip install --force-reinstall --no-deps <source checkout, sdist or git URL>` packages the sources "
              "(compiled on first use); with --no-build-isolation it compiles them in against the installed torch")
 _lock = threading.Lock()
@@ -212,17 +216,74 @@ def load(verbose: bool = False) -> ModuleType:
         config = build_config()
         if config.prebuilt_torch is not None:
             try:
-                _module = importlib.import_module(PREBUILT_MODULE)
+                module = importlib.import_module(PREBUILT_MODULE)
             except ImportError as error:
                 _failure = NativeBuildError(f"the prebuilt native ops {PREBUILT_MODULE} failed to load ({error}); "
                                             "reinstall morphpipe against the installed torch")
                 raise _failure from error
-            return _module
-        from morphpipe.build_lock import build_lock  # here: setup.py loads this file alone, without the package
+        else:
+            from morphpipe.build_lock import build_lock  # here: setup.py loads this file alone, without the package
 
-        with build_lock(config.build_dir):
-            _module = _compile_and_load(config, verbose)
+            with build_lock(config.build_dir):
+                module = _compile_and_load(config, verbose)
+        _apply_cpu_capability(module)
+        _module = module
         return _module
+
+
+def choose_cpu_capability(requested: str | None, levels: list[tuple[str, bool, bool]]) -> str:
+    """The level to run the CPU kernels at: `requested` (from $MORPHPIPE_CPU_CAPABILITY) when this build and CPU
+    have it, else ValueError naming the choices; None: the highest level `levels` (name, compiled, supported;
+    lowest first, as the extension reports them) marks supported."""
+    supported = [name for name, _, usable in levels if usable]
+    if requested is None:
+        return supported[-1]
+    known = {name: (built, usable) for name, built, usable in levels}
+    if requested not in known:
+        raise ValueError(f"{CPU_CAPABILITY_ENV}={requested!r} is not a CPU capability; choose one of "
+                         f"{', '.join(known)} (this CPU: {', '.join(supported)}), or unset it for the best")
+    built, usable = known[requested]
+    if not usable:
+        lacking = "this CPU lacks its instructions" if built else "this build compiled no kernels for it"
+        raise ValueError(f"{CPU_CAPABILITY_ENV}={requested!r} cannot run here ({lacking}); choose one of "
+                         f"{', '.join(supported)}, or unset it for the best")
+    return requested
+
+
+def _apply_cpu_capability(module: ModuleType) -> None:
+    """Runs the CPU kernels at the level $MORPHPIPE_CPU_CAPABILITY names, else at the best this CPU supports."""
+    requested = os.environ.get(CPU_CAPABILITY_ENV, "").strip() or None
+    module.set_cpu_capability(choose_cpu_capability(requested, module.cpu_capabilities()))
+
+
+def cpu_capability_info() -> str:
+    """The instruction-set level the CPU kernels run at, whether it was forced, and what else there is."""
+    module = load()
+    levels = module.cpu_capabilities()
+    supported = [name for name, _, usable in levels if usable]
+    compiled = [name for name, built, _ in levels if built]
+    active = module.cpu_capability()
+    why = (f"forced by {CPU_CAPABILITY_ENV}" if os.environ.get(CPU_CAPABILITY_ENV, "").strip()
+           else "the best this CPU supports")
+    return f"{active} ({why}; this CPU supports {', '.join(supported)}; compiled: {', '.join(compiled)})"
+
+
+def supported_cpu_capabilities() -> list[str]:
+    """The levels this build holds kernels for and this CPU can run, lowest first."""
+    return [name for name, _, usable in load().cpu_capabilities() if usable]
+
+
+@contextmanager
+def forced_cpu_capability(name: str) -> Iterator[None]:
+    """Runs the CPU kernels at level `name` inside the block (benchmarks, tests), then at the level before; the level
+    is the process's, so kernels that other threads run meanwhile take it too."""
+    module = load()
+    before = module.cpu_capability()
+    module.set_cpu_capability(name)
+    try:
+        yield
+    finally:
+        module.set_cpu_capability(before)
 
 
 def _compile_and_load(config: BuildConfig, verbose: bool) -> ModuleType:

@@ -1,4 +1,4 @@
-"""Checks of user-given numbers: integers within a range (int64 at most) and finite floats.
+"""Checks of user-given numbers: integers within a range (int64 at most) and finite floats; byte counts for people.
 
 The command line's argument types (morphpipe.commands.arguments) and the Python API's boundaries
 (batchers, samplers, native ops) share them, so NaN, an infinity, text or an integer beyond int64
@@ -77,3 +77,8 @@ def _number(value: float) -> str:
 def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def format_bytes(count: float) -> str:
+    """`count` bytes in MiB (GiB from 1 GiB up), for messages and logs."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"

@@ -33,8 +33,8 @@ import torch
 from morphpipe import ops
 from morphpipe.data import GraphStore, load_dataset
 from morphpipe.data.generators import POWER_LAW, GeneratorSpec, generate
-from morphpipe.executor.evaluate import accuracy, full_accuracy
-from morphpipe.executor.layerwise import layerwise_inference
+from morphpipe.nn.evaluate import accuracy, full_accuracy
+from morphpipe.nn.layerwise import layerwise_inference
 from morphpipe.nn import SAGEConv, build_model
 from morphpipe.ops import community, graph_kernel
 from morphpipe.ops.community import GraphBlock

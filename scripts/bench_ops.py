@@ -10,6 +10,8 @@ widths (GraphSAGE 128->256, GCN 128->16, GAT 128->4x64; L1 takes the previous la
 Per op: aggregate (mean, max), gcn_aggregate and gat_attention, fused versus reference; and the
 first-layer projection of a sparse bag-of-words-like input (1433 features, 1% non-zero, -> 256)
 with the sparsity-aware transform versus a dense `nn.Linear`.
+Fused at every CPU instruction-set level (`--cpu-levels`, default all this CPU supports: baseline, avx2,
+avx512), forced in turn (`morphpipe.native.forced_cpu_capability`), interleaved with the rest.
 Time: best and median of `--repeats` interleaved runs after a warm-up. Peak memory: growth of the
 resident set over one run, measured in a fresh process per (case, implementation) with the
 high-water mark reset first (`/proc/self/clear_refs`), so every allocation counts, inside ops too.
@@ -39,12 +41,13 @@ from pathlib import Path
 
 import torch
 
-from morphpipe import ops
+from morphpipe import native, ops
 from morphpipe.data import GraphStore, load_dataset
 from morphpipe.data.generators import COMMUNITY, GeneratorSpec, generate
 from morphpipe.nn import GATConv, GCNConv, SAGEConv
 from morphpipe.ops.choice import DECISIONS
 from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
+from morphpipe.profiler.ceiling import isa_flags
 from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.sampling import sample_neighbors
 from morphpipe.sampling.minibatch import Block
@@ -87,6 +90,7 @@ class Result:
     choices: dict[str, str] = field(default_factory=dict)
     max_abs_diff_vs_pyg: float | None = None
     order_ms: dict[str, float] = field(default_factory=dict)  # fused layer with each re-association forced
+    level_ms: dict[str, float] = field(default_factory=dict)  # fused at each CPU instruction-set level forced
 
 
 def load_workload(source: str, layer: int) -> tuple[Block, int]:
@@ -249,14 +253,28 @@ def measure_memory(case: Case, implementation: str, threads: int) -> float:
     return json.loads(output.strip().splitlines()[-1])["peak_bytes"] / 2**20
 
 
-def time_case(case: Case, repeats: int) -> Result:
-    """Interleaved timings of every implementation of `case`, the fused choices, and agreement with PyG."""
+def at_cpu_level(level: str, runner: Runner) -> Runner:
+    """`runner` with the native CPU kernels forced to instruction-set level `level` while it runs."""
+    forward, step = runner
+
+    def forced_step() -> None:
+        with native.forced_cpu_capability(level):
+            step()
+
+    return forward, forced_step
+
+
+def time_case(case: Case, repeats: int, cpu_levels: list[str]) -> Result:
+    """Interleaved timings of every implementation of `case`, the fused one at each of `cpu_levels` too, the fused
+    choices, and agreement with PyG."""
     block, in_dim = load_workload(case.source, case.layer)
     implementations = IMPLEMENTATIONS["op" if case.kind.startswith("op:") else "layer"]
     runners = {name: make_runner(case, name, block, in_dim) for name in implementations}
     if case.kind in LAYERS:
         for order in DECISIONS[f"{case.kind}.order"]:
             runners[order] = make_runner(case, "fused", block, in_dim, {f"{case.kind}.order": order})
+    for level in cpu_levels:
+        runners[f"cpu:{level}"] = at_cpu_level(level, make_runner(case, "fused", block, in_dim))
     ops.clear_choices()
     for _, step in runners.values():
         step()
@@ -273,6 +291,7 @@ def time_case(case: Case, repeats: int) -> Result:
             step()
             samples[name].append((time.perf_counter() - start) * 1e3)
     best = {name: min(times) for name, times in samples.items()}
+    result.level_ms = {name.removeprefix("cpu:"): best.pop(name) for name in list(best) if name.startswith("cpu:")}
     result.order_ms = {name: best.pop(name) for name in list(best) if name not in implementations}
     result.best_ms = best
     result.median_ms = {name: statistics.median(samples[name]) for name in best}
@@ -286,6 +305,8 @@ def machine() -> dict[str, object]:
     facts = HardwareFacts.detect()
     return {
         "cpu": facts.cpu_model,
+        "cpu_flags": " ".join(isa_flags()),
+        "cpu_kernels": native.cpu_capability_info(),
         "cores": facts.logical_cores,
         "threads": torch.get_num_threads(),
         "memory_gib": round(facts.memory_bytes / 2**30, 1),
@@ -321,6 +342,14 @@ def table(results: list[Result]) -> str:
             faster = min(r.order_ms, key=r.order_ms.get)
             lines.append(f"| {r.case} | {chosen} | {r.order_ms['aggregate_first']:.1f} | {r.order_ms['project_first']:.1f}"
                          f" | {'yes' if chosen == faster else 'no'} |")
+    levels = list(results[0].level_ms) if results else []
+    if levels:
+        lines += ["", "| case (fused) | " + " | ".join(f"{level} ms" for level in levels) + " | "
+                  + " | ".join(f"{level} speedup" for level in levels[1:]) + " |", "|" + "---|" * (2 * len(levels))]
+        for r in results:
+            base = r.level_ms[levels[0]]
+            lines.append(f"| {r.case} | " + " | ".join(f"{r.level_ms[level]:.1f}" for level in levels) + " | "
+                         + " | ".join(f"{base / r.level_ms[level]:.2f}x" for level in levels[1:]) + " |")
     return "\n".join(lines)
 
 
@@ -335,6 +364,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--no-memory", action="store_true", help="skip the per-process peak-memory probes")
     parser.add_argument("--out", default="bench_ops.json")
+    parser.add_argument("--cpu-levels", nargs="*", default=None,
+                        help="CPU instruction-set levels to time the fused case at (default: every level this CPU "
+                             "supports; none: skip)")
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -348,10 +380,11 @@ def main() -> None:
     if not args.no_full_graph:
         cases += [Case(FULL_GRAPH, 0, kind) for kind in LAYERS + OPS]
     cases = [case for case in cases if case.kind in args.kinds]
+    cpu_levels = native.supported_cpu_capabilities() if args.cpu_levels is None else args.cpu_levels
     load_before = os.getloadavg()
     results = []
     for case in cases:
-        result = time_case(case, args.repeats)
+        result = time_case(case, args.repeats, cpu_levels)
         if not args.no_memory:
             result.peak_mib = {name: measure_memory(case, name, args.threads) for name in result.best_ms}
         print(f"{case.name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in result.best_ms.items())

@@ -1,7 +1,9 @@
 """Benchmark: the C++ CPU batcher versus a plain PyTorch reference sampler, 1..N threads.
 
 Default graph: the `bench-1m` preset (power law, 1M nodes, average degree 20, 128 float16
-features); fanouts 15,10,5; batch 1024. Prints a table and writes JSON. Not a test.
+features); fanouts 15,10,5; batch 1024. Prints a table and writes JSON. Not a test. Each row's feature rows
+gathered per second is shown as a share of the random row-gather ceiling of the features' row size measured here
+with all threads (`morphpipe.profiler.ceiling`).
 Usage: python scripts/bench_sampler.py [--dataset bench-1m] [--batches 40] [--out bench_sampler.json]
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from morphpipe.cores import usable_cores
 from morphpipe.data import load_dataset
+from morphpipe.profiler.ceiling import measure_memory_ceiling, share
 from morphpipe.sampling import MiniBatch
 from morphpipe.sampling.cpu_batcher import blocks_from_native
 from morphpipe.sampling.throughput import cpu_batcher_by_threads, measure_throughput, measurement_seeds
@@ -84,26 +87,37 @@ def main() -> None:
     reference = measure_throughput(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks)
 
     results = cpu_batcher_by_threads(graph, fanouts, args.batch_size, seeds, args.max_threads, pin_memory=False)
+    row_bytes = graph.features.shape[1] * graph.features.element_size()
+    torch.set_num_threads(args.max_threads)
+    ceiling = measure_memory_ceiling(row_bytes=(row_bytes,))
     for row in results:
         row["speedup_vs_reference_1_thread"] = row["batches_per_s"] / reference.batches_per_s
         row["scaling_vs_1_thread"] = row["batches_per_s"] / results[0]["batches_per_s"]
+        row["rows_per_s"] = row["input_nodes_per_batch"] * row["batches_per_s"]
 
     print(f"graph {args.dataset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.features.shape[1]} x {graph.features.dtype}; fanouts {fanouts}, batch {args.batch_size}, "
           f"{args.batches} batches per row")
-    print(f"{'sampler':<22}{'batches/s':>11}{'Medges/s':>10}{'GB/s feat':>11}{'vs ref':>8}{'vs 1 thr':>10}")
+    gather_ceiling = ceiling.gather_rows_per_s[row_bytes]
+    print(f"ceiling ({args.max_threads} threads): random {row_bytes}-byte row gather "
+          f"{gather_ceiling / 1e6:.1f} M rows/s, copy {ceiling.copy_gb_per_s:.1f} GB/s (morphpipe.profiler.ceiling)")
+    print(f"{'sampler':<22}{'batches/s':>11}{'Medges/s':>10}{'GB/s feat':>11}{'Mrows/s':>9}{'of ceil':>9}"
+          f"{'vs ref':>8}{'vs 1 thr':>10}")
+    reference_rows = reference.input_nodes_per_batch * reference.batches_per_s
     print(f"{'pytorch reference, 1':<22}{reference.batches_per_s:>11.2f}{reference.edges_per_s / 1e6:>10.2f}"
-          f"{reference.feature_bytes_per_s / 1e9:>11.3f}{1.0:>8.2f}{'':>10}")
+          f"{reference.feature_bytes_per_s / 1e9:>11.3f}{reference_rows / 1e6:>9.2f}"
+          f"{share(reference_rows, gather_ceiling):>9}{1.0:>8.2f}{'':>10}")
     for row in results:
         print(f"{'morphpipe C++, ' + str(row['threads']):<22}{row['batches_per_s']:>11.2f}"
               f"{row['edges_per_s'] / 1e6:>10.2f}{row['feature_bytes_per_s'] / 1e9:>11.3f}"
+              f"{row['rows_per_s'] / 1e6:>9.2f}{share(row['rows_per_s'], gather_ceiling):>9}"
               f"{row['speedup_vs_reference_1_thread']:>8.2f}{row['scaling_vs_1_thread']:>10.2f}")
     report = {
         "date": date.today().isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),
                     "torch": torch.__version__},
         "dataset": args.dataset, "fanouts": fanouts, "batch_size": args.batch_size,
-        "reference_1_thread": reference.to_dict(), "morphpipe": results,
+        "reference_1_thread": reference.to_dict(), "morphpipe": results, "ceiling": ceiling.to_dict(),
     }
     with open(args.out, "w") as handle:
         json.dump(report, handle, indent=2)

@@ -6,10 +6,14 @@ per-step time (median of the timed steps after one warm-up) and the step's peak 
           (`morphpipe.ops.step_variant.LEGACY_STEP`, the step as it was), and
   fused:  the fused bias + ReLU + dropout op, SAGE's projections in one GEMM pass, fused Adam
           (`FUSED_STEP`, the default),
-both on the same pre-sampled batches; a torch.profiler per-op breakdown of one step of each
-(default preset, the largest thread count); and `morphpipe train <preset> --auto --epochs 2`
-epoch times before and after (a fresh process each): "legacy" is the product as it was (the legacy
-step, torch's allocator without huge pages), "fused" as it is (`morphpipe.huge_pages`). The
+both on the same pre-sampled batches, with the fused step's GEMM floor (its own mm/addmm products, recorded
+from a step, at torch mm's best float32 rate: `morphpipe.profiler.ceiling`) and its share of the step; the
+fused step in bf16 (`TrainStep(precision="bf16")`: bfloat16 autocast, float32 master weights) and at every
+CPU instruction-set level (`--cpu-levels`, default all this CPU supports), these taking turns step by step; a
+torch.profiler per-op breakdown of one step of each (default preset, the largest thread count); and
+`morphpipe train <preset> --auto --epochs 2` epoch times before and after (a fresh process each): "legacy" is
+the product as it was (the legacy step, torch's allocator without huge pages), "fused" as it is
+(`morphpipe.huge_pages`). The
 per-step table runs both variants in this process, under its own environment: run it once more
 with THP_MEM_ALLOC_ENABLE=0 to time both without huge pages.
 
@@ -21,6 +25,7 @@ setting every tensor of 128 KiB or more would be fresh memory, and page faults w
 
 Usage: python scripts/bench_train_step.py [--presets default,bench-1m] [--models sage,gcn,gat]
          [--threads 1,2] [--steps default=4,bench-1m=2] [--train-epochs 2] [--no-train] [--json out.json]
+         [--cpu-levels baseline,avx2,avx512]
 """
 from __future__ import annotations
 
@@ -50,6 +55,9 @@ from morphpipe.nn.train_step import TrainStep, make_optimizer  # noqa: E402
 from morphpipe.huge_pages import HUGE_PAGES_ENV, huge_pages  # noqa: E402
 from morphpipe.openmp_env import wait_policy  # noqa: E402
 from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, StepVariant, use_step_variant  # noqa: E402
+from morphpipe import native  # noqa: E402
+from morphpipe.profiler.ceiling import isa_flags, measure_gemm, recorded_gemm_shapes, share  # noqa: E402
+from morphpipe.profiler.hardware import HardwareFacts  # noqa: E402
 from morphpipe.sampling import CpuBatcher  # noqa: E402
 
 VARIANTS: dict[str, StepVariant] = {"legacy": LEGACY_STEP, "fused": FUSED_STEP}
@@ -84,17 +92,23 @@ def sample_batches(graph, count: int) -> list:
     return batches
 
 
-def new_step(name: str, graph) -> TrainStep:
+def new_step(name: str, graph, precision: str = "float32") -> TrainStep:
     torch.manual_seed(0)
     model = build_model(name, graph.feature_dim, graph.num_classes)
-    return TrainStep(model, make_optimizer(model.parameters(), 3e-3, "cpu"))
+    return TrainStep(model, make_optimizer(model.parameters(), 3e-3, "cpu"), precision=precision)
 
 
-def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int) -> dict[str, float]:
-    """Median seconds per step and the largest step peak (MiB above the RSS before it), after one warm-up step."""
+def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int,
+               gemm_ceiling: bool = True) -> dict[str, float]:
+    """Median seconds per step and the largest step peak (MiB above the RSS before it), after one warm-up step;
+    with `gemm_ceiling`, also the step's GEMM floor: its own products (recorded) at torch mm's best float32 rate."""
     with use_step_variant(variant):
         step = new_step(name, graph)
         step(batches[0])
+        floor = {}
+        if gemm_ceiling:
+            ceiling = measure_gemm(recorded_gemm_shapes(lambda: step(batches[0])), torch.float32)
+            floor = {"gemm_floor_s": ceiling.seconds, "gemm_gflop_per_s": ceiling.gflop_per_s}
         seconds, peaks = [], []
         for i in range(steps):
             batch = batches[1 + i % (len(batches) - 1)]
@@ -105,7 +119,26 @@ def time_steps(name: str, graph, batches: list, variant: StepVariant, steps: int
             step(batch)
             seconds.append(time.perf_counter() - start)
             peaks.append((status_kib("VmHWM") - before) / 1024)
-    return {"step_s": statistics.median(seconds), "peak_mib": max(peaks)}
+    return {"step_s": statistics.median(seconds), "peak_mib": max(peaks), **floor}
+
+
+def time_configurations(name: str, graph, batches: list, cpu_levels: tuple[str, ...], steps: int) -> dict[str, float]:
+    """Median seconds of the fused step at each CPU level of `cpu_levels` (float32) and in bf16 (at the level in use),
+    the configurations taking turns step by step so that a changing machine load falls on all of them alike."""
+    configurations = {level: (level, "float32") for level in cpu_levels}
+    configurations["bf16"] = (native.load().cpu_capability(), "bf16")
+    seconds: dict[str, list[float]] = {config: [] for config in configurations}
+    with use_step_variant(FUSED_STEP):
+        trainers = {config: new_step(name, graph, precision) for config, (_, precision) in configurations.items()}
+        for i in range(steps + 1):  # the first round warms each up
+            batch = batches[i % len(batches)]
+            for config, (level, _) in configurations.items():
+                with native.forced_cpu_capability(level):
+                    start = time.perf_counter()
+                    trainers[config](batch)
+                    if i:
+                        seconds[config].append(time.perf_counter() - start)
+    return {config: statistics.median(times) for config, times in seconds.items()}
 
 
 def op_breakdown(name: str, graph, batches: list, variant: StepVariant) -> list[tuple[str, float]]:
@@ -143,9 +176,11 @@ def train_epochs(preset: str, variant: str, epochs: int) -> dict[str, object]:
 
 
 def measure_steps(presets: list[str], models: list[str], threads: list[int], steps: dict[str, int],
-                  report: dict[str, object] | None = None):
-    """Yields (preset, model, threads, variant, time_steps result) for every combination; with `report`, also
-    the per-op breakdown of each model on the first preset at the largest thread count."""
+                  report: dict[str, object] | None = None, cpu_levels: tuple[str, ...] = ()):
+    """Yields (preset, model, threads, variant, time_steps result) for every combination, and the fused step at each
+    of `cpu_levels` and in bf16 (variants "fused@LEVEL", "fused@bf16", taking turns: `time_configurations`); with
+    `report`, also the per-op breakdown of each model on the first preset at the largest thread count and the GEMM
+    floors."""
     for preset in presets:
         graph = load_dataset(preset)
         count = steps.get(preset, 2)
@@ -155,7 +190,10 @@ def measure_steps(presets: list[str], models: list[str], threads: list[int], ste
                 torch.set_num_threads(count_threads)
                 for variant in VARIANTS:
                     yield preset, name, count_threads, variant, time_steps(name, graph, batches, VARIANTS[variant],
-                                                                           count)
+                                                                           count, gemm_ceiling=report is not None)
+                if report is not None:
+                    for config, seconds in time_configurations(name, graph, batches, cpu_levels, count).items():
+                        yield preset, name, count_threads, f"fused@{config}", {"step_s": seconds}
             if report is not None and preset == presets[0]:
                 torch.set_num_threads(max(threads))
                 report["ops"][name] = {variant: op_breakdown(name, graph, batches, VARIANTS[variant])
@@ -182,6 +220,9 @@ def main() -> None:
     parser.add_argument("--train-epochs", type=int, default=2)
     parser.add_argument("--no-train", action="store_true", help="skip the `morphpipe train` runs")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--cpu-levels", default=None,
+                        help="CPU instruction-set levels to time the fused step at, e.g. baseline,avx2,avx512 "
+                             "(default: every level this CPU supports; '' to skip)")
     parser.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     presets = args.presets.split(",")
@@ -195,16 +236,26 @@ def main() -> None:
             json.dump(peaks, out)
         return
     peaks = measure_peaks(args)
+    cpu_levels = tuple(native.supported_cpu_capabilities() if args.cpu_levels is None
+                       else [level for level in args.cpu_levels.split(",") if level])
     report: dict[str, object] = {
         "machine": f"{platform.node()} {os.cpu_count()} cpus, torch {torch.__version__}",
         "omp_wait_policy": wait_policy().line(), "huge_pages": huge_pages().line(), "steps": [], "ops": {},
         "train": {}}
-    print(f"# {report['machine']}; OpenMP wait policy {report['omp_wait_policy']}; "
+    report["cpu"] = f"{HardwareFacts.detect().cpu_model} ({' '.join(isa_flags())}); CPU kernels " \
+                    f"{native.cpu_capability_info()}; load {os.getloadavg()[0]:.1f}"
+    print(f"# {report['machine']}; {report['cpu']}; OpenMP wait policy {report['omp_wait_policy']}; "
           f"huge pages for large tensors {report['huge_pages']}")
-    print("| preset | model | threads | legacy step s | fused step s | speedup | legacy peak MiB | fused peak MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| preset | model | threads | legacy step s | fused step s | speedup | legacy peak MiB | fused peak MiB "
+          "| fused GEMM floor s (share of step) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows: dict[tuple[str, str, int], dict[str, dict[str, float]]] = {}
-    for preset, name, count_threads, variant, result in measure_steps(presets, models, threads, steps, report):
+    levels: dict[tuple[str, str, int], dict[str, float]] = {}
+    for preset, name, count_threads, variant, result in measure_steps(presets, models, threads, steps, report,
+                                                                      cpu_levels):
+        if "@" in variant:
+            levels.setdefault((preset, name, count_threads), {})[variant.split("@")[1]] = result["step_s"]
+            continue
         result["peak_mib"] = peaks[f"{preset} {name} {count_threads} {variant}"]
         row = rows.setdefault((preset, name, count_threads), {})
         row[variant] = result
@@ -214,7 +265,25 @@ def main() -> None:
         report["steps"].append({"preset": preset, "model": name, "threads": count_threads, **row, "speedup": speedup})
         print(f"| {preset} | {name} | {count_threads} | {row['legacy']['step_s']:.3f} | "
               f"{row['fused']['step_s']:.3f} | {speedup:.2f}x | {row['legacy']['peak_mib']:.0f} | "
-              f"{row['fused']['peak_mib']:.0f} |", flush=True)
+              f"{row['fused']['peak_mib']:.0f} | {row['fused']['gemm_floor_s']:.3f} "
+              f"({share(row['fused']['gemm_floor_s'], row['fused']['step_s'])}) |", flush=True)
+    report["cpu_levels"] = {" ".join(map(str, key)): value for key, value in levels.items()}
+    print("\n| preset | model | threads | fused float32 step s | fused bf16 step s | bf16 speedup |")
+    print("|---|---|---|---|---|---|")
+    active = native.load().cpu_capability()
+    for (preset, name, count_threads), by_config in levels.items():
+        float32 = by_config[active] if active in by_config else rows[(preset, name, count_threads)]["fused"]["step_s"]
+        print(f"| {preset} | {name} | {count_threads} | {float32:.3f} | {by_config['bf16']:.3f} | "
+              f"{float32 / by_config['bf16']:.2f}x |")
+    if cpu_levels:
+        print(f"\n| preset | model | threads | " + " | ".join(f"fused step s, {level}" for level in cpu_levels)
+              + " | " + " | ".join(f"{level} speedup" for level in cpu_levels[1:]) + " |")
+        print("|---|---|---|" + "---|" * (2 * len(cpu_levels) - 1))
+        for (preset, name, count_threads), by_level in levels.items():
+            base = by_level[cpu_levels[0]]
+            print(f"| {preset} | {name} | {count_threads} | "
+                  + " | ".join(f"{by_level[level]:.3f}" for level in cpu_levels) + " | "
+                  + " | ".join(f"{base / by_level[level]:.2f}x" for level in cpu_levels[1:]) + " |")
     for name, variants in report["ops"].items():
         for variant, ops in variants.items():
             listed = ", ".join(f"{op} {ms:.0f}" for op, ms in ops)

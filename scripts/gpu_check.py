@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     problem = cuda_problem()
     if problem is not None:
         print(f"gpu_check: no CUDA GPU here ({problem}); nothing was run or measured. Run this on a machine with "
-              "a CUDA GPU, a CUDA build of torch and nvcc (see README, 'First contact with a GPU').", file=sys.stderr)
+              "a CUDA GPU, a CUDA build of torch and nvcc (see docs/gpu-route.md, 'First contact with a GPU').",
+              file=sys.stderr)
         return NO_CUDA_EXIT
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ WIDE = "tests/ops/test_wide_and_params.py"
 NN = "tests/nn/test_layer_params.py"
 DIST = "tests/distributed/test_without_processes.py"
 REPLAN = "tests/executor/test_replan.py"
-LAYERWISE = "tests/executor/test_layerwise.py"
+LAYERWISE = "tests/nn/test_layerwise.py"
 COMMUNITY = "tests/ops/test_community.py"
 GPU_BATCHER = "tests/sampling/test_gpu_batcher.py"
 BACKEND = "tests/sampling/test_backend_check.py"
@@ -25,6 +25,7 @@ CHECKPOINT = "tests/test_bad_input_api.py"
 OUTPUTS = "tests/commands/test_bad_input_outputs.py"
 FEATURE_STORE = "tests/data/test_feature_store.py"
 UNIFORM = "tests/sampling/test_torch_path_uniform.py"
+CAPABILITY = "tests/ops/test_cpu_capability.py"
 
 MUTANTS: list[dict] = [
     # --- executor ------------------------------------------------------------------------------------
@@ -84,7 +85,7 @@ MUTANTS: list[dict] = [
          find="if after.start < before.end - tolerance_s:",
          replace="if after.start < before.start - tolerance_s:",
          tests=[f"{GUARDS}::test_overlap_check_fires_on_one_lane_only"], ci=True),
-    dict(name="accuracy-mean-of-batch-accuracies", file="morphpipe/executor/evaluate.py",
+    dict(name="accuracy-mean-of-batch-accuracies", file="morphpipe/nn/evaluate.py",
          find="correct += int((logits.argmax(dim=1) == batch.y).sum())",
          replace="correct += float((logits.argmax(dim=1) == batch.y).float().mean()) * seeds.numel() / len(batcher)",
          tests=[f"{GUARDS}::test_accuracy_is_correct_seeds_over_all_seeds"], ci=False),
@@ -199,17 +200,17 @@ MUTANTS: list[dict] = [
          replace="if self.reprofile is None or self.reprofiled or not faster:",
          tests=["tests/executor/test_replan.py::test_a_quiet_profile_is_never_taken_again"], ci=False),
     # --- C++ kernels (csrc/cpu; --all only) -----------------------------------------------------------------
-    dict(name="cpp-dropout-mask-bits-packed-reversed", file="csrc/cpu/bias_act_dropout.cpp",
+    dict(name="cpp-dropout-mask-bits-packed-reversed", file="csrc/cpu/bias_act_dropout_kernels.h",
          find="word |= static_cast<uint32_t>((bytes * 0x0102040810204080ULL) >> 56) << (8 * part);",
          replace="word |= static_cast<uint32_t>((bytes * 0x8040201008040201ULL) >> 56) << (8 * part);",
          tests=["tests/ops/test_bias_act_dropout.py::test_the_mask_is_the_specified_counter_based_hash"], ci=False),
-    dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate.cpp",
+    dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate_kernels.h",
          find="""      std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
          replace="""      if (f0 == 0) std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
          tests=[f"{WIDE}::test_weighted_sum_and_mean_at_every_width"], ci=False),
-    dict(name="cpp-gat-gradient-default-slope", file="csrc/cpu/gat.cpp",
+    dict(name="cpp-gat-gradient-default-slope", file="csrc/cpu/gat_kernels.h",
          find="return raw > acc_t(0) ? acc_t(1) : slope;",
          replace="return raw > acc_t(0) ? acc_t(1) : acc_t(0.2);",
          tests=[f"{WIDE}::test_gat_at_every_width_heads_and_slope"], ci=False),
@@ -289,15 +290,15 @@ MUTANTS: list[dict] = [
          replace='keys = ("kind", "n_cpu", "n_gpu", "gbs",',
          tests=[f"{REPLAN}::test_uva_transfer_scales_with_gpu_batching_and_schedules_differ_in_any_field"], ci=False),
     # layer-wise inference
-    dict(name="layerwise-chunk-degrees-local", file="morphpipe/executor/layerwise.py",
+    dict(name="layerwise-chunk-degrees-local", file="morphpipe/nn/layerwise.py",
          find="int(src_ids.numel()), int(dst.numel()), self.out_degrees[src_ids])",
          replace="int(src_ids.numel()), int(dst.numel()))",
          tests=[f"{LAYERWISE}::test_layerwise_equals_whole_graph"], ci=False),
-    dict(name="layerwise-local-ids-not-reset", file="morphpipe/executor/layerwise.py",
+    dict(name="layerwise-local-ids-not-reset", file="morphpipe/nn/layerwise.py",
          find="self._local[src_ids] = -1",
          replace="self._local[dst] = -1",
          tests=[f"{LAYERWISE}::test_layerwise_equals_whole_graph"], ci=False),
-    dict(name="layerwise-budget-ignores-live-table", file="morphpipe/executor/layerwise.py",
+    dict(name="layerwise-budget-ignores-live-table", file="morphpipe/nn/layerwise.py",
          find="if size + live_bytes <= self.budget:",
          replace="if size <= self.budget:",
          tests=[f"{LAYERWISE}::test_tables_memory_mapped_when_over_budget"], ci=False),
@@ -395,9 +396,9 @@ MUTANTS: list[dict] = [
          replace="out.sum().backward()",
          tests=[f"{BACKEND}::test_subtly_wrong_ops_fail_the_check[gradient-of-next-row]"], ci=False),
     # stream bookkeeping, pinning
-    dict(name="streams-block-indices-not-recorded", file="morphpipe/sampling/streams.py",
-         find="yield from (block.indptr, block.indices)",
-         replace="yield from (block.indptr,)",
+    dict(name="streams-block-indices-not-recorded", file="morphpipe/sampling/minibatch.py",
+         find="return [self.indptr, self.indices, *([] if self.src_degrees is None else [self.src_degrees])]",
+         replace="return [self.indptr, *([] if self.src_degrees is None else [self.src_degrees])]",
          tests=[f"{STREAMS}::test_every_cross_stream_use_waits_on_an_event_and_is_recorded"], ci=False),
     dict(name="pinning-last-user-minus-one-unregisters", file="morphpipe/sampling/pinning.py",
          find="if self._counts[key] > 0:",
@@ -468,6 +469,19 @@ MUTANTS: list[dict] = [
          find="    os.rename(aside, staging)\n",
          replace="",
          tests=[f"{OUTPUTS}::test_replacing_a_directory_without_renameat2_leaves_only_the_new_one"], ci=False),
+    # --- issue 23: CPU instruction-set levels, bf16 training ---------------------------------------------------
+    dict(name="cpu-level-the-cpu-lacks-accepted", file="morphpipe/native.py",
+         find="    if not usable:\n        lacking =",
+         replace="    if not usable and not built:\n        lacking =",
+         tests=[f"{CAPABILITY}::test_a_cpu_without_avx512_gets_avx2_and_refuses_avx512"], ci=False),
+    dict(name="cpp-dispatch-avx2-runs-avx512-kernels", file="csrc/cpu/cpu_capability.h",
+         find="""      namespace isa = ::morphpipe::avx2;""",
+         replace="""      namespace isa = ::morphpipe::avx512;""",
+         tests=[f"{CAPABILITY}::test_every_level_agrees_with_the_baseline"], ci=False),
+    dict(name="bf16-step-runs-float32", file="morphpipe/nn/train_step.py",
+         find='enabled=precision == "bf16")',
+         replace="enabled=False)",
+         tests=["tests/nn/test_precision.py"], ci=False),
     # --- issue 21: the feature store ---------------------------------------------------------------------
     dict(name="feature-store-caches-the-coldest-rows", file="morphpipe/data/feature_store.py",
          find="return torch.argsort(hotness, descending=True, stable=True)",

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from morphpipe.data import load_dataset
+from morphpipe.ops import force_choices
 
 
 def make_graph(num_nodes: int, index_dtype=torch.int32, seed: int = 0, num_classes: int = 5):
@@ -37,3 +38,16 @@ def make_graph(num_nodes: int, index_dtype=torch.int32, seed: int = 0, num_class
 def tiny():
     """The `tiny` preset dataset, loaded once per test module."""
     return load_dataset("tiny", progress=False)
+
+
+@pytest.fixture
+def community_cache(tmp_path, monkeypatch):
+    """Partitions go to a per-test directory; the whole-graph path runs plain CSR unless a test forces otherwise
+    (the selector is tested in tests/ops/test_community.py), still counted; one intra-op thread (tiny ops on a
+    loaded 2-core machine otherwise wait for the second thread every call)."""
+    monkeypatch.setenv("MORPHPIPE_COMMUNITY_CACHE", str(tmp_path / "communities"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with force_choices({"graph.kernel": "csr"}):
+        yield
+    torch.set_num_threads(threads)

@@ -10,137 +10,12 @@
 #include "common/aggregate_checks.h"
 #include "cpu/aggregate_common.h"
 
+#define MORPHPIPE_KERNELS "cpu/aggregate_kernels.h"
+#include "cpu/for_each_capability.h"
+
 namespace morphpipe {
 
 namespace {
-
-// out[i] = dst_scale[i] * (sum_e w[e] src_scale[j] x[j] + self_loop * src_scale[i] x[i]).
-template <typename scalar_t>
-void spmm_sum_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* x, int64_t num_x, int64_t F,
-                     const acc_type<scalar_t>* w, const acc_type<scalar_t>* ss, const acc_type<scalar_t>* ds,
-                     bool self_loop, int64_t rows, const int64_t* order, scalar_t* out) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t nnz = ptr[rows];
-  for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
-    acc_t buf[kFeatureTile];
-    const acc_t scale = ds ? ds[i] : acc_t(1);
-    const bool self = self_loop && i < num_x;
-    for (int64_t f0 = 0; f0 < F; f0 += kFeatureTile) {
-      const int64_t n = std::min(kFeatureTile, F - f0);
-      std::fill(buf, buf + n, acc_t(0));
-      if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);
-      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
-        if (e + kPrefetchEdges < nnz) prefetch_row(x + idx[e + kPrefetchEdges] * F + f0, n);
-        const int64_t j = idx[e];
-        const acc_t coef = (w ? w[e] : acc_t(1)) * (ss ? ss[j] : acc_t(1));
-        axpy(buf, x + j * F + f0, coef, n);
-      }
-      scalar_t* o = out + i * F + f0;
-      for (int64_t f = 0; f < n; ++f) o[f] = static_cast<scalar_t>(buf[f] * scale);
-    }
-  }, order);
-}
-
-// The adjoint of spmm_sum, scattered to sources with atomic adds into an accumulation buffer.
-template <typename scalar_t>
-void spmm_sum_scatter_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* g, int64_t F,
-                             const acc_type<scalar_t>* w, const acc_type<scalar_t>* ss,
-                             const acc_type<scalar_t>* ds, bool self_loop, int64_t rows, int64_t num_src,
-                             acc_type<scalar_t>* out) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t nnz = ptr[rows];
-  for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
-    const acc_t scale = ds ? ds[i] : acc_t(1);
-    const scalar_t* gi = g + i * F;
-    if (self_loop && i < num_src) atomic_axpy(out + i * F, gi, scale * (ss ? ss[i] : acc_t(1)), F);
-    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
-      const int64_t j = idx[e];
-      atomic_axpy(out + j * F, gi, scale * (w ? w[e] : acc_t(1)) * (ss ? ss[j] : acc_t(1)), F);
-    }
-  });
-}
-
-// out[i, f] = max_e w[e] x[j, f], arg[i, f] = the first edge e attaining it; zeros and -1 for empty rows.
-template <typename scalar_t>
-void spmm_max_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* x, int64_t F,
-                     const acc_type<scalar_t>* w, int64_t rows, const int64_t* order, scalar_t* out, int64_t* arg) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t nnz = ptr[rows];
-  for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
-    acc_t best[kFeatureTile];
-    int64_t where[kFeatureTile];
-    const int64_t beg = ptr[i], end = ptr[i + 1];
-    for (int64_t f0 = 0; f0 < F; f0 += kFeatureTile) {
-      const int64_t n = std::min(kFeatureTile, F - f0);
-      scalar_t* o = out + i * F + f0;
-      int64_t* a = arg + i * F + f0;
-      if (beg == end) {
-        std::fill(o, o + n, scalar_t(0));
-        std::fill(a, a + n, int64_t(-1));
-        continue;
-      }
-      std::fill(best, best + n, -std::numeric_limits<acc_t>::infinity());
-      std::fill(where, where + n, beg);
-      for (int64_t e = beg; e < end; ++e) {
-        if (e + kPrefetchEdges < nnz) prefetch_row(x + idx[e + kPrefetchEdges] * F + f0, n);
-        const scalar_t* xj = x + idx[e] * F + f0;
-        const acc_t coef = w ? w[e] : acc_t(1);
-        for (int64_t f = 0; f < n; ++f) {
-          const acc_t v = coef * static_cast<acc_t>(xj[f]);
-          const bool better = v > best[f];
-          best[f] = better ? v : best[f];
-          where[f] = better ? e : where[f];
-        }
-      }
-      for (int64_t f = 0; f < n; ++f) {
-        o[f] = static_cast<scalar_t>(best[f]);
-        a[f] = where[f];
-      }
-    }
-  }, order);
-}
-
-// Routes each max's gradient to its argmax edge: grad_x by atomic scatter, grad_weight per edge.
-template <typename scalar_t>
-void spmm_max_backward_kernel(const int64_t* idx, const int64_t* arg, const scalar_t* g, const scalar_t* x,
-                              int64_t F, const acc_type<scalar_t>* w, int64_t rows, acc_type<scalar_t>* grad_x,
-                              acc_type<scalar_t>* grad_w) {
-  using acc_t = acc_type<scalar_t>;
-  for_each_row(rows, rows * F, [&](int64_t i) {
-    for (int64_t f = 0; f < F; ++f) {
-      const int64_t e = arg[i * F + f];
-      if (e < 0) continue;
-      const int64_t j = idx[e];
-      const acc_t gv = static_cast<acc_t>(g[i * F + f]);
-      if (grad_x) {
-        const acc_t v = gv * (w ? w[e] : acc_t(1));
-#pragma omp atomic
-        grad_x[j * F + f] += v;
-      }
-      // Edges of row i belong to row i alone: no other thread writes grad_w[e].
-      if (grad_w) grad_w[e] += gv * static_cast<acc_t>(x[j * F + f]);
-    }
-  });
-}
-
-// out[e] = dot(a[i], b[indices[e]]) for every edge e of row i.
-template <typename scalar_t>
-void sddmm_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* a, const scalar_t* b, int64_t F,
-                  int64_t rows, acc_type<scalar_t>* out) {
-  using acc_t = acc_type<scalar_t>;
-  const int64_t nnz = ptr[rows];
-  for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
-    const scalar_t* ai = a + i * F;
-    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
-      if (e + kPrefetchEdges < nnz) prefetch_row(b + idx[e + kPrefetchEdges] * F, F);
-      const scalar_t* bj = b + idx[e] * F;
-      acc_t dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t f = 0; f < F; ++f) dot += static_cast<acc_t>(ai[f]) * static_cast<acc_t>(bj[f]);
-      out[e] = dot;
-    }
-  });
-}
 
 at::Tensor spmm_sum_cpu(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& x,
                         const std::optional<at::Tensor>& edge_weight, const std::optional<at::Tensor>& src_scale,
@@ -154,9 +29,10 @@ at::Tensor spmm_sum_cpu(const at::Tensor& indptr, const at::Tensor& indices, con
   auto out = at::empty({rows, F}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "spmm_sum_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
-    spmm_sum_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), x.data_ptr<scalar_t>(),
-                              x.size(0), F, optional_data<acc_t>(edge_weight), optional_data<acc_t>(src_scale),
-                              optional_data<acc_t>(dst_scale), self_loop, rows, order, out.data_ptr<scalar_t>());
+    MORPHPIPE_CPU_DISPATCH(isa::spmm_sum_kernel<scalar_t>(
+        indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), x.data_ptr<scalar_t>(), x.size(0), F,
+        optional_data<acc_t>(edge_weight), optional_data<acc_t>(src_scale), optional_data<acc_t>(dst_scale), self_loop,
+        rows, order, out.data_ptr<scalar_t>()));
   });
   return out;
 }
@@ -173,10 +49,10 @@ at::Tensor spmm_sum_scatter_cpu(const at::Tensor& indptr, const at::Tensor& indi
   auto out = at::zeros({num_src, F}, grad.options().dtype(acc));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "spmm_sum_scatter_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
-    spmm_sum_scatter_kernel<scalar_t>(
+    MORPHPIPE_CPU_DISPATCH(isa::spmm_sum_scatter_kernel<scalar_t>(
         indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), grad.data_ptr<scalar_t>(), F,
         optional_data<acc_t>(edge_weight), optional_data<acc_t>(src_scale), optional_data<acc_t>(dst_scale),
-        self_loop, rows, num_src, out.data_ptr<acc_t>());
+        self_loop, rows, num_src, out.data_ptr<acc_t>()));
   });
   return out.to(grad.scalar_type());
 }
@@ -193,9 +69,9 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_cpu(const at::Tensor& indptr, const 
   auto arg = at::empty({rows, F}, x.options().dtype(at::kLong));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "spmm_max_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
-    spmm_max_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), x.data_ptr<scalar_t>(), F,
-                              optional_data<acc_t>(edge_weight), rows, order, out.data_ptr<scalar_t>(),
-                              arg.data_ptr<int64_t>());
+    MORPHPIPE_CPU_DISPATCH(isa::spmm_max_kernel<scalar_t>(
+        indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), x.data_ptr<scalar_t>(), F,
+        optional_data<acc_t>(edge_weight), rows, order, out.data_ptr<scalar_t>(), arg.data_ptr<int64_t>()));
   });
   return {out, arg};
 }
@@ -216,10 +92,10 @@ std::tuple<at::Tensor, at::Tensor> spmm_max_backward_cpu(const at::Tensor& indic
   at::Tensor grad_w = need_grad_weight ? at::zeros({nnz}, grad.options().dtype(acc)) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "spmm_max_backward_cpu", [&] {
     using acc_t = acc_type<scalar_t>;
-    spmm_max_backward_kernel<scalar_t>(indices.data_ptr<int64_t>(), arg, grad.data_ptr<scalar_t>(),
-                                       x.data_ptr<scalar_t>(), F, optional_data<acc_t>(edge_weight), rows,
-                                       need_grad_x ? grad_x.data_ptr<acc_t>() : nullptr,
-                                       need_grad_weight ? grad_w.data_ptr<acc_t>() : nullptr);
+    MORPHPIPE_CPU_DISPATCH(isa::spmm_max_backward_kernel<scalar_t>(
+        indices.data_ptr<int64_t>(), arg, grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), F,
+        optional_data<acc_t>(edge_weight), rows, need_grad_x ? grad_x.data_ptr<acc_t>() : nullptr,
+        need_grad_weight ? grad_w.data_ptr<acc_t>() : nullptr));
   });
   return {need_grad_x ? grad_x.to(grad.scalar_type()) : at::Tensor(), grad_w};
 }
@@ -231,8 +107,9 @@ at::Tensor sddmm_cpu(const at::Tensor& indptr, const at::Tensor& indices, const 
   const int64_t rows = indptr.numel() - 1;
   auto out = at::empty({indices.numel()}, a.options().dtype(accumulate_dtype(a)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "sddmm_cpu", [&] {
-    sddmm_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), a.data_ptr<scalar_t>(),
-                           b.data_ptr<scalar_t>(), a.size(1), rows, out.data_ptr<acc_type<scalar_t>>());
+    MORPHPIPE_CPU_DISPATCH(isa::sddmm_kernel<scalar_t>(indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(),
+                                                       a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), a.size(1), rows,
+                                                       out.data_ptr<acc_type<scalar_t>>()));
   });
   return out;
 }

@@ -1,7 +1,6 @@
 #include "cpu/cpu_batcher.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "common/random.h"
@@ -21,7 +20,8 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, std::optional<at::
       feature_store_(std::move(feature_store)),
       fanouts_(std::move(fanouts)),
       num_threads_(num_threads),
-      queue_size_(queue_size) {
+      queue_size_(queue_size),
+      window_(std::max<int64_t>(queue_size, 1)) {
   check_cpu_topology(indptr_, indices_);
   check_fanouts(fanouts_);
   const int64_t num_nodes = indptr_.numel() - 1;
@@ -47,21 +47,9 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, std::optional<at::
   const size_t tensors_per_batch = 2 * fanouts_.size() + 4;
   const size_t batches_held = static_cast<size_t>(queue_size_ + num_threads_ + 2);
   pool_ = BufferPool::create(at::TensorOptions().pinned_memory(pin_memory), tensors_per_batch * batches_held);
-  window_.resize(queue_size_);
 }
 
 CpuBatcher::~CpuBatcher() { stop(); }
-
-void CpuBatcher::stop() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  window_open_.notify_all();
-  batch_ready_.notify_all();
-  for (auto& worker : workers_) worker.join();
-  workers_.clear();
-}
 
 void CpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed) {
   stop();
@@ -69,18 +57,14 @@ void CpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool d
               "order: expected a 1-D int64 tensor of seed ids, got ", order.scalar_type());
   TORCH_CHECK(batch_size >= 1, "batch_size: need at least 1 seed per batch, got ", batch_size);
   const int64_t num_seeds = order.numel();
-  std::lock_guard<std::mutex> lock(mutex_);
   order_ = order.contiguous();
   batch_size_ = batch_size;
-  num_batches_ = drop_last ? num_seeds / batch_size : (num_seeds + batch_size - 1) / batch_size;
   epoch_seed_ = splitmix64(static_cast<uint64_t>(epoch_seed));
-  next_to_claim_ = 0;
-  next_to_deliver_ = 0;
-  for (auto& slot : window_) slot.reset();
-  error_ = nullptr;
-  stopping_ = false;
-  const int64_t useful_threads = std::min(num_threads_, std::max<int64_t>(num_batches_, 1));
-  for (int64_t t = 0; t < useful_threads; ++t) workers_.emplace_back(&CpuBatcher::worker_loop, this);
+  const int64_t num_batches = drop_last ? num_seeds / batch_size : (num_seeds + batch_size - 1) / batch_size;
+  window_.start(num_batches, num_threads_, [this]() -> OrderedWindow<CpuBatch>::Builder {
+    auto sampler = std::make_shared<NeighborSampler>(indptr_, indices_, fanouts_);
+    return [this, sampler](int64_t batch_index) { return build_batch(*sampler, batch_index); };
+  });
 }
 
 CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) {
@@ -112,56 +96,6 @@ CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) 
   const int64_t* labels = labels_.data_ptr<int64_t>();
   int64_t* y = batch.y.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) y[i] = labels[seeds[i]];
-  return batch;
-}
-
-void CpuBatcher::worker_loop() {
-  NeighborSampler sampler(indptr_, indices_, fanouts_);
-  while (true) {
-    int64_t batch_index;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      window_open_.wait(lock, [&] {
-        return stopping_ || next_to_claim_ >= num_batches_ || next_to_claim_ < next_to_deliver_ + queue_size_;
-      });
-      if (stopping_ || next_to_claim_ >= num_batches_) return;
-      batch_index = next_to_claim_++;
-    }
-    try {
-      const auto started = std::chrono::steady_clock::now();
-      CpuBatch batch = build_batch(sampler, batch_index);
-      batch.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      std::lock_guard<std::mutex> lock(mutex_);
-      window_[batch_index % queue_size_] = std::move(batch);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!error_) error_ = std::current_exception();
-      stopping_ = true;
-      window_open_.notify_all();
-    }
-    batch_ready_.notify_all();
-  }
-}
-
-std::optional<CpuBatch> CpuBatcher::next() {
-  std::optional<CpuBatch> batch;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (next_to_deliver_ >= num_batches_) return std::nullopt;
-    auto& slot = window_[next_to_deliver_ % queue_size_];
-    batch_ready_.wait(lock, [&] { return error_ || stopping_ || slot.has_value(); });
-    if (error_) {
-      std::exception_ptr error = error_;
-      lock.unlock();
-      stop();
-      std::rethrow_exception(error);
-    }
-    TORCH_CHECK(slot.has_value(), "CpuBatcher.next: the epoch was stopped; start a new epoch");
-    batch = std::move(slot);
-    slot.reset();
-    ++next_to_deliver_;
-  }
-  window_open_.notify_all();
   return batch;
 }
 

@@ -7,13 +7,11 @@
 
 #include "cpu/buffer_pool.h"
 #include "cpu/feature_store.h"
+#include "cpu/ordered_window.h"
 
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
-#include <mutex>
+#include <memory>
 #include <optional>
-#include <thread>
 #include <vector>
 
 namespace morphpipe {
@@ -47,16 +45,15 @@ class CpuBatcher {
 
   // Blocks until the next batch in order is ready; std::nullopt once the epoch is exhausted.
   // Re-throws, on the caller's thread, the first exception raised by any worker.
-  std::optional<CpuBatch> next();
+  std::optional<CpuBatch> next() { return window_.next(); }
 
   // Stops the workers and drops batches not yet consumed.
-  void stop();
+  void stop() { window_.stop(); }
 
-  int64_t num_batches() const { return num_batches_; }
+  int64_t num_batches() const { return window_.num_batches(); }
   int64_t num_threads() const { return num_threads_; }
 
  private:
-  void worker_loop();
   CpuBatch build_batch(class NeighborSampler& sampler, int64_t batch_index);
 
   at::Tensor indptr_, indices_, features_, labels_;
@@ -68,18 +65,8 @@ class CpuBatcher {
 
   at::Tensor order_;
   int64_t batch_size_ = 0;
-  int64_t num_batches_ = 0;
   uint64_t epoch_seed_ = 0;
-
-  std::mutex mutex_;
-  std::condition_variable window_open_;   // workers wait for room in the window
-  std::condition_variable batch_ready_;   // the consumer waits for the next batch
-  int64_t next_to_claim_ = 0;
-  int64_t next_to_deliver_ = 0;
-  std::vector<std::optional<CpuBatch>> window_;  // slot batch_index % queue_size
-  std::exception_ptr error_;
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  OrderedWindow<CpuBatch> window_;
 };
 
 }  // namespace morphpipe

@@ -10,6 +10,7 @@
 
 #include "common/sampler_checks.h"
 #include "common/sampling.h"
+#include "cpu/choose_offsets.h"
 
 namespace morphpipe {
 
@@ -34,26 +35,6 @@ int64_t NeighborSampler::local_id(int64_t node) {
   const int64_t local = node_map_.insert(node, static_cast<int64_t>(nodes_.size()), inserted);
   if (inserted) nodes_.push_back(node);
   return local;
-}
-
-void NeighborSampler::choose_offsets(int64_t degree, int64_t count, Xoshiro256& rng) {
-  chosen_.clear();
-  if (count <= kFloydMaxFanout) {
-    // Floyd's algorithm: exactly `count` draws, each subset equally likely.
-    for (int64_t upper = degree - count; upper < degree; ++upper) {
-      const int64_t draw = static_cast<int64_t>(rng.below(static_cast<uint64_t>(upper) + 1));
-      const bool seen = std::find(chosen_.begin(), chosen_.end(), draw) != chosen_.end();
-      chosen_.push_back(seen ? upper : draw);
-    }
-    return;
-  }
-  shuffle_.resize(degree);
-  for (int64_t i = 0; i < degree; ++i) shuffle_[i] = i;
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t j = i + static_cast<int64_t>(rng.below(static_cast<uint64_t>(degree - i)));
-    std::swap(shuffle_[i], shuffle_[j]);
-    chosen_.push_back(shuffle_[i]);
-  }
 }
 
 template <typename index_t>
@@ -103,7 +84,7 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
       for (int64_t offset = 0; offset < degree; ++offset) node_map_.prefetch(neighbours[offset]);
       for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
     } else {
-      choose_offsets(degree, taken, rng);
+      choose_offsets(degree, taken, rng, chosen_, shuffle_);
       for (const int64_t offset : chosen_) node_map_.prefetch(neighbours[offset]);
       for (const int64_t offset : chosen_) emit(neighbours[offset]);
     }

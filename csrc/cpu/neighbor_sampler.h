@@ -38,9 +38,6 @@ class NeighborSampler {
   void sample_hop(const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
                   int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices);
 
-  // Draws `count` distinct offsets in [0, degree) into chosen_ (uniform over subsets).
-  void choose_offsets(int64_t degree, int64_t count, Xoshiro256& rng);
-
   int64_t local_id(int64_t node);
 
   at::Tensor indptr_;

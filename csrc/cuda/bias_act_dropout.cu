@@ -32,7 +32,7 @@ __global__ void bias_act_dropout_kernel(const scalar_t* __restrict__ x, const sc
       bool keep = false;
       if (i < n) {
         acc_t y = static_cast<acc_t>(x[i]) + (bias ? static_cast<acc_t>(bias[i % features]) : acc_t(0));
-        if (relu && !(y > acc_t(0))) y = acc_t(0);
+        if (relu && y < acc_t(0)) y = acc_t(0);  // NaN stays NaN, as in torch.relu
         keep = !mask || dropout_bits(key, i) < threshold;
         out[i] = static_cast<scalar_t>(keep ? y * scale : acc_t(0));
       }

@@ -47,6 +47,23 @@ def number(minimum: float | None = None, maximum: float | None = None, *, above:
     return parse
 
 
+BYTE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def byte_size(text: str) -> int:
+    """An argparse `type=` for a size in bytes: a number with an optional K, M, G or T suffix (powers of 1024;
+    a trailing 'B' or 'iB' is allowed), e.g. 6G, 512MiB, 1.5G."""
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = cleaned[-1:] if cleaned[-1:] in BYTE_UNITS else ""
+    try:
+        value = float(cleaned[:len(cleaned) - len(unit)]) * BYTE_UNITS[unit]
+    except ValueError:
+        value = float("nan")
+    if not value >= 1 or value > INT64_MAX:
+        raise argparse.ArgumentTypeError(f"must be a size such as 6G, 512M or 1048576 (bytes), got {text!r}")
+    return int(value)
+
+
 def split_fractions(text: str) -> SplitFractions:
     """An argparse `type=` for train,val,test fractions such as 0.6,0.2,0.2."""
     try:

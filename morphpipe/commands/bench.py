@@ -7,8 +7,8 @@ import json
 from morphpipe.commands import arguments
 from morphpipe.commands.workload import parse_int_list
 from morphpipe.cores import usable_cores
+from morphpipe.nn.task import NodeClassification
 from morphpipe.outputs import check_output_file, write_text_atomic
-from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.throughput import measure_throughput
 
 
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'threads':>7}{'batches/s':>11}{'Medges/s':>10}{'GB/s feat':>11}{'MB/batch':>10}")
     rows = []
     for count in threads:
-        with CpuBatcher(graph, fanouts, args.batch_size, num_threads=count) as batcher:
+        with NodeClassification().batcher(graph, fanouts, args.batch_size, num_threads=count) as batcher:
             result = measure_throughput(batcher, max_batches=args.batches)
         rows.append({"threads": count, **result.to_dict()})
         print(f"{count:>7}{result.batches_per_s:>11.2f}{result.edges_per_s / 1e6:>10.2f}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from morphpipe.commands import bench, data, evaluate, info, simulate, train, tune
@@ -11,8 +12,20 @@ from morphpipe.commands import bench, data, evaluate, info, simulate, train, tun
 COMMAND_MODULES = (tune, train, evaluate, simulate, bench, data, info)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser (sub-commands inherit it) whose one unclear refusal gets its fix: an option's value that
+    begins with '-' and is not a plain negative number (`--split -0.1,0.5,0.6`) is read as another option."""
+
+    def error(self, message: str):
+        missing = re.fullmatch(r"argument (\S+): expected one argument", message)
+        if missing is not None:
+            option = missing.group(1).split("/")[-1]
+            message += f" (a value that begins with '-' is attached with '=': {option}=VALUE)"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="morphpipe",
         description="Hardware-adaptive mini-batch GNN training: profile, plan, train.",
     )

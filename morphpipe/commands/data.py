@@ -22,13 +22,17 @@ from morphpipe.commands import arguments
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
-from morphpipe.data.ondisk import check_graph_output
+from morphpipe.data.hetero_convert import from_igbh, from_ogb_mag
+from morphpipe.data.hetero_generator import MagSpec, generate_hetero
+from morphpipe.data.ondisk import check_graph_output, nearest_existing_dir
 from morphpipe.data.presets import PRESETS, get_preset
-from morphpipe.data.store import GraphStore, ensure_preset, load_dataset
+from morphpipe.data.store import GraphStore, ensure_preset, load_dataset, load_graph_dir
 from morphpipe.data.summary import summarize
 from morphpipe.data.validation import GraphValidationError
 
-CONVERTERS = ("edgelist", "scipy", "ogb", "pyg")
+CONVERTERS = ("edgelist", "scipy", "ogb", "ogb-hetero", "igbh", "pyg")
+MEMORY_BUDGET_HELP = ("memory the build may use, e.g. 6G (default: half the available memory); edges beyond it are "
+                      "sorted on disk in runs, and a budget below what the per-node arrays need is refused")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,6 +69,7 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", help="dataset name recorded in meta.json")
     parser.add_argument("--root", help="dataset cache directory (default: $MORPHPIPE_DATA_DIR or "
                                        "~/.cache/morphpipe/datasets)")
+    parser.add_argument("--memory-budget", type=arguments.byte_size, help=MEMORY_BUDGET_HELP)
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_generate)
@@ -90,10 +95,15 @@ def run_generate(args: argparse.Namespace) -> int:
                 named = sorted(changed) + (["name"] if args.name else [])
                 raise ValueError(f"options {', '.join(named)} change the preset; the cache only holds presets as "
                                  "defined, so give -o DIR")
-            path = ensure_preset(preset, root=args.root, progress=progress, regenerate=args.force)
+            path = ensure_preset(preset, root=args.root, progress=progress, regenerate=args.force,
+                                 memory_budget=args.memory_budget)
+        elif isinstance(preset.spec, MagSpec):
+            path = generate_hetero(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
+                                   preset=None if changed else preset.name, overwrite=args.force)
         else:
             path = generate(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
-                            preset=None if changed else preset.name, progress=progress, overwrite=args.force)
+                            preset=None if changed else preset.name, progress=progress, overwrite=args.force,
+                            memory_budget=args.memory_budget)
     else:
         if args.kind is None:
             raise ValueError(f"give a PRESET ({', '.join(PRESETS)}) or --kind {'|'.join(KINDS)}")
@@ -102,8 +112,12 @@ def run_generate(args: argparse.Namespace) -> int:
         changed.setdefault("avg_degree", 16.0)
         changed.setdefault("feature_dim", 64)
         spec = GeneratorSpec(kind=args.kind, **changed)
-        path = generate(spec, args.output, name=args.name, progress=progress, overwrite=args.force)
-    store = GraphStore.load(path, validate=False)
+        path = generate(spec, args.output, name=args.name, progress=progress, overwrite=args.force,
+                        memory_budget=args.memory_budget)
+    store = load_graph_dir(Path(path), validate=False)
+    if getattr(store, "is_hetero", False):
+        print(f"{store!r} -> {path} ({time.perf_counter() - started:.1f} s)")
+        return 0
     print(f"{store.name}: {store.num_nodes:,} nodes, {store.num_edges:,} edges, features {store.num_nodes:,} x "
           f"{store.feature_dim} {dtype_name(store.feature_dtype)} -> {path} "
           f"({time.perf_counter() - started:.1f} s)")
@@ -118,7 +132,9 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
                     "A[i, j] != 0 of a scipy matrix, OGB raw/edge.csv.gz rows, PyG edge_index columns. What the "
                     "source lacks comes from --features/--labels/--splits or is generated with --seed.")
     parser.add_argument("format", choices=CONVERTERS, help="edgelist: .npy (2,E)/(E,2) or csv/txt; scipy: .npz "
-                        "from scipy.sparse.save_npz; ogb: dataset directory with raw/ and split/; pyg: torch.save'd "
+                        "from scipy.sparse.save_npz; ogb: dataset directory with raw/ and split/; ogb-hetero: a heterogeneous OGB "
+                        "directory such as ogbn-mag (reverse relations added); igbh: a folder per node type (node_feat.npy, "
+                        "paper/node_label_19.npy) and per relation src__name__dst (edge_index.npy [E, 2]); pyg: torch.save'd "
                         "Data (unpickled: only convert files you trust)")
     parser.add_argument("source", help="input file or directory")
     parser.add_argument("-o", "--output", required=True, help="output graph directory")
@@ -135,6 +151,7 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=arguments.seed, default=0, help="seed for whatever is generated (0)")
     parser.add_argument("--split-scheme", help="ogb: the split/<scheme> directory, when there are several")
     parser.add_argument("--name", help="dataset name (default: from the source)")
+    parser.add_argument("--memory-budget", type=arguments.byte_size, help=MEMORY_BUDGET_HELP + " (beside the output)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
     parser.set_defaults(func=run_convert)
 
@@ -147,6 +164,7 @@ def run_convert(args: argparse.Namespace) -> int:
         make_undirected=args.undirected, drop_self_loops=args.drop_self_loops, dedupe=args.dedupe,
         num_nodes=args.num_nodes, name=args.name, seed=args.seed, split=args.split,
         feature_dim=args.feature_dim, num_classes=args.num_classes, progress=True,
+        memory_budget=args.memory_budget, scratch_dir=nearest_existing_dir(out.absolute().parent),
     )
     source = Path(args.source)
     if not source.exists():
@@ -167,6 +185,12 @@ def run_convert(args: argparse.Namespace) -> int:
         elif args.format == "scipy":
             matrix = read_input(source, "source", "a scipy.sparse .npz file", scipy.sparse.load_npz)
             store = from_scipy(matrix, options=options, **extra)
+        elif args.format == "ogb-hetero":
+            store = read_input(source, "source", "an OGB heterogeneous dataset directory",
+                               lambda path: from_ogb_mag(path, split_scheme=args.split_scheme, name=args.name))
+        elif args.format == "igbh":
+            store = read_input(source, "source", "an IGBH-style directory of per-type .npy files",
+                               lambda path: from_igbh(path, split=args.split, seed=args.seed, name=args.name))
         elif args.format == "ogb":
             store = read_input(source, "source", "an OGB node-property-prediction directory",
                                lambda path: from_ogb(path, split_scheme=args.split_scheme, options=options, **extra))
@@ -226,7 +250,11 @@ def run_info(args: argparse.Namespace) -> int:
     """Loads (and validates) the graph and prints its summary."""
     if args.feature_cache_mb < 0:
         raise ValueError(f"--feature-cache-mb: {args.feature_cache_mb} is negative; give 0 or more MB")
-    summary = summarize(load_dataset(args.target, root=args.root, features_on_disk=args.features_on_disk,
-                                     feature_cache_bytes=int(args.feature_cache_mb * 1e6)))
+    graph = load_dataset(args.target, root=args.root, features_on_disk=args.features_on_disk,
+                         feature_cache_bytes=int(args.feature_cache_mb * 1e6))
+    if getattr(graph, "is_hetero", False):
+        print(json.dumps({"summary": repr(graph)}) if args.json else repr(graph))
+        return 0
+    summary = summarize(graph)
     print(json.dumps(asdict(summary), indent=2) if args.json else summary)
     return 0

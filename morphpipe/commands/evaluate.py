@@ -5,11 +5,13 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from morphpipe.commands import arguments
 from morphpipe.commands.train import resolve_device
-from morphpipe.commands.workload import model_from_spec
-from morphpipe.executor.evaluate import EVAL_MODES
-from morphpipe.executor.trainer import SPLITS
+from morphpipe.commands.workload import model_from_spec, parse_relation_fanouts
+from morphpipe.nn.evaluate import EVAL_MODES
+from morphpipe.nn.task import SPLITS
 
 MIB = 1 << 20
 
@@ -41,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     """Loads the checkpoint and the data, rebuilds the model, prints the accuracy of each split."""
     from morphpipe.data import load_dataset
     from morphpipe.executor.checkpoint import load_checkpoint
-    from morphpipe.executor.evaluate import accuracy, full_accuracy
+    from morphpipe.nn.evaluate import accuracy, full_accuracy
+    from morphpipe.nn.task import EvalSettings, NodeClassification
     from morphpipe.ops.community import GraphBlock
 
     state = load_checkpoint(args.checkpoint)
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model.to(device)
     budget = None if args.memory_mb is None else args.memory_mb * MIB
-    block = GraphBlock.of(graph.indptr, graph.indices) if args.mode == "full" else None
+    typed = getattr(graph, "is_hetero", False)
+    block = GraphBlock.of(graph.indptr, graph.indices) if args.mode == "full" and not typed else None
     print(f"model {spec['name']} from {args.checkpoint} after {state.epoch} epochs; {args.mode} inference on "
           f"{graph.name} ({graph.num_nodes:,} nodes)")
     said: set[str] = set()
@@ -75,10 +79,16 @@ def run(args: argparse.Namespace) -> int:
     results = {}
     for split in SPLITS if args.split == "all" else (args.split,):
         seeds = getattr(graph, f"{split}_idx")
-        if args.mode == "full":
+        if args.mode == "full" and not typed:
             results[split] = full_accuracy(model, graph, seeds, device=device, chunk_size=args.chunk_size,
                                            memory_budget=budget, graph_block=block, progress=not args.no_progress,
                                            log=say_once)
+        elif typed:
+            relation_fanouts = spec.get("relation_fanouts")
+            task = NodeClassification(relation_fanouts=parse_relation_fanouts(relation_fanouts)
+                                      if relation_fanouts else None)
+            settings = EvalSettings(spec["fanouts"], batch_size=args.batch_size, mode=args.mode)
+            results[split] = task.evaluate(model, graph, seeds, settings, device=torch.device(device))
         else:
             results[split] = accuracy(model, graph, seeds, spec["fanouts"], batch_size=args.batch_size,
                                       device=device)

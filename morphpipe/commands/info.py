@@ -32,6 +32,7 @@ def native_status(verbose: bool = False) -> list[tuple[str, str]]:
     return [
         ("native ops", native.build_info()),
         ("CUDA kernels", "built" if module.built_with_cuda() else f"not built: {config.cuda_skip_reason}"),
+        ("CPU kernels", native.cpu_capability_info()),
         ("OpenMP threads", str(openmp) if openmp else "built without OpenMP"),
         ("OpenMP wait policy", wait_policy().line()),
         ("huge pages for large tensors", huge_pages().line()),

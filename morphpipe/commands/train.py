@@ -23,8 +23,10 @@ from morphpipe.commands.workload import (
     model_spec,
     workload_profiler,
     workload_settings,
+    workload_task,
 )
 from morphpipe.executor.replan import REPLAN_MODES, Replanner
+from morphpipe.executor.stopping import DEFAULT_GRACE_S
 from morphpipe.nn.finite_guard import ON_NONFINITE
 from morphpipe.outputs import check_output_dir, check_output_file
 from morphpipe.profiler.profile import Profile
@@ -84,6 +86,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="at a batch with labels outside the classes or a NaN/infinite loss or gradient: stop "
                              "with the epoch, batch and seeds (default), or skip-batch (no update for that batch; "
                              "skips are counted per epoch)")
+    parser.add_argument("--stop-grace", type=arguments.number(0.0), default=DEFAULT_GRACE_S, metavar="SECONDS",
+                        help="after SIGTERM mid epoch, finish and checkpoint the epoch if it ends within this many "
+                             f"seconds, else stop at the next step (default {DEFAULT_GRACE_S:g}; the scheduler's "
+                             "SIGTERM-to-SIGKILL wait, less the time a checkpoint takes)")
+    parser.add_argument("--precision", default="float32", choices=["float32", "bf16", "auto"],
+                        help="the training step's arithmetic: float32, bf16 (bfloat16 autocast, float32 master "
+                             "weights) or auto (bf16 where the CPU has AVX512-BF16 or AMX and a timed step is faster; "
+                             "mini-batch training in one process; default float32)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     train_distributed.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -92,20 +102,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Loads the data, gets a plan, trains, reports test accuracy (as one rank when a launcher started us).
 
-    During mini-batch training SIGTERM stops at the next step or epoch end (see
+    During mini-batch training SIGTERM stops at the epoch's end when it comes within `--stop-grace`, else at the
+    next step (see
     `morphpipe.executor.stopping`): the message says where to resume from; the exit status is 143.
     """
+    if args.precision != "float32" and (args.full_graph or train_distributed.wants_distributed(args)):
+        raise ValueError(f"--precision {args.precision} applies to mini-batch training in one process; drop it for "
+                         "--full-graph and distributed runs, which train in float32")
     if train_distributed.wants_distributed(args):
         return train_distributed.run(args)
     from morphpipe.data import load_dataset
     from morphpipe.executor.stopping import STOP_EXIT_STATUS, StopRequest, TrainingStopped
     from morphpipe.executor.trainer import Trainer
-    from morphpipe.sampling.gpu_batcher import GpuBatcher
 
     check_outputs(args)
     graph = load_dataset(args.dataset)
-    print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features, "
-          f"{graph.num_classes} classes, {len(graph.train_idx):,} training seeds")
+    print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {graph.feature_dim} features"
+          f"{' (target type)' if getattr(graph, 'is_hetero', False) else ''}, {graph.num_classes} classes, "
+          f"{len(graph.train_idx):,} training seeds")
     empty = [split for split in ("val", "test") if getattr(graph, f"{split}_idx").numel() == 0]
     if empty:
         print(f"note: the {' and '.join(empty)} split{'s are' if len(empty) > 1 else ' is'} empty: no "
@@ -121,15 +135,17 @@ def run(args: argparse.Namespace) -> int:
         else:
             replanner = Replanner(profile, gbs=max(plan.gbs, 1) if plan.n_gpu else args.gbs, seed=args.seed,
                                   reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run())
-    torch.manual_seed(args.seed)
     spec = model_spec(graph, args, settings)
+    precision = choose_precision(args.precision, graph, spec, settings)  # auto times throwaway models' steps
+    torch.manual_seed(args.seed)
     model = model_from_spec(spec)
-    stop = StopRequest()
+    stop = StopRequest(args.stop_grace)
     with stop.on_sigterm(), Trainer(
             graph, model, plan, fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]), lr=args.lr,
             seed=args.seed, checkpoint_dir=args.checkpoint_dir, eval_batch_size=args.eval_batch_size,
-            progress=not args.no_progress, gpu_batcher=GpuBatcher if plan.n_gpu else None, eval_mode=args.eval_mode,
-            model_spec=spec, replanner=replanner, on_nonfinite=args.on_nonfinite, stop=stop) as trainer:
+            progress=not args.no_progress, eval_mode=args.eval_mode, task=workload_task(settings),
+            model_spec=spec, replanner=replanner, on_nonfinite=args.on_nonfinite, stop=stop,
+            precision=precision) as trainer:
         try:
             history = trainer.fit(args.epochs)
         except TrainingStopped as stopped:
@@ -151,9 +167,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"test accuracy {test_acc:.4f} ({args.eval_mode})")
     print_epoch_summary(history, plan.predicted_epoch_s)
     if args.stats_json is not None:
-        write_stats(args.stats_json, {"plan": plan.to_dict()}, run_settings(settings, args, graph.name),
+        write_stats(args.stats_json, {"plan": plan.to_dict()}, {**run_settings(settings, args, graph.name),
+                                                                "precision": precision},
                     [stats.to_dict() for stats in history], test_acc)
     return 0
+
+
+def choose_precision(requested: str, graph, spec: dict[str, object], settings: dict[str, object]) -> str:
+    """The step's precision: `requested`, or for "auto" bf16 when the CPU has bfloat16 instructions (AVX512-BF16,
+    AMX) and a bf16 step of this model on a batch of this graph times faster than a float32 one; says why."""
+    from morphpipe.profiler.ceiling import BF16_FLAGS, isa_flags, step_seconds
+
+    if requested != "auto":
+        return requested
+    present = [flag for flag in isa_flags() if flag in BF16_FLAGS]
+    if not present:
+        print("precision float32 (auto: this CPU reports no AVX512-BF16 or AMX)")
+        return "float32"
+    timed = {precision: step_seconds(graph, lambda: model_from_spec(spec), settings["fanouts"],
+                                     int(settings["batch_size"]), precision) for precision in ("float32", "bf16")}
+    chosen = "bf16" if timed["bf16"] < timed["float32"] else "float32"
+    print(f"precision {chosen} (auto: {' '.join(present)}; a step takes {timed['float32'] * 1e3:.0f} ms in float32, "
+          f"{timed['bf16'] * 1e3:.0f} ms in bf16)")
+    return chosen
 
 
 def check_outputs(args: argparse.Namespace) -> None:

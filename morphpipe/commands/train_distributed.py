@@ -14,7 +14,8 @@ import sys
 
 from morphpipe.commands import arguments
 from morphpipe.commands.train_report import print_epoch_summary, run_settings, write_stats
-from morphpipe.commands.workload import format_profile, model_from_spec, model_spec, workload_profiler, workload_settings
+from morphpipe.commands.workload import (format_profile, model_from_spec, model_spec, workload_profiler,
+                                         workload_settings, workload_task)
 from morphpipe.distributed import env as dist_env
 from morphpipe.distributed.runtime import DEFAULT_TIMEOUT_S, run_rank, start_rank
 from morphpipe.distributed.split import SPLIT_MODES
@@ -98,7 +99,8 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     labels, throughputs = [item[0] for item in everyone], [item[1] for item in everyone]
-    split = SeedSplit.make(len(graph.train_idx), global_batch, throughputs, args.split)
+    task = workload_task(settings)
+    split = SeedSplit.make(len(task.seeds(graph)), global_batch, throughputs, args.split)
     plan = plan_from_profile(local_profile(profile, split.local_batches[rank], split.steps), args.gbs, args.seed)
     plans: list = [None] * world
     dist.all_gather_object(plans, plan)
@@ -106,14 +108,9 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     say("plans per rank:\n" + rank_table(prediction, labels))
     torch.manual_seed(args.seed)
     model = model_from_spec(model_spec(graph, args, settings))
-    gpu_batcher = None
-    if plan.n_gpu:
-        from morphpipe.sampling.gpu_batcher import GpuBatcher
-
-        gpu_batcher = GpuBatcher
     with DistributedTrainer(graph, model, plan, split, fanouts=settings["fanouts"],
                             predicted_epoch_s=prediction.epoch_s, lr=args.lr, seed=args.seed,
-                            gpu_batcher=gpu_batcher, checkpoint_dir=args.checkpoint_dir,
+                            task=task, checkpoint_dir=args.checkpoint_dir,
                             eval_batch_size=args.eval_batch_size, on_nonfinite=args.on_nonfinite) as trainer:
         history = trainer.fit(args.epochs)
         test_acc = trainer.evaluate("test")

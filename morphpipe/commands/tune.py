@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     native.prepare()
     graph = load_dataset(args.dataset)
     print(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
-          f"{graph.feature_dim} x {str(graph.features.dtype).removeprefix('torch.')} features, "
+          f"{graph.feature_dim} x {str(graph.feature_dtype).removeprefix('torch.')} features, "
           f"{len(graph.train_idx):,} training seeds")
     profile = workload_profiler(graph, args, workload_settings(args), progress=True, warmup=args.warmup).run()
     profile.save(args.profile_output)

@@ -9,10 +9,13 @@ from torch import nn
 from morphpipe.commands import arguments
 from morphpipe.nn import build_model
 from morphpipe.nn.factory import MODELS
+from morphpipe.nn.hetero import HETERO_MODELS, build_hetero_model
+from morphpipe.nn.task import TASKS, NodeClassification, Task, is_hetero, make_task
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.profiler.profiler import Profiler
 
-DEFAULTS = {"model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None}
+DEFAULTS = {"task": "node", "model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None,
+            "relation_fanouts": None}
 
 
 def parse_int_list(text: str, name: str) -> list[int]:
@@ -34,10 +37,17 @@ def add_workload_arguments(parser: argparse.ArgumentParser, from_plan: bool) -> 
         return f"default: the plan's, else {value}" if from_plan else f"default {value}"
 
     parser.add_argument("dataset", nargs="?", default=None, help="preset name or dataset directory (default: default)")
-    parser.add_argument("--model", default=default("model"), choices=list(MODELS), help=f"model ({says('sage')})")
+    parser.add_argument("--task", default=default("task"), choices=list(TASKS),
+                        help=f"what is trained: node (classification) ({says('node')})")
+    parser.add_argument("--model", default=default("model"), choices=[*MODELS, *HETERO_MODELS],
+                        help=f"model ({says('sage')}); a heterogeneous dataset takes rgcn, rsage or rgat")
     parser.add_argument("--hidden", type=arguments.positive_int, default=None, help="hidden width (default: the paper's per model)")
     parser.add_argument("--fanouts", default=default("fanouts"),
                         help=f"neighbours per hop from the seeds ({says('15,10,5')}); one layer per hop")
+    parser.add_argument("--relation-fanouts", nargs="+", default=None, metavar="RELATION=F1,F2",
+                        help="a heterogeneous dataset's neighbours per hop for each relation (name every relation, "
+                             "as its name or src__name__dst; 0 skips it), e.g. cites=10,5 writes=5,3 ...; default: "
+                             "--fanouts for every relation")
     parser.add_argument("--batch-size", type=arguments.positive_int, default=default("batch_size"),
                         help=f"seeds per batch ({says('1024')})")
 
@@ -51,7 +61,35 @@ def workload_settings(args: argparse.Namespace, workload: dict[str, object] | No
         given = getattr(args, key)
         chosen[key] = given if given is not None else workload.get(key, default)
     chosen["fanouts"] = parse_int_list(str(chosen["fanouts"]), "--fanouts")
+    if chosen["relation_fanouts"] is not None:
+        chosen["relation_fanouts"] = parse_relation_fanouts(chosen["relation_fanouts"])
     return chosen
+
+
+def parse_relation_fanouts(given: object) -> dict[str, list[int]]:
+    """['cites=10,5', 'writes=5,3'] (or a plan's recorded dict) -> {'cites': [10, 5], 'writes': [5, 3]}."""
+    if isinstance(given, dict):
+        return {str(key): parse_int_list(",".join(str(v) for v in value), f"--relation-fanouts {key}")
+                for key, value in given.items()}
+    parsed: dict[str, list[int]] = {}
+    for entry in given:
+        relation, sep, counts = str(entry).partition("=")
+        if not sep or not relation:
+            raise ValueError(f"--relation-fanouts: expected RELATION=F1,F2 such as cites=10,5, got {entry!r}")
+        if relation in parsed:
+            raise ValueError(f"--relation-fanouts: relation {relation!r} is given twice")
+        parsed[relation] = parse_int_list(counts, f"--relation-fanouts {relation}")
+    return parsed
+
+
+def workload_task(settings: dict[str, object]) -> Task:
+    """The task `--task` names, with the relation fanouts of a heterogeneous dataset."""
+    task = make_task(str(settings["task"]))
+    if settings.get("relation_fanouts") is not None:
+        if not isinstance(task, NodeClassification):
+            raise ValueError(f"--relation-fanouts applies to --task node, not {settings['task']!r}")
+        task.relation_fanouts = settings["relation_fanouts"]
+    return task
 
 
 def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, object], progress: bool,
@@ -61,12 +99,23 @@ def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, objec
         graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]),
         hidden=settings["hidden"], device=args.device,
         thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
-        seed=args.seed, progress=progress, **options,
+        seed=args.seed, progress=progress, task=workload_task(settings), **options,
     )
 
 
 def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> dict[str, object]:
-    """`build_model`'s arguments, saved in checkpoints so `morphpipe evaluate` can rebuild the model."""
+    """`build_model`'s arguments, saved in checkpoints so `morphpipe evaluate` can rebuild the model; a heterogeneous
+    graph's model also records the node types, relations and target type it was shaped for."""
+    if is_hetero(graph):
+        return {"name": str(settings["model"]), "hetero": {
+                    "num_nodes": {t.name: t.count for t in graph.node_types}, "feature_dims": graph.feature_dims,
+                    "relations": [list(r) for r in graph.relations], "target_type": graph.target_type},
+                "num_classes": int(graph.num_classes), "num_layers": len(settings["fanouts"]),
+                "hidden": settings["hidden"], "heads": args.heads, "dropout": args.dropout,
+                "fanouts": list(settings["fanouts"]), "relation_fanouts": settings.get("relation_fanouts")}
+    if settings["model"] in HETERO_MODELS:
+        raise ValueError(f"model {settings['model']!r} needs a heterogeneous dataset; {graph.name!r} has one node and "
+                         "one edge type: use sage, gcn, gat or mlp")
     return {"name": str(settings["model"]), "in_dim": int(graph.feature_dim), "num_classes": int(graph.num_classes),
             "num_layers": len(settings["fanouts"]), "hidden": settings["hidden"], "heads": args.heads,
             "dropout": args.dropout, "fanouts": list(settings["fanouts"])}
@@ -74,6 +123,12 @@ def model_spec(graph, args: argparse.Namespace, settings: dict[str, object]) -> 
 
 def model_from_spec(spec: dict[str, object]) -> nn.Module:
     """The (untrained) model a `model_spec` describes."""
+    if "hetero" in spec:
+        schema = spec["hetero"]
+        return build_hetero_model(spec["name"], num_nodes=schema["num_nodes"], feature_dims=schema["feature_dims"],
+                                  relations=[tuple(r) for r in schema["relations"]], target_type=schema["target_type"],
+                                  num_classes=spec["num_classes"], num_layers=spec["num_layers"],
+                                  hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
     return build_model(spec["name"], spec["in_dim"], spec["num_classes"], num_layers=spec["num_layers"],
                        hidden=spec["hidden"], heads=spec["heads"], dropout=spec["dropout"])
 

@@ -11,13 +11,17 @@ substitution is announced with a warning and recorded in meta.json (`source.gene
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
+import itertools
 import os
+import shutil
+import tempfile
 import warnings
 import zipfile
 import zlib
 from dataclasses import asdict, dataclass, field
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +29,15 @@ import numpy as np
 import scipy.sparse
 import torch
 
-from morphpipe.data.csc import as_node_ids, build_csc_arrays
-from morphpipe.data.dtypes import FEATURE_DTYPES
+from morphpipe.data.csc import CHUNK_EDGES, as_node_ids, build_csc_arrays, edge_key_chunks, release_mapped_pages
+from morphpipe.data.dtypes import FEATURE_DTYPES, index_dtype_for
+from morphpipe.data.external_csc import KEY_BYTES, SortPlan, build_csc_on_disk, default_memory_budget
+from morphpipe.data.ondisk import load_array
 from morphpipe.data.splits import SplitFractions, as_split_ids, random_split
 from morphpipe.data.store import GraphStore
 from morphpipe.data.validation import UNLABELLED, GraphValidationError
+from morphpipe.numeric import format_bytes
+from morphpipe.outputs import partial_path, remove_stale_partials
 
 SPLIT_NAMES = ("train", "val", "test")
 ArrayLike = np.ndarray | torch.Tensor
@@ -51,10 +59,14 @@ class ConvertOptions:
     feature_dim: int = 64  # of generated random features
     num_classes: int | None = None  # default: max label + 1 (2 for generated labels)
     progress: bool = False  # tqdm bar while building the CSC
+    # Bytes the CSC build may use (default: half the available memory); edges beyond it are sorted on disk.
+    memory_budget: int | None = None
+    scratch_dir: str | os.PathLike | None = None  # where edges sorted on disk go (default: the system's temp dir)
 
     def __post_init__(self) -> None:
         for name, value, allow_none in (("num_nodes", self.num_nodes, True), ("feature_dim", self.feature_dim, False),
-                                        ("num_classes", self.num_classes, True)):
+                                        ("num_classes", self.num_classes, True),
+                                        ("memory_budget", self.memory_budget, True)):
             if value is None and allow_none:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -85,37 +97,92 @@ def from_edge_list(source: str | os.PathLike | ArrayLike, *, features: ArrayLike
     A (2, 2) array is read as (2, E).
     """
     options = options or ConvertOptions()
-    if isinstance(source, (str, os.PathLike)):
-        edges = read_edge_file(Path(source))
-        default_name = Path(source).name.split(".")[0]
-    else:
-        edges = _edge_array(source.detach().cpu().numpy() if isinstance(source, torch.Tensor) else np.asarray(source),
-                            "edges")
-        default_name = "edgelist"
-    parts = GraphParts(src=edges[0], dst=edges[1])
-    return assemble(parts, options, default_name, {"kind": "converted", "converter": "edgelist",
-                                                   "input": _describe(source)},
-                    features=features, labels=labels, splits=splits)
+    with contextlib.ExitStack() as scratch:
+        if isinstance(source, (str, os.PathLike)):
+            edges = read_edge_file(Path(source), spill=_text_spill(Path(source), options, scratch))
+            default_name = Path(source).name.split(".")[0]
+        else:
+            edges = _edge_array(source.detach().cpu().numpy() if isinstance(source, torch.Tensor) else
+                                np.asarray(source), "edges")
+            default_name = "edgelist"
+        parts = GraphParts(src=edges[0], dst=edges[1])
+        return assemble(parts, options, default_name, {"kind": "converted", "converter": "edgelist",
+                                                       "input": _describe(source)},
+                        features=features, labels=labels, splits=splits)
 
 
-def read_edge_file(path: Path) -> np.ndarray:
-    """(2, E) int64 edges from a .npy, .csv, .txt (or their .gz) file."""
+# Lines of a text edge list parsed at once, and an upper estimate of the parsed int64 bytes per byte of text
+# ("1 2\n": 4 bytes of text, 16 parsed; gzip shrinks such text about 4 times).
+TEXT_CHUNK_LINES = 1 << 20
+TEXT_EXPANSION = 4
+GZIP_EXPANSION = 16
+
+
+def read_edge_file(path: Path, spill: Path | None = None) -> np.ndarray:
+    """(2, E) int64 edges from a .npy (memory-mapped), .csv, .txt (or their .gz) file.
+
+    Text is parsed a chunk of lines at a time; with `spill` (a file path) the parsed edges are written there
+    and memory-mapped, so memory stays bounded whatever the file's size.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"edge list {path} does not exist")
     if path.suffix in (".npy", ".npz") or _starts_with(path, (NPY_MAGIC, ZIP_MAGIC)):
-        return _edge_array(load_npy(path, "edges"), str(path))
+        return _edge_array(load_npy(path, "edges", mmap_mode="r"), str(path))
     fix = "give one 'source destination' (or 'source,destination') pair per line, as text or a complete .gz of it"
+    line = 0
     try:
-        first = _first_data_line(path)
-        delimiter = "," if "," in first[1] else None
-        table = np.loadtxt(path, dtype=np.int64, delimiter=delimiter, comments="#", skiprows=first[0],
-                           usecols=(0, 1), ndmin=2)
+        skip, first = _first_data_line(path)
+        delimiter = "," if "," in first else None
+        opener = gzip.open if path.suffix == ".gz" else open
+        tables, rows = [], 0
+        with opener(path, "rt") as handle, (open(spill, "wb") if spill else contextlib.nullcontext()) as out:
+            list(itertools.islice(handle, skip))
+            line = skip
+            while lines := list(itertools.islice(handle, TEXT_CHUNK_LINES)):
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
+                    table = np.loadtxt(lines, dtype=np.int64, delimiter=delimiter, comments="#", usecols=(0, 1),
+                                       ndmin=2)
+                line += len(lines)
+                rows += table.shape[0]
+                if out is None:
+                    tables.append(table)
+                else:
+                    table.tofile(out)
     except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as error:
         raise GraphValidationError("edges", f"{path} is damaged or not text ({type(error).__name__}: {error})",
                                    fix) from error
     except ValueError as error:
-        raise GraphValidationError("edges", f"{path} is not a table of integer node ids ({error})", fix) from error
-    return np.ascontiguousarray(table.T)
+        raise GraphValidationError("edges", f"{path} is not a table of integer node ids (in the "
+                                   f"{TEXT_CHUNK_LINES:,} lines after line {line}: {error})", fix) from error
+    if spill is not None:
+        return np.memmap(spill, dtype=np.int64, mode="r", shape=(rows, 2)).T if rows else np.zeros((2, 0), np.int64)
+    return np.ascontiguousarray(np.concatenate(tables).T) if tables else np.zeros((2, 0), dtype=np.int64)
+
+
+def _text_spill(path: Path, options: ConvertOptions, scratch: contextlib.ExitStack) -> Path | None:
+    """A scratch file for the parsed edges of a text file that may not fit half the memory budget, else None."""
+    if path.suffix in (".npy", ".npz") or not path.is_file():
+        return None
+    budget = options.memory_budget if options.memory_budget is not None else default_memory_budget()
+    if path.stat().st_size * (GZIP_EXPANSION if path.suffix == ".gz" else TEXT_EXPANSION) <= budget // 2:
+        return None
+    return scratch.enter_context(scratch_directory(options.scratch_dir, "edges")) / "edges.int64"
+
+
+@contextlib.contextmanager
+def scratch_directory(parent: str | os.PathLike | None, purpose: str) -> Iterator[Path]:
+    """A hidden directory `.morphpipe-PURPOSE.partial-PID` in `parent` (default: the system's temporary directory),
+    removed on exit; one that a killed conversion left is removed by the next (`remove_stale_partials`)."""
+    target = Path(parent if parent is not None else tempfile.gettempdir()) / f"morphpipe-{purpose}"
+    remove_stale_partials(target)
+    directory = partial_path(target)
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -210,7 +277,16 @@ def from_ogb(directory: str | os.PathLike, *, split_scheme: str | None = None,
     if not (raw / "edge.csv.gz").is_file():
         raise FileNotFoundError(f"{raw / 'edge.csv.gz'} not found: {root} is not an OGB node-property-prediction "
                                 "directory (expected raw/ and split/ inside)")
-    edges = read_edge_file(raw / "edge.csv.gz")
+    options = options or ConvertOptions()
+    with contextlib.ExitStack() as scratch:
+        edges = read_edge_file(raw / "edge.csv.gz", spill=_text_spill(raw / "edge.csv.gz", options, scratch))
+        return _from_ogb_parts(root, edges, split_scheme, options, features, labels, splits)
+
+
+def _from_ogb_parts(root: Path, edges: np.ndarray, split_scheme: str | None, options: ConvertOptions,
+                    features: ArrayLike | None, labels: ArrayLike | None, splits: Splits | None) -> GraphStore:
+    """The rest of `from_ogb` once the edges are read: node count, features, labels, splits."""
+    raw = root / "raw"
     num_nodes = int(np.loadtxt(raw / "num-node-list.csv.gz", dtype=np.int64, delimiter=",", ndmin=1)[0]) \
         if (raw / "num-node-list.csv.gz").is_file() else None
     parts = GraphParts(src=edges[0], dst=edges[1], num_nodes=num_nodes)
@@ -222,7 +298,6 @@ def from_ogb(directory: str | os.PathLike, *, split_scheme: str | None = None,
     if scheme_dir is not None:
         parts.splits = {name: _read_ids(scheme_dir / f"{file}.csv.gz")
                         for name, file in zip(SPLIT_NAMES, ("train", "valid", "test"))}
-    options = options or ConvertOptions()
     return assemble(parts, options, root.name, {"kind": "converted", "converter": "ogb", "input": str(root),
                                                 "split_scheme": scheme_dir.name if scheme_dir else None},
                     features=features, labels=labels, splits=splits)
@@ -309,9 +384,7 @@ def assemble(parts: GraphParts, options: ConvertOptions, default_name: str, sour
     src, dst = as_node_ids(parts.src, "src"), as_node_ids(parts.dst, "dst")
     num_nodes = options.num_nodes if options.num_nodes is not None else \
         parts.num_nodes or _infer_num_nodes(src, dst, features, labels, parts)
-    indptr, indices = build_csc_arrays(src, dst, num_nodes, make_undirected=options.make_undirected,
-                                       drop_self_loops=options.drop_self_loops, dedupe=options.dedupe,
-                                       progress=options.progress)
+    indptr, indices = _build_csc(src, dst, num_nodes, options)
     generated = []
     rng = np.random.default_rng(np.random.SeedSequence([options.seed, 0xC0DE]))
     features = features if features is not None else parts.features
@@ -352,10 +425,36 @@ def assemble(parts: GraphParts, options: ConvertOptions, default_name: str, sour
     return store
 
 
+def _build_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, options: ConvertOptions) -> tuple[np.ndarray, ...]:
+    """(indptr, indices): sorted in memory when the edge keys and indices fit the memory budget, else by the external
+    sort into a scratch directory, whose indices file stays memory-mapped (copy-on-write) after it is unlinked."""
+    num_keys = src.size * (2 if options.make_undirected else 1)
+    budget = options.memory_budget if options.memory_budget is not None else default_memory_budget()
+    in_memory = num_keys * (KEY_BYTES + index_dtype_for(num_nodes).itemsize) + (num_nodes + 1) * 8
+    if in_memory <= budget:
+        return build_csc_arrays(src, dst, num_nodes, make_undirected=options.make_undirected,
+                                drop_self_loops=options.drop_self_loops, dedupe=options.dedupe,
+                                progress=options.progress)
+    needed = (num_nodes + 1) * 8 + SortPlan.minimum_bytes(num_keys)
+    if budget < needed:
+        raise GraphValidationError("memory_budget", f"is {format_bytes(budget)}, below the {format_bytes(needed)} "
+                                   f"the topology of {num_nodes:,} nodes needs (indptr, {num_nodes + 1:,} int64 "
+                                   "values, stays in memory; the edge sort needs at least "
+                                   f"{format_bytes(SortPlan.minimum_bytes(num_keys))})",
+                                   f"give --memory-budget {-(-needed // 2**20)}M or more")
+    with scratch_directory(options.scratch_dir, "csc") as scratch:
+        indptr, _ = build_csc_on_disk(edge_key_chunks(src, dst, num_nodes, make_undirected=options.make_undirected),
+                                      num_keys, num_nodes, scratch, memory_budget=budget - (num_nodes + 1) * 8,
+                                      drop_self_loops=options.drop_self_loops, dedupe=options.dedupe,
+                                      progress=options.progress)
+        indices = load_array(scratch, "indices", mmap=True)
+    return indptr, indices
+
+
 def _infer_num_nodes(src: np.ndarray, dst: np.ndarray, features: ArrayLike | None, labels: ArrayLike | None,
                      parts: GraphParts) -> int:
     """max id + 1 over the edges, at least the number of feature rows or labels given."""
-    counts = [int(ids.max()) + 1 for ids in (src, dst) if ids.size]
+    counts = [_max_id(ids) + 1 for ids in (src, dst) if ids.size]
     for rows in (features, labels, parts.features, parts.labels):
         if rows is not None:
             counts.append(len(rows))
@@ -363,6 +462,15 @@ def _infer_num_nodes(src: np.ndarray, dst: np.ndarray, features: ArrayLike | Non
         raise GraphValidationError("num_nodes", "cannot be inferred from an empty edge list",
                                    "pass num_nodes in the options (--num-nodes)")
     return max(counts)
+
+
+def _max_id(ids: np.ndarray) -> int:
+    """ids.max(), a chunk at a time, so the pages of a memory-mapped edge list leave the resident set once read."""
+    largest = int(ids[0])
+    for start in range(0, ids.size, CHUNK_EDGES):
+        largest = max(largest, int(ids[start:start + CHUNK_EDGES].max()))
+        release_mapped_pages(ids[start:start + CHUNK_EDGES])
+    return largest
 
 
 def _feature_tensor(features: ArrayLike) -> torch.Tensor:
@@ -409,7 +517,8 @@ def _split_arrays(splits: Splits, num_nodes: int) -> dict[str, np.ndarray]:
 
 def _options_record(options: ConvertOptions) -> dict[str, Any]:
     record = asdict(options)
-    del record["progress"]
+    for how in ("progress", "memory_budget", "scratch_dir"):  # how the graph was built, not what it holds
+        del record[how]
     record["split"] = list(options.split.as_tuple())
     return record
 

@@ -11,9 +11,15 @@ SAMPLED_ENTRIES = 4096
 def dataset_fingerprint(graph) -> str:
     """A short hash of a dataset's sizes and of evenly spaced entries of its topology, labels and splits (O(1) reads)."""
     digest = hashlib.sha256()
-    sizes = (graph.num_nodes, graph.num_edges, graph.feature_dim, str(graph.features.dtype), graph.num_classes)
+    sizes = (graph.num_nodes, graph.num_edges, graph.feature_dim, str(graph.feature_dtype), graph.num_classes)
     digest.update(repr(sizes).encode())
-    for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx):
+    if getattr(graph, "is_hetero", False):  # a heterogeneous store: its types and every relation's CSC
+        digest.update(repr((graph.node_types, graph.relations, graph.feature_dims)).encode())
+        topology = [tensor for relation in graph.relations for tensor in (graph.indptr[relation],
+                                                                          graph.indices[relation])]
+    else:
+        topology = [graph.indptr, graph.indices]
+    for tensor in (*topology, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx):
         digest.update(repr(tuple(tensor.shape)).encode())
         if tensor.numel():
             positions = sampled_positions(tensor.numel())

@@ -8,15 +8,18 @@
   averaging over its mostly same-class neighbours recovers the class.
 
 Work is vectorised numpy in fixed-size chunks, each with its own random stream (so the output
-does not depend on anything but the spec), and features are written to disk chunk by chunk:
-10M nodes / 200M edges / 128 float16 features stay within a few GiB of memory.
+does not depend on anything but the spec, the memory budget included); edges are sorted into the
+CSC by `external_csc` (in memory when they fit the budget, else in runs spilled to disk) and
+features are written to disk chunk by chunk, so memory holds per-node arrays and buffers only.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -27,11 +30,13 @@ import psutil
 from tqdm.auto import tqdm
 
 from morphpipe.cores import usable_cores
-from morphpipe.data.csc import KEY_NODE_LIMIT, csc_from_sorted_keys, fill_keys
+from morphpipe.data.csc import KEY_NODE_LIMIT, fill_keys
 from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE, float32_to_storage, index_dtype_for
-from morphpipe.data.ondisk import GraphMeta, NpyChunkWriter, check_graph_output, save_array, write_meta
+from morphpipe.data.external_csc import SortPlan, build_csc_on_disk, default_memory_budget
+from morphpipe.data.ondisk import (GraphMeta, NpyChunkWriter, check_graph_output, nearest_existing_dir, save_array,
+                                   write_meta)
 from morphpipe.data.splits import SplitFractions, random_split
-from morphpipe.numeric import check_float, check_int
+from morphpipe.numeric import check_float, check_int, format_bytes
 from morphpipe.outputs import replacing_directory
 
 POWER_LAW = "power-law"
@@ -113,40 +118,55 @@ def generate(
     progress: bool = True,
     overwrite: bool = False,
     timings: dict[str, float] | None = None,
+    memory_budget: int | None = None,
 ) -> Path:
     """Generates the graph described by `spec` into directory `out_dir` and returns its path.
 
-    `timings`, when given, receives the seconds spent in each stage (for benchmarks).
+    `memory_budget` (bytes, default: half the available memory) bounds the arrays the generation
+    holds; edges beyond it are sorted on disk. What it needs is checked (and, with `progress`,
+    stated) before any work. `timings`, when given, receives the seconds spent in each stage.
     """
     out = check_graph_output(out_dir, overwrite)
-    check_fits_in_memory(spec, out)
-    with replacing_directory(out, "output") as staging:
-        _generate_into(staging, spec, name or preset or f"{spec.kind}-{spec.num_nodes}", preset, progress, timings)
+    needs = check_fits_in_memory(spec, out, memory_budget)
+    if progress:
+        print(f"{name or preset or spec.kind}: {needs.describe()}", file=sys.stderr, flush=True)
+    try:
+        with replacing_directory(out, "output") as staging:
+            _generate_into(staging, spec, name or preset or f"{spec.kind}-{spec.num_nodes}", preset, progress,
+                           timings, needs.sort_budget)
+    except OSError as error:  # numpy's writes say "N requested and M written" when the disk fills up
+        free = shutil.disk_usage(needs.disk_path).free
+        failure = OSError(f"generating {out} failed while writing ({error}); {format_bytes(free)} is free now on "
+                          f"{needs.disk_path}, the graph needs about {format_bytes(needs.peak_disk_bytes)} at peak; "
+                          f"whatever was at {out} is unchanged; fix: free disk space or choose another output "
+                          "directory")
+        failure.errno = error.errno
+        raise failure from error
     return out
 
 
 def _generate_into(out: Path, spec: GeneratorSpec, name: str, preset: str | None, progress: bool,
-                   timings: dict[str, float] | None) -> None:
+                   timings: dict[str, float] | None, sort_budget: int) -> None:
     """Writes every file of the generated graph into the (empty) directory `out`, meta.json last."""
     clock = _StageClock(timings)
     labels = _rng(spec.seed, STREAM_LABELS).integers(0, spec.num_classes, spec.num_nodes, dtype=np.int64)
     if spec.kind == POWER_LAW:
-        keys = power_law_keys(spec, progress=progress, desc=f"{name}: edges")
+        num_keys, chunks = power_law_key_chunks(spec)
     else:
-        keys = community_keys(spec, labels, progress=progress, desc=f"{name}: edges")
+        num_keys, chunks = community_key_chunks(spec, labels)
+    passes: dict[str, float] = {}
+    indptr, num_edges = build_csc_on_disk(chunks, num_keys, spec.num_nodes, out, memory_budget=sort_budget,
+                                          drop_self_loops=True, dedupe=True, progress=progress,
+                                          desc=f"{name}: edges", timings=passes)
     clock.lap("edges")
-    keys.sort()
-    clock.lap("sort")
-    indptr, indices = csc_from_sorted_keys(keys, spec.num_nodes, drop_self_loops=True, dedupe=True, progress=progress)
-    del keys
-    clock.lap("csc")
+    if timings is not None:  # "edges": drawing and sorting them in runs; "csc": merging and decoding the runs
+        timings.update(edges=passes["runs"], csc=passes["merge"])
     save_array(out, "indptr", indptr)
-    save_array(out, "indices", indices)
-    num_edges, indices_dtype = int(indices.size), str(indices.dtype)
-    del indptr, indices
+    del indptr
     splits = random_split(np.arange(spec.num_nodes), spec.split, _stream_seed(spec.seed, STREAM_SPLITS))
     for split_name, ids in zip(("train_idx", "val_idx", "test_idx"), splits):
         save_array(out, split_name, ids)
+    del splits
     save_array(out, "labels", labels)
     clock.lap("save")
     write_features(out, spec, labels, progress=progress, desc=f"{name}: features")
@@ -158,45 +178,105 @@ def _generate_into(out: Path, spec: GeneratorSpec, name: str, preset: str | None
         feature_dim=spec.feature_dim,
         feature_dtype=spec.feature_dtype,
         num_classes=spec.num_classes,
-        indices_dtype=indices_dtype,
+        indices_dtype=str(index_dtype_for(spec.num_nodes)),
         source=generation_record(spec, preset),
     ))
 
 
-def generation_needs(spec: GeneratorSpec) -> tuple[int, int]:
-    """(peak bytes of memory, bytes on disk) that generating `spec` takes, estimated from its sizes.
+@dataclass(frozen=True)
+class GenerationNeeds:
+    """Memory and disk a generation takes, estimated from the spec's sizes before any work."""
 
-    Memory peaks while the sorted edge keys (int64 per edge) and the CSC indices coexist, beside
-    indptr, labels and the node shuffle; features are written in chunks and never held whole.
+    num_nodes: int
+    num_keys: int  # edges drawn (both directions when undirected), before self loops and duplicates go
+    budget: int  # memory budget, bytes
+    held: dict[str, int]  # arrays held whatever the budget -> bytes, at the topology stage (the largest)
+    sort: SortPlan  # the edge sort within what the budget leaves
+    graph_bytes: int  # the finished directory
+    feature_bytes: int
+    free_bytes: int  # on the output's file system
+    disk_path: Path
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(self.held.values())
+
+    @property
+    def sort_budget(self) -> int:
+        return self.budget - self.held_bytes
+
+    @property
+    def peak_disk_bytes(self) -> int:
+        """The finished graph, or the topology beside the spilled sort runs (deleted before features are written)."""
+        return self.graph_bytes - self.feature_bytes + max(self.feature_bytes, self.sort.spill_bytes)
+
+    def describe(self) -> str:
+        """One line: memory and disk needed against what there is."""
+        runs = "in memory (one run)" if self.sort.num_runs == 1 else \
+            f"on disk in {self.sort.num_runs} sorted runs of {self.sort.run_keys:,} keys"
+        size = format_bytes
+        return (f"{self.num_keys:,} edges sorted {runs}; memory budget {size(self.budget)} "
+                f"({size(self.held_bytes)} held for per-node arrays and buffers); disk {size(self.peak_disk_bytes)} "
+                f"at peak ({size(self.graph_bytes)} for the graph, {size(self.sort.spill_bytes)} of sort runs while "
+                f"the topology is built), {size(self.free_bytes)} free on {self.disk_path}")
+
+
+def generation_needs(spec: GeneratorSpec, memory_budget: int | None = None,
+                     directory: str | os.PathLike = ".") -> GenerationNeeds:
+    """What generating `spec` under `memory_budget` (default: half the available memory) into `directory` takes.
+
+    Held whatever the budget, while edges are drawn and sorted: indptr and labels (int64 per node),
+    the generator's per-node arrays and its chunk buffers; the edge sort gets the rest.
     """
-    num_edges = 2 * _num_pairs(spec) if spec.undirected else _num_pairs(spec)
-    index_bytes = index_dtype_for(spec.num_nodes).itemsize
-    memory = num_edges * (8 + index_bytes) + spec.num_nodes * (8 * 3 + index_bytes)
-    feature_bytes = spec.num_nodes * spec.feature_dim * FEATURE_STORAGE[spec.feature_dtype].itemsize
-    disk = feature_bytes + num_edges * index_bytes + spec.num_nodes * 8 * 3
-    return memory, disk
+    num_nodes = spec.num_nodes
+    index_bytes = index_dtype_for(num_nodes).itemsize
+    if spec.kind == POWER_LAW:
+        num_keys = 2 * _num_pairs(spec) if spec.undirected else _num_pairs(spec)
+        node_arrays, chunk_buffers = num_nodes * index_bytes, min(CHUNK_EDGES, num_keys) * (8 + 3 * index_bytes + 8)
+    else:
+        picks_per_node = spec.avg_degree / 2 if spec.undirected else spec.avg_degree
+        num_pairs = int(num_nodes * max(picks_per_node, 1.0)) if picks_per_node > 0 else 0
+        num_keys = 2 * num_pairs if spec.undirected else num_pairs
+        node_arrays, chunk_buffers = 6 * 8 * num_nodes, min(CHUNK_EDGES, num_keys) * 12 * 8
+    held = {"indptr": (num_nodes + 1) * 8, "labels": num_nodes * 8, "generator node arrays": node_arrays,
+            "generator chunk buffers": chunk_buffers}
+    budget = default_memory_budget() if memory_budget is None else int(memory_budget)
+    sort_budget = max(1, budget - sum(held.values()))
+    feature_bytes = num_nodes * spec.feature_dim * FEATURE_STORAGE[spec.feature_dtype].itemsize
+    graph_bytes = feature_bytes + num_keys * index_bytes + num_nodes * 8 * 3
+    existing = nearest_existing_dir(directory)
+    return GenerationNeeds(num_nodes, num_keys, budget, held, SortPlan.for_budget(num_keys, sort_budget),
+                           graph_bytes, feature_bytes, shutil.disk_usage(existing).free, existing)
 
 
-def check_fits_in_memory(spec: GeneratorSpec, directory: str | os.PathLike = ".") -> None:
-    """Refuses, before any work, a spec whose generation needs more memory than is available (or more disk than
-    the nearest existing ancestor of `directory` has free), saying how much it needs."""
+def check_fits_in_memory(spec: GeneratorSpec, directory: str | os.PathLike = ".",
+                         memory_budget: int | None = None) -> GenerationNeeds:
+    """Refuses, before any work, a spec whose generation needs more memory than the budget (default: half the
+    available memory) allows, or more disk than the nearest existing ancestor of `directory` has free, saying
+    how much it needs; returns the needs otherwise."""
     if spec.num_nodes > KEY_NODE_LIMIT:
         raise ValueError(f"generator spec: num_nodes = {spec.num_nodes:,} is more than the generator supports "
                          f"({KEY_NODE_LIMIT:,}); fix: ask for fewer nodes")
-    memory, disk = generation_needs(spec)
-    available = psutil.virtual_memory().available
-    if memory > available:
+    needs = generation_needs(spec, memory_budget, directory)
+    # After the topology, drawing the split permutes all node ids (arange, permutation, the sorted parts).
+    minimum = max(needs.held_bytes + SortPlan.minimum_bytes(needs.num_keys), needs.held["labels"] + 24 * spec.num_nodes)
+    if needs.budget < minimum:
+        parts = ", ".join(f"{part} {format_bytes(size)}" for part, size in needs.held.items())
+        whose = "the default memory budget (half the available memory)" if memory_budget is None else \
+            "--memory-budget"
         raise ValueError(f"generator spec: {spec.num_nodes:,} nodes with average degree {spec.avg_degree:g} need "
-                         f"about {memory / 2**30:.1f} GiB of memory to generate, {available / 2**30:.1f} GiB is "
-                         "available; fix: fewer nodes (--nodes) or a smaller --avg-degree")
-    existing = Path(directory).expanduser().absolute()
-    while not existing.exists():
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
-    if disk > free:
-        raise ValueError(f"generator spec: the graph takes about {disk / 2**30:.1f} GiB on disk, {existing} has "
-                         f"{free / 2**30:.1f} GiB free; fix: fewer nodes, a smaller --feature-dim or "
-                         "--feature-dtype float16, or another output directory")
+                         f"about {format_bytes(minimum)} of memory to generate ({parts}, and at least "
+                         f"{format_bytes(SortPlan.minimum_bytes(needs.num_keys))} for the edge sort); {whose} is "
+                         f"{format_bytes(needs.budget)}; fix: --memory-budget {-(-minimum // 2**20)}M or more "
+                         "(free memory first), or fewer nodes (--nodes)")
+    if needs.peak_disk_bytes > needs.free_bytes:
+        raise ValueError(f"generator spec: the graph takes about {format_bytes(needs.peak_disk_bytes)} on disk at "
+                         f"peak ({format_bytes(needs.graph_bytes)} for the graph, "
+                         f"{format_bytes(needs.sort.spill_bytes)} of sort runs), {needs.disk_path} has "
+                         f"{format_bytes(needs.free_bytes)} free; fix: fewer nodes, a smaller --feature-dim or "
+                         "--feature-dtype float16, a larger --memory-budget (fewer spilled runs), or another output "
+                         "directory")
+    return needs
 
 
 class _StageClock:
@@ -213,28 +293,31 @@ class _StageClock:
         self.last = now
 
 
-def power_law_keys(spec: GeneratorSpec, *, progress: bool = False, desc: str = "edges") -> np.ndarray:
-    """Packed CSC keys of a Chung-Lu graph: both endpoints of each edge drawn from the power-law weights."""
-    num_nodes = spec.num_nodes
+def power_law_key_chunks(spec: GeneratorSpec) -> tuple[int, Iterator[np.ndarray]]:
+    """(number of keys, their chunks) of a Chung-Lu graph: both endpoints of each edge drawn from the power-law
+    weights. Each chunk is valid until the next one is asked for (buffers are reused)."""
     num_pairs = _num_pairs(spec)
-    keys = np.empty(2 * num_pairs if spec.undirected else num_pairs, dtype=np.int64)
+    return (2 * num_pairs if spec.undirected else num_pairs), _power_law_chunks(spec, num_pairs)
+
+
+def _power_law_chunks(spec: GeneratorSpec, num_pairs: int) -> Iterator[np.ndarray]:
+    num_nodes = spec.num_nodes
     id_dtype = index_dtype_for(num_nodes)
     shuffle = _rng(spec.seed, STREAM_WEIGHTS).permutation(num_nodes).astype(id_dtype)
     sampler = PowerLawSampler(num_nodes, spec.exponent)
     size = min(CHUNK_EDGES, num_pairs)
-    values = np.empty(size, dtype=np.float64)
+    values, keys = np.empty(size, dtype=np.float64), np.empty(size, dtype=np.int64)
     ranks, src, dst = (np.empty(size, dtype=id_dtype) for _ in range(3))
-    starts = range(0, num_pairs, CHUNK_EDGES)
-    for chunk, start in enumerate(tqdm(starts, desc=desc, unit="chunk", disable=not progress, leave=False)):
-        stop = min(start + CHUNK_EDGES, num_pairs)
-        count = stop - start
+    for chunk, start in enumerate(range(0, num_pairs, CHUNK_EDGES)):
+        count = min(start + CHUNK_EDGES, num_pairs) - start
         rng = _rng(spec.seed, STREAM_EDGES, chunk)
         np.take(shuffle, sampler.sample(rng, values[:count], ranks[:count]), out=src[:count])
         np.take(shuffle, sampler.sample(rng, values[:count], ranks[:count]), out=dst[:count])
-        fill_keys(keys[start:stop], src[:count], dst[:count], num_nodes)
+        fill_keys(keys[:count], src[:count], dst[:count], num_nodes)
+        yield keys[:count]
         if spec.undirected:
-            fill_keys(keys[num_pairs + start:num_pairs + stop], dst[:count], src[:count], num_nodes)
-    return keys
+            fill_keys(keys[:count], dst[:count], src[:count], num_nodes)
+            yield keys[:count]
 
 
 class PowerLawSampler:
@@ -261,35 +344,36 @@ class PowerLawSampler:
         return out
 
 
-def community_keys(spec: GeneratorSpec, labels: np.ndarray, *, progress: bool = False,
-                   desc: str = "edges") -> np.ndarray:
-    """Packed CSC keys of a homophilous graph: each node picks its neighbours, same-class with high probability.
+def community_key_chunks(spec: GeneratorSpec, labels: np.ndarray) -> tuple[int, Iterator[np.ndarray]]:
+    """(number of keys, their chunks) of a homophilous graph: each node picks its neighbours, same-class with
+    high probability. Each chunk is valid until the next one is asked for.
 
     Node v picks 1 + Poisson(d - 1) neighbours (d = avg_degree / 2 when undirected), so every node
     has edges; a pick is a node of v's class with probability p, else any node, in both cases in
     proportion to a power-law popularity, which gives the graph hubs. p is set so that the
     expected fraction of same-class edges equals `homophily`.
     """
-    num_nodes, num_classes = spec.num_nodes, spec.num_classes
     picks_per_node = spec.avg_degree / 2 if spec.undirected else spec.avg_degree
     rng = _rng(spec.seed, STREAM_WEIGHTS)
-    popularity = rng.pareto(spec.exponent - 1.0, num_nodes) + 1.0
-    picks = 1 + rng.poisson(max(picks_per_node - 1.0, 0.0), num_nodes) if picks_per_node > 0 else \
-        np.zeros(num_nodes, dtype=np.int64)
+    popularity = rng.pareto(spec.exponent - 1.0, spec.num_nodes) + 1.0
+    picks = 1 + rng.poisson(max(picks_per_node - 1.0, 0.0), spec.num_nodes) if picks_per_node > 0 else \
+        np.zeros(spec.num_nodes, dtype=np.int64)
+    num_pairs = int(picks.sum())
+    return (2 * num_pairs if spec.undirected else num_pairs), _community_chunks(spec, labels, popularity, picks)
+
+
+def _community_chunks(spec: GeneratorSpec, labels: np.ndarray, popularity: np.ndarray,
+                      picks: np.ndarray) -> Iterator[np.ndarray]:
+    num_nodes, num_classes = spec.num_nodes, spec.num_classes
     same_class = (spec.homophily - 1 / num_classes) / (1 - 1 / num_classes) if num_classes > 1 else 1.0
     by_class = np.argsort(labels, kind="stable")
     cumulative = np.cumsum(popularity[by_class])
+    del popularity
     class_ends = np.cumsum(np.bincount(labels, minlength=num_classes))
     class_starts = class_ends - np.bincount(labels, minlength=num_classes)
     weight_before = np.concatenate([[0.0], cumulative])[class_starts]
     class_weight = np.concatenate([[0.0], cumulative])[class_ends] - weight_before
-
-    num_pairs = int(picks.sum())
-    keys = np.empty(2 * num_pairs if spec.undirected else num_pairs, dtype=np.int64)
-    node_bounds = _chunk_bounds(picks, CHUNK_EDGES)
-    written = 0
-    for chunk, (first, last) in enumerate(tqdm(node_bounds, desc=desc, unit="chunk", disable=not progress,
-                                               leave=False)):
+    for chunk, (first, last) in enumerate(_chunk_bounds(picks, CHUNK_EDGES)):
         rng = _rng(spec.seed, STREAM_EDGES, chunk)
         dst = np.repeat(np.arange(first, last, dtype=np.int64), picks[first:last])
         classes = labels[dst]
@@ -300,12 +384,12 @@ def community_keys(spec: GeneratorSpec, labels: np.ndarray, *, progress: bool = 
         low = np.where(inside, class_starts[classes], 0)
         high = np.where(inside, class_ends[classes], num_nodes) - 1
         src = by_class[np.clip(position, low, high)]
-        stop = written + dst.size
-        fill_keys(keys[written:stop], src, dst, num_nodes)
+        keys = np.empty(dst.size, dtype=np.int64)
+        fill_keys(keys, src, dst, num_nodes)
+        yield keys
         if spec.undirected:
-            fill_keys(keys[num_pairs + written:num_pairs + stop], dst, src, num_nodes)
-        written = stop
-    return keys
+            fill_keys(keys, dst, src, num_nodes)
+            yield keys
 
 
 def write_features(out: Path, spec: GeneratorSpec, labels: np.ndarray, *, progress: bool = False,

@@ -131,6 +131,14 @@ def check_graph_output(out_dir: str | os.PathLike, overwrite: bool) -> Path:
     return out
 
 
+def nearest_existing_dir(path: str | os.PathLike) -> Path:
+    """`path` or its nearest existing ancestor directory (absolute): where a new output's file system is."""
+    existing = Path(path).expanduser().absolute()
+    while not existing.is_dir():
+        existing = existing.parent
+    return existing
+
+
 def foreign_entries(directory: Path) -> list[str]:
     """Names of the entries of an existing directory that are not files of a graph (sorted)."""
     ours = {META_FILE, f".{META_FILE}.tmp"} | {f"{name}.npy" for name in ARRAY_FIELDS} | \
@@ -169,21 +177,24 @@ def load_array(directory: str | os.PathLike, name: str, mmap: bool) -> np.ndarra
 
 
 class NpyChunkWriter:
-    """Writes a 2-D .npy file row-chunk by row-chunk, so the whole array never sits in memory.
+    """Writes a .npy file row-chunk by row-chunk, so the whole array never sits in memory.
 
     Plain sequential writes (rather than a writable memory map) keep the written pages out of the
     process's resident memory.
     """
 
-    def __init__(self, directory: str | os.PathLike, name: str, shape: tuple[int, int], dtype: np.dtype):
+    def __init__(self, directory: str | os.PathLike, name: str, shape: tuple[int, ...], dtype: np.dtype, *,
+                 rows_at_most: bool = False):
+        """`rows_at_most`: shape[0] is an upper bound, and the header is rewritten with the rows written at close
+        (numpy leaves room in the header for the first dimension to change in place)."""
         self.path = array_path(directory, name)
         self.temporary = self.path.with_name(f".{self.path.name}.tmp")
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
+        self.rows_at_most = rows_at_most
         self.rows_written = 0
         self.handle = open(self.temporary, "wb")
-        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": self.shape}
-        np.lib.format.write_array_header_1_0(self.handle, header)
+        self.header_bytes = self._write_header(self.shape)
 
     def write(self, rows: np.ndarray) -> None:
         """Appends the next rows, in order."""
@@ -197,11 +208,22 @@ class NpyChunkWriter:
 
     def close(self) -> None:
         """Finishes the file and renames it into place; it must hold every row."""
+        if self.rows_at_most and self.rows_written != self.shape[0]:
+            self.handle.seek(0)
+            if self._write_header((self.rows_written, *self.shape[1:])) != self.header_bytes:
+                raise AssertionError(f"{self.path.name}: the .npy header changed length when its shape was rewritten")
         self.handle.close()
-        if self.rows_written != self.shape[0]:
+        if self.rows_written != self.shape[0] and not self.rows_at_most:
             self.temporary.unlink(missing_ok=True)
             raise ValueError(f"{self.path.name}: {self.rows_written} of {self.shape[0]} rows written")
         os.replace(self.temporary, self.path)
+
+    def _write_header(self, shape: tuple[int, ...]) -> int:
+        """Writes the .npy header at the current position; returns its length in bytes."""
+        start = self.handle.tell()
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(self.handle, header)
+        return self.handle.tell() - start
 
     def __enter__(self) -> "NpyChunkWriter":
         return self

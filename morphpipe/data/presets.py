@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from morphpipe.data.generators import COMMUNITY, POWER_LAW, GeneratorSpec
+from morphpipe.data.hetero_generator import MagSpec
 from morphpipe.data.splits import SplitFractions
 
 
@@ -13,13 +14,17 @@ class Preset:
 
     name: str
     description: str
-    spec: GeneratorSpec
+    spec: GeneratorSpec | MagSpec  # a MagSpec makes a heterogeneous graph (morphpipe.data.hetero_generator)
 
 
 # Feature noise of the community presets, chosen so that the nearest class mean of a node's own
 # features (what an MLP can reach) is right for ~50-60% of the nodes, and the nearest class mean of
 # the average over the node and its neighbours (homophily 0.85) for > 90% (tests/data/test_generators.py).
 BENCH_SPLIT = SplitFractions(0.1, 0.05, 0.05)
+# ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 directed citation edges, 128 features, 172 classes,
+# 1,207,179 / 125,265 / 214,338 train / val / test nodes.
+PAPERS100M_NODES = 111_059_956
+PAPERS100M_SPLIT = SplitFractions(0.011, 0.0011, 0.0019)
 
 PRESETS: dict[str, Preset] = {
     preset.name: preset
@@ -38,6 +43,19 @@ PRESETS: dict[str, Preset] = {
         Preset("bench-10m", "power-law graph, 10M nodes, ~200M edges, 128 float16 features (2.56 GB)",
                GeneratorSpec(POWER_LAW, num_nodes=10_000_000, avg_degree=20, feature_dim=128,
                              feature_dtype="float16", num_classes=16, split=BENCH_SPLIT)),
+        Preset("papers100m-like", "shaped like ogbn-papers100M: 111M nodes, ~1.6B directed edges with power-law "
+               "in-degree, 128 float16 features (28 GB), 172 classes, 1.1% of nodes in the train split; larger than "
+               "this machine's RAM, so edges are sorted on disk within --memory-budget",
+               GeneratorSpec(POWER_LAW, num_nodes=PAPERS100M_NODES, avg_degree=14.55, feature_dim=128,
+                             feature_dtype="float16", num_classes=172, split=PAPERS100M_SPLIT, undirected=False)),
+        Preset("mag-tiny", "heterogeneous graph shaped like ogbn-mag (4 node types, 4 relations and their reverses, "
+               "features on papers only; the relation types carry the class), 3k papers, for fast tests",
+               MagSpec(num_papers=3_000, num_authors=2_500, num_institutions=60, num_fields=150, feature_dim=32)),
+        Preset("mag", "heterogeneous graph shaped like ogbn-mag at 1/4 of its node counts: 184k papers, 283k "
+               "authors, 2.2k institutions, 15k topics, 5M edges (reverses included), 128 float32 paper features: "
+               "the heterogeneous benchmark's graph",
+               MagSpec(num_papers=184_000, num_authors=283_000, num_institutions=2_200, num_fields=15_000,
+                       feature_dim=128, num_classes=16, split=BENCH_SPLIT)),
     )
 }
 

@@ -16,6 +16,8 @@ import torch
 from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
 from morphpipe.data.feature_store import DEFAULT_IO_THREADS, FeatureStore
 from morphpipe.data.generators import generate, generation_record
+from morphpipe.data.hetero_generator import MagSpec, generate_hetero, hetero_generation_record
+from morphpipe.data.hetero_store import HeteroGraphStore, is_hetero_dir, read_hetero_meta
 from morphpipe.data.ondisk import (ARRAY_FIELDS, MMAP_FIELDS, GraphMeta, array_path, foreign_entries, is_graph_dir,
                                    load_array, read_meta, save_array, write_meta)
 from morphpipe.data.presets import PRESETS, Preset
@@ -245,15 +247,17 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
 
 
 def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.PathLike | None = None,
-                 progress: bool = True, *, features_on_disk: bool = False, feature_cache_bytes: int = 0) -> GraphStore:
+                 progress: bool = True, *, features_on_disk: bool = False,
+                 feature_cache_bytes: int = 0) -> GraphStore | HeteroGraphStore:
     """A graph directory (with meta.json), or a preset from the cache (generated there first if missing);
-    None means the "default" preset. `features_on_disk` and `feature_cache_bytes`: see GraphStore.load."""
+    None means the "default" preset. A heterogeneous graph comes back as a HeteroGraphStore. `features_on_disk`
+    and `feature_cache_bytes` (homogeneous graphs): see GraphStore.load."""
     target = DEFAULT_DATASET if name_or_path is None else str(name_or_path)
     disk = {"features_on_disk": features_on_disk, "feature_cache_bytes": feature_cache_bytes}
     if is_graph_dir(Path(target).expanduser()):
-        return GraphStore.load(Path(target).expanduser(), **disk)
+        return load_graph_dir(Path(target).expanduser(), **disk)
     if target in PRESETS:
-        return GraphStore.load(ensure_preset(PRESETS[target], root=root, progress=progress), **disk)
+        return load_graph_dir(ensure_preset(PRESETS[target], root=root, progress=progress), **disk)
     if Path(target).expanduser().exists():
         raise FileNotFoundError(f"{target} is not a morphpipe graph directory (no meta.json); create one with "
                                 "`morphpipe data convert` or `morphpipe data generate`")
@@ -261,10 +265,23 @@ def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.P
                      f"presets: {', '.join(PRESETS)}")
 
 
+def load_graph_dir(path: Path, validate: bool = True, *, features_on_disk: bool = False,
+                   feature_cache_bytes: int = 0) -> GraphStore | HeteroGraphStore:
+    """The graph in directory `path`, homogeneous or heterogeneous as its meta.json says; features on disk
+    (see GraphStore.load) for homogeneous graphs only."""
+    if is_hetero_dir(path):
+        if features_on_disk:
+            raise ValueError(f"features_on_disk: {path} holds a heterogeneous graph, whose features the feature "
+                             "store does not read yet; load it with its features in RAM or memory-mapped")
+        return HeteroGraphStore.load(path, validate=validate)
+    return GraphStore.load(path, validate=validate, features_on_disk=features_on_disk,
+                           feature_cache_bytes=feature_cache_bytes)
+
+
 def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progress: bool = True,
-                  regenerate: bool = False) -> Path:
+                  regenerate: bool = False, memory_budget: int | None = None) -> Path:
     """Path of the preset in the cache, generated first when missing, made by another generator version or spec,
-    or when `regenerate`.
+    or when `regenerate` (within `memory_budget` bytes, see `generate`).
 
     A lock file serialises concurrent callers; generation goes to a temporary directory swapped into place
     (one left by a crashed generation is removed under the lock).
@@ -283,7 +300,11 @@ def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progres
             print(f"morphpipe: generating dataset {preset.name} into {target} ({reason})", file=sys.stderr)
         for leftover in cache.glob(f".{preset.name}.partial-*"):
             shutil.rmtree(leftover)
-        generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True)
+        if isinstance(preset.spec, MagSpec):
+            generate_hetero(preset.spec, target, preset=preset.name, overwrite=True)
+        else:
+            generate(preset.spec, target, preset=preset.name, progress=progress, overwrite=True,
+                     memory_budget=memory_budget)
     return target
 
 
@@ -292,6 +313,8 @@ def _is_current(directory: Path, preset: Preset) -> bool:
     if not is_graph_dir(directory):
         return False
     try:
+        if isinstance(preset.spec, MagSpec):
+            return read_hetero_meta(directory).get("source") == hetero_generation_record(preset.spec, preset.name)
         return read_meta(directory).source == generation_record(preset.spec, preset.name)
     except (GraphValidationError, OSError):
         return False

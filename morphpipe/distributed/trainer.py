@@ -20,7 +20,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional
 from torch.nn.parallel import DistributedDataParallel
 
 from morphpipe.data import GraphStore
@@ -28,15 +27,13 @@ from morphpipe.distributed.batcher import RankBatcher
 from morphpipe.distributed.split import SeedSplit, apportion, check_exactly_once
 from morphpipe.executor.checkpoint import Checkpointing, TrainingState, run_meta
 from morphpipe.executor.devices import default_devices
-from morphpipe.executor.evaluate import accuracy
 from morphpipe.executor.executor import Executor
 from morphpipe.executor.trainer import GpuBatcherFactory, torch_threads, training_device, training_threads
 from morphpipe.nn.finite_guard import FiniteGuard, skipped_text
+from morphpipe.nn.task import EvalSettings, NodeClassification, Task, check_split
 from morphpipe.nn.train_step import TrainStep
-from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.epochs import epoch_seed
 from morphpipe.sampling.minibatch import MiniBatch
-from morphpipe.sampling.serial_batcher import SerialBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan
 
@@ -51,10 +48,9 @@ class DistributedStep(TrainStep):
 
     after_all_reduce = True
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], split: SeedSplit, n_cpu: int,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task, split: SeedSplit, n_cpu: int,
                  guard: FiniteGuard | None = None) -> None:
-        super().__init__(model, optimizer, loss_fn, guard)
+        super().__init__(model, optimizer, task, guard)
         self.rank = dist.get_rank()
         self.split = split
         self.n_cpu = n_cpu
@@ -68,7 +64,7 @@ class DistributedStep(TrainStep):
         scale = batch.num_seeds * self.split.world_size / self.split.step_total(self.step_of(batch))
         poison = torch.where(labels_ok & torch.isfinite(loss), 1.0, float("nan"))
         (loss * (scale * poison)).backward()
-        self.trained.append(batch.seeds.detach().to("cpu"))
+        self.trained.append(batch.units.detach().to("cpu"))
 
     def place(self, batch: MiniBatch) -> str:
         return f"step {self.step_of(batch) + 1} on rank {self.rank}"
@@ -101,7 +97,8 @@ class DistributedTrainer:
     """Trains `model` data-parallel on this rank's share of each step under this rank's `plan`.
 
     The process group must be initialised. `predicted_epoch_s` is the cluster's prediction (the
-    slowest rank's plan). `loss_fn` is a mean-reducing `(logits, labels) -> loss`. `on_nonfinite`
+    slowest rank's plan). `task` is what is trained (default: node classification with `loss_fn`, a
+    mean-reducing `(logits, labels) -> loss`, cross entropy unless given). `on_nonfinite`
     ("stop" or "skip-batch") is what every rank does at a step with out-of-range labels or a
     non-finite loss or gradient on any rank (`DistributedStep`).
     """
@@ -112,7 +109,11 @@ class DistributedTrainer:
                  device: str | torch.device | None = None, seed: int = 0,
                  gpu_batcher: GpuBatcherFactory | None = None, checkpoint_dir: str | os.PathLike | None = None,
                  eval_batch_size: int = 4096, log: Callable[[str], None] | None = None,
-                 on_nonfinite: str = "stop") -> None:
+                 on_nonfinite: str = "stop", task: Task | None = None) -> None:
+        if task is not None and loss_fn is not None:
+            raise ValueError("give either task= (whose loss trains) or loss_fn= (for node classification), not both")
+        self.task = task or NodeClassification(loss_fn)
+        self.task.check_graph(graph)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if split.world_size != self.world:
             raise ValueError(f"the split is for {split.world_size} ranks, the process group has {self.world}")
@@ -130,28 +131,27 @@ class DistributedTrainer:
         self.module = model.to(self.device)
         self.model = DistributedDataParallel(self.module)
         self.optimizer = optimizer or torch.optim.Adam(self.model.parameters(), lr=lr)
-        self.step = DistributedStep(self.model, self.optimizer, loss_fn or functional.cross_entropy, split,
-                                    plan.n_cpu, FiniteGuard(on_nonfinite))
+        self.step = DistributedStep(self.model, self.optimizer, self.task, split, plan.n_cpu, FiniteGuard(on_nonfinite))
         self.log = log or print
         self.checkpoints = (Checkpointing(checkpoint_dir, self.module, self.optimizer, log=self.log)
                             if checkpoint_dir is not None else None)
         self.history: list[DistEpochStats] = []
-        self.train_sorted = torch.sort(graph.train_idx).values
+        train_units = self.task.seeds(graph)
+        self.train_sorted = torch.sort(train_units).values
         local = split.local_batches[self.rank]
         cpu_route = gpu_route = None
         if plan.n_cpu:
-            if plan.shares_cores:
-                inner = SerialBatcher(graph, self.fanouts, local, shuffle=False, seed=self._sampling_seed())
-            else:
-                inner = CpuBatcher(graph, self.fanouts, local, num_threads=plan.cpu_threads, shuffle=False,
-                                   seed=self._sampling_seed(), pin_memory=self.device.type == "cuda")
-            cpu_route = RankBatcher(inner, split, self.rank, graph.train_idx, self.seed, 0, plan.n_cpu)
+            inner = self.task.batcher(graph, self.fanouts, local, route=0, shuffle=False, seed=self._sampling_seed(),
+                                      serial=plan.shares_cores, num_threads=plan.cpu_threads,
+                                      pin_memory=self.device.type == "cuda")
+            cpu_route = RankBatcher(inner, split, self.rank, train_units, self.seed, 0, plan.n_cpu)
         if plan.n_gpu:
-            if gpu_batcher is None:
-                raise ValueError(f"rank {self.rank}'s plan puts {plan.n_gpu} batches on Route 1 and no GPU batcher "
-                                 "was given; pass gpu_batcher=<factory>")
-            inner = gpu_batcher(graph, self.fanouts, local, shuffle=False, seed=self._sampling_seed())
-            gpu_route = RankBatcher(inner, split, self.rank, graph.train_idx, self.seed, plan.n_cpu, plan.n_gpu)
+            if gpu_batcher is not None:
+                inner = gpu_batcher(graph, self.fanouts, local, shuffle=False, seed=self._sampling_seed())
+            else:
+                inner = self.task.batcher(graph, self.fanouts, local, route=1, shuffle=False,
+                                          seed=self._sampling_seed(), device=self.device)
+            gpu_route = RankBatcher(inner, split, self.rank, train_units, self.seed, plan.n_cpu, plan.n_gpu)
         self.executor = Executor(plan.split, default_devices(self.device), self.step, cpu_batcher=cpu_route,
                                  gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
 
@@ -198,22 +198,23 @@ class DistributedTrainer:
         check_exactly_once(counts, epoch)
 
     def evaluate(self, split: str = "val") -> float:
-        """Accuracy on a split: each rank infers its share of the seeds (by local batch), counts all-reduced."""
-        seeds = getattr(self.graph, f"{split}_idx")
+        """The task's metric on a split: each rank measures its share of the units (by local batch), the
+        count-weighted mean all-reduced (exact for per-unit means: accuracy, MRR, Hits@K)."""
+        seeds = self.task.seeds(self.graph, check_split(split))
         if seeds.numel() < self.world:
             raise ValueError(f"the {split} split has {seeds.numel()} seeds, fewer than the {self.world} ranks")
         shares = apportion(seeds.numel(), self.split.local_batches)
         start = sum(shares[:self.rank])
         mine = seeds[start:start + shares[self.rank]]
-        share = accuracy(self.module, self.graph, mine, self.fanouts, batch_size=self.eval_batch_size,
-                         device=self.device, seed=self.seed)
-        counts = torch.tensor([round(share * mine.numel()), mine.numel()], dtype=torch.float64)
+        settings = EvalSettings(self.fanouts, self.eval_batch_size, self.seed, "sampled", progress=False)
+        share = self.task.evaluate(self.module, self.graph, mine, settings, device=self.device)
+        counts = torch.tensor([share * mine.numel(), mine.numel()], dtype=torch.float64)
         dist.all_reduce(counts)
         return float(counts[0] / counts[1])
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must agree with to be continued by this run."""
-        return {**run_meta(self.graph, self.module), "fanouts": list(self.fanouts),
+        return {**run_meta(self.graph, self.module), **self.task.meta(), "fanouts": list(self.fanouts),
                 "batch_size": self.split.global_batch, "seed": self.seed, "world_size": self.world,
                 "local_batches": list(self.split.local_batches)}
 

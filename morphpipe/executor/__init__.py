@@ -6,17 +6,15 @@ evaluation, progress bars and checkpoints.
 """
 from morphpipe.executor.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from morphpipe.executor.devices import CpuDevices, CudaDevices, Devices, InFlight, Launched
-from morphpipe.executor.evaluate import accuracy, full_accuracy
 from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.routes import RouteSeeds, route_seeds
 from morphpipe.executor.stats import EpochStats
 from morphpipe.executor.trainer import Trainer, training_device
 from morphpipe.executor.full_graph import FullGraphTrainer
-from morphpipe.executor.layerwise import layerwise_inference
 
 __all__ = [
     "CpuDevices", "CudaDevices", "Devices", "EpochResult", "EpochStats", "Executor", "InFlight",
-    "Launched", "RouteSeeds", "Trainer", "TrainingState", "accuracy", "load_checkpoint",
+    "Launched", "RouteSeeds", "Trainer", "TrainingState", "load_checkpoint",
     "route_seeds", "save_checkpoint", "training_device",
-    "FullGraphTrainer", "full_accuracy", "layerwise_inference",
+    "FullGraphTrainer",
 ]

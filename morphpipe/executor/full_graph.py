@@ -21,9 +21,10 @@ from tqdm.auto import tqdm
 
 from morphpipe.data import GraphStore
 from morphpipe.executor.checkpoint import Checkpointing, run_meta
-from morphpipe.executor.evaluate import full_accuracy
-from morphpipe.executor.trainer import LogOnce, check_split, choice_counts_since
+from morphpipe.executor.trainer import LogOnce, choice_counts_since
+from morphpipe.nn.evaluate import full_accuracy
 from morphpipe.nn.finite_guard import FiniteGuard, skipped_text
+from morphpipe.nn.task import check_split
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.validation import check_positive

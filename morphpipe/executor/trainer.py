@@ -21,33 +21,29 @@ from typing import Any
 import psutil
 import torch
 from torch import nn
-from torch.nn import functional
 from tqdm.auto import tqdm
 
 from morphpipe.cores import usable_cores
 from morphpipe.data import GraphStore
 from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.devices import InFlight, default_devices
-from morphpipe.executor.evaluate import EVAL_MODES, accuracy, full_accuracy
 from morphpipe.executor.executor import EpochResult, Executor
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.stats import EpochStats
-from morphpipe.executor.stopping import StepStop, StopRequest, TrainingStopped
+from morphpipe.executor.stopping import StepStop, StopRequest, TrainingStopped, epoch_finish_estimate_s
 from morphpipe.nn.finite_guard import FiniteGuard
+from morphpipe.nn.task import EvalSettings, NodeClassification, Task, check_eval_mode, check_split
 from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.batcher import Batcher
-from morphpipe.sampling.cpu_batcher import CpuBatcher
-from morphpipe.sampling.serial_batcher import SerialBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan
 
-# Makes a Route 1 batcher over `seeds` on the training device: factory(graph, fanouts, batch_size, seeds=..., seed=...,
-# device=...).
+# Makes a Route 1 batcher over `seeds` on the training device in place of the task's own: factory(graph, fanouts,
+# batch_size, seeds=..., seed=..., device=...).
 GpuBatcherFactory = Callable[..., Batcher]
-SPLITS = ("train", "val", "test")
 
 
 def training_device(plan: Plan, device: str | torch.device | None = None) -> torch.device:
@@ -95,20 +91,6 @@ def choice_counts_since(before: dict[str, dict[str, int]]) -> dict[str, dict[str
     return since
 
 
-def check_eval_mode(mode: str) -> str:
-    """`mode` if it is an evaluation mode, else a ValueError naming the choices."""
-    if mode not in EVAL_MODES:
-        raise ValueError(f"eval mode must be one of {EVAL_MODES}, got {mode!r}")
-    return mode
-
-
-def check_split(split: str) -> str:
-    """`split` if it names one of the graph's seed splits, else a ValueError naming the choices."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return split
-
-
 class LogOnce:
     """Logs each message the first time only (layer-wise inference says where its tables live on every call)."""
 
@@ -125,17 +107,21 @@ class LogOnce:
 class Trainer:
     """Trains `model` on `graph` for epochs under `plan`, with validation, progress bars and checkpoints.
 
-    `optimizer` defaults to torch's fused Adam(lr) (`make_optimizer`), `loss_fn` to cross entropy (any `(logits, labels) -> loss`).
-    `gpu_batcher` makes the Route 1 batcher when the plan has GPU batches. With `checkpoint_dir`
+    `task` is what is trained (`morphpipe.nn.task`: the units an epoch visits, each route's batcher, the loss and
+    the metric); the default is node classification with `loss_fn` (cross entropy unless given; give one or the
+    other). `optimizer` defaults to torch's fused Adam(lr) (`make_optimizer`). `gpu_batcher`, when given, makes
+    the Route 1 batcher in place of the task's. With `checkpoint_dir`
     a checkpoint is written after every epoch and `fit` continues from the one found there;
     `model_spec` (build_model's arguments) is saved with it so `morphpipe evaluate` can rebuild the
     model. `eval_mode` is how `evaluate` measures by default: "sampled" or "full" (exact).
     With a `replanner`, every epoch's measured phase times feed it, and the next epoch runs the
     plan it switches to (`self.plan` is always the plan in force). `on_nonfinite` is what a step with
     labels outside the classes or a NaN/infinite loss or gradient does: "stop" (a NonFiniteError naming
-    the epoch, batch and seeds) or "skip-batch" (no update; counted in the epoch's stats).
-    When `stop` is requested, `fit` raises TrainingStopped after the current step (dropping the
-    unfinished epoch) or epoch (checkpointed).
+    the epoch, batch and seeds) or "skip-batch" (no update; counted in the epoch's stats). `precision` is the
+    step's arithmetic ("float32", or "bf16": bfloat16 autocast with float32 master weights, `TrainStep`).
+    When `stop` is requested, `fit` raises TrainingStopped after the current epoch (checkpointed) when the
+    rest of it fits in the stop's grace period and there is a checkpoint directory, else after the current
+    step (dropping the unfinished epoch).
     """
 
     def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
@@ -145,7 +131,12 @@ class Trainer:
                  checkpoint_dir: str | os.PathLike | None = None, eval_batch_size: int = 4096,
                  progress: bool = True, log: Callable[[str], None] | None = None, eval_mode: str = "sampled",
                  model_spec: dict[str, Any] | None = None, replanner: Replanner | None = None,
-                 on_nonfinite: str = "stop", stop: StopRequest | None = None) -> None:
+                 on_nonfinite: str = "stop", stop: StopRequest | None = None, task: Task | None = None,
+                 precision: str = "float32") -> None:
+        if task is not None and loss_fn is not None:
+            raise ValueError("give either task= (whose loss trains) or loss_fn= (for node classification), not both")
+        self.task = task or NodeClassification(loss_fn)
+        self.task.check_graph(graph)
         self.graph = graph
         self.plan = plan
         self.fanouts = check_fanouts(fanouts)
@@ -158,7 +149,7 @@ class Trainer:
         self.model = model.to(self.device)
         self.optimizer = optimizer or make_optimizer(self.model.parameters(), lr, self.device)
         self.guard = FiniteGuard(on_nonfinite)
-        self.step = TrainStep(self.model, self.optimizer, loss_fn or functional.cross_entropy, self.guard)
+        self.step = TrainStep(self.model, self.optimizer, self.task, self.guard, precision=precision)
         self.progress = progress
         self.log = log or tqdm.write
         self._say_once = LogOnce(self.log)
@@ -169,26 +160,24 @@ class Trainer:
         self.gpu_batcher = gpu_batcher
         self.replanner = replanner
         self.stop = stop
+        self.validation_s: float | None = None  # how long the last validation took
         self.executor = self._executor(plan)
 
     def _executor(self, plan: Plan) -> Executor:
         """The batchers of both routes and the Executor that runs `plan`'s epochs."""
-        routes = route_seeds(self.graph.train_idx, self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
+        routes = route_seeds(self.task.seeds(self.graph), self.batch_size, plan.n_cpu, plan.num_batches, self.seed)
         cpu_batcher: Batcher | None = None
-        if plan.n_cpu and plan.shares_cores:
-            cpu_batcher = SerialBatcher(self.graph, self.fanouts, self.batch_size, seeds=routes.cpu, seed=self.seed)
-        elif plan.n_cpu:
-            cpu_batcher = CpuBatcher(self.graph, self.fanouts, self.batch_size, num_threads=plan.cpu_threads,
-                                     seeds=routes.cpu, seed=self.seed, pin_memory=self.device.type == "cuda")
+        if plan.n_cpu:
+            cpu_batcher = self.task.batcher(self.graph, self.fanouts, self.batch_size, route=0, seeds=routes.cpu,
+                                            seed=self.seed, serial=plan.shares_cores, num_threads=plan.cpu_threads,
+                                            pin_memory=self.device.type == "cuda")
         gpu_route = None
-        if plan.n_gpu:
-            if self.gpu_batcher is None:
-                raise ValueError(
-                    f"the plan puts {plan.n_gpu} batches on Route 1 (GPU batching over UVA), and no GPU batcher was "
-                    "given; pass gpu_batcher=<factory>, or train with an all-CPU plan"
-                )
+        if plan.n_gpu and self.gpu_batcher is not None:
             gpu_route = self.gpu_batcher(self.graph, self.fanouts, self.batch_size, seeds=routes.gpu, seed=self.seed,
                                           device=self.device)
+        elif plan.n_gpu:
+            gpu_route = self.task.batcher(self.graph, self.fanouts, self.batch_size, route=1, seeds=routes.gpu,
+                                          seed=self.seed, device=self.device)
         return Executor(plan.split, default_devices(self.device), self.step, cpu_batcher=cpu_batcher,
                         gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
 
@@ -206,7 +195,7 @@ class Trainer:
     def fit(self, epochs: int, *, validate: bool = True) -> list[EpochStats]:
         """Trains until `epochs` epochs are done (continuing from a checkpoint), returns every epoch's stats."""
         check_positive("epochs", epochs)
-        if validate and self.graph.val_idx.numel() == 0:
+        if validate and self.task.seeds(self.graph, "val").numel() == 0:
             self.log("the validation split is empty: epochs run without validation accuracy")
             validate = False
         first = self._resume()
@@ -214,8 +203,8 @@ class Trainer:
             self.guard.start_epoch(epoch)
             try:
                 with torch_threads(training_threads(self.plan)):
-                    result, cpu_share, op_choices = self._train_epoch(epoch, epochs)
-                    val_acc = self.evaluate("val") if validate else None
+                    result, cpu_share, op_choices = self._train_epoch(epoch, epochs, validate)
+                    val_acc = self._validate() if validate else None
             except StepStop as stopped:
                 raise self._stopped(epoch, f"during epoch {epoch + 1} after {stopped.steps} of "
                                            f"{self.plan.num_batches} steps (that epoch is dropped)") from None
@@ -245,7 +234,36 @@ class Trainer:
         return TrainingStopped(f"{reason}; the checkpoint in {self.checkpoints.directory} holds {epochs_done} "
                                "completed epochs: run the same command again to resume from it", epochs_done)
 
-    def _train_epoch(self, epoch: int, epochs: int) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
+    def _validate(self) -> float:
+        """The validation metric, timed (a stop request uses the time to judge whether an epoch can still end)."""
+        start = time.perf_counter()
+        value = self.evaluate("val")
+        self.validation_s = time.perf_counter() - start
+        return value
+
+    def _finishes_in_grace(self, steps: int, elapsed_s: float, validate: bool) -> bool:
+        """After a stop request mid epoch: can the epoch still be trained, validated and checkpointed in time?
+
+        Validation is estimated by its last measured time, or before any by the steps' time per unit scaled to
+        the validation units (sampled inference costs less than training per unit); a first exact validation
+        cannot be estimated, so the epoch is then dropped.
+        """
+        if self.checkpoints is None or self.stop is None:
+            return False
+        validation_s = 0.0
+        if validate and self.validation_s is not None:
+            validation_s = self.validation_s
+        elif validate and self.eval_mode == "full":
+            return False
+        elif validate:
+            units = max(self.task.seeds(self.graph).numel(), 1)
+            validation_s = elapsed_s * self.plan.num_batches / max(steps, 1) * (
+                self.task.seeds(self.graph, "val").numel() / units)
+        estimate = epoch_finish_estimate_s(steps, self.plan.num_batches, elapsed_s, validation_s)
+        return estimate <= self.stop.grace_left_s()
+
+    def _train_epoch(self, epoch: int, epochs: int,
+                     validate: bool) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
         """One epoch through the executor, with a progress bar; also the process's CPU utilisation and op choices."""
         choices_before = choice_counts()
         process = psutil.Process()
@@ -254,13 +272,20 @@ class Trainer:
         with tqdm(total=self.plan.num_batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
                   disable=not self.progress) as bar:
             steps = 0
+            finishing = False
 
             def advance(_: InFlight) -> None:
-                nonlocal steps
+                nonlocal steps, finishing
                 steps += 1
                 bar.update(1)
-                if self.stop is not None and self.stop.requested:
+                if self.stop is None or not self.stop.requested or finishing:
+                    return
+                if not self._finishes_in_grace(steps, time.perf_counter() - wall_before, validate):
                     raise StepStop(steps)
+                finishing = True
+                self.log(f"stop requested by {self.stop.reason or 'request'}: finishing epoch {epoch + 1} "
+                         f"({self.plan.num_batches - steps} steps left) to checkpoint it within the "
+                         f"{self.stop.grace_s:g} s grace period")
 
             result = self.executor.run_epoch(epoch, on_step=advance)
         wall = time.perf_counter() - wall_before
@@ -279,21 +304,24 @@ class Trainer:
         )
 
     def evaluate(self, split: str = "val", mode: str | None = None) -> float:
-        """Accuracy on the 'train', 'val' or 'test' seeds: `mode` "sampled" (mini-batch inference with the
-        training fanouts) or "full" (exact layer-wise inference); None: the trainer's `eval_mode`."""
+        """The task's metric (accuracy for node classification) on the 'train', 'val' or 'test' split: `mode`
+        "sampled" (mini-batch inference with the training fanouts) or "full" (exact layer-wise inference); None:
+        the trainer's `eval_mode`."""
         mode = self.eval_mode if mode is None else check_eval_mode(mode)
-        seeds = getattr(self.graph, f"{check_split(split)}_idx")
-        if mode == "full":
-            if self._graph_block is None:
-                self._graph_block = GraphBlock.of(self.graph.indptr, self.graph.indices)
-            return full_accuracy(self.model, self.graph, seeds, device=self.device, graph_block=self._graph_block,
-                                 progress=self.progress, log=self._say_once)
-        return accuracy(self.model, self.graph, seeds, self.fanouts, batch_size=self.eval_batch_size,
-                        device=self.device, seed=self.seed)
+        settings = EvalSettings(self.fanouts, self.eval_batch_size, self.seed, mode, self.progress, self._say_once)
+        return self.task.evaluate(self.model, self.graph, self.task.seeds(self.graph, check_split(split)), settings,
+                                  device=self.device, graph_block=self.graph_block)
+
+    def graph_block(self) -> GraphBlock:
+        """The whole graph as one block, for exact inference; built on first use and kept."""
+        if self._graph_block is None:
+            self._graph_block = GraphBlock.of(self.graph.indptr, self.graph.indices)
+        return self._graph_block
 
     def meta(self) -> dict[str, Any]:
         """What a checkpoint must agree with to be continued by this trainer."""
-        return {**run_meta(self.graph, self.model), "fanouts": list(self.fanouts), "batch_size": self.batch_size,
+        return {**run_meta(self.graph, self.model), **self.task.meta(), "fanouts": list(self.fanouts),
+                "batch_size": self.batch_size,
                 "seed": self.seed, "num_batches": self.plan.num_batches}
 
     def save(self, epochs_done: int) -> Path:

@@ -111,12 +111,10 @@ def _diagnose(loss: torch.Tensor, labels_ok: torch.Tensor, logits: torch.Tensor,
         what = f"non-finite gradients for {', '.join(names[:SEEDS_SHOWN])}{more} with a finite loss {float(loss):.4g}"
     else:
         reason, what = "non-finite loss", f"the loss is {float(loss)}"
-    features, nodes = inputs
-    bad_rows = (~torch.isfinite(features).all(dim=-1)).cpu()
+    bad_nodes = _non_finite_rows(*inputs)
     bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu()
-    if bool(bad_rows.any()):
-        ids = bad_rows.nonzero().flatten() if nodes is None else nodes.cpu()[bad_rows]
-        cause = f"the features of nodes {_few(ids)} are NaN or infinite (seeds {_few(seeds)})"
+    if bad_nodes.numel():
+        cause = f"the features of nodes {_few(bad_nodes)} are NaN or infinite (seeds {_few(seeds)})"
     elif bool(bad_outputs.any()):
         cause = f"the model's outputs are NaN or infinite for seeds {_few(seeds[bad_outputs])}"
     elif after_all_reduce and reason == "non-finite gradient":
@@ -125,6 +123,20 @@ def _diagnose(loss: torch.Tensor, labels_ok: torch.Tensor, logits: torch.Tensor,
     else:
         cause = f"the inputs and outputs are finite (seeds {_few(seeds)})"
     return reason, f"{what}; {cause}"
+
+
+def _non_finite_rows(features: torch.Tensor | dict[str, torch.Tensor], nodes: torch.Tensor | None) -> torch.Tensor:
+    """Ids of the input nodes whose feature rows hold NaN or Inf (row positions when `nodes` is None). A typed batch's
+    dict of per-type rows lies in `nodes` type after type; a type's int64 node ids (no features) are always finite."""
+    parts = features.values() if isinstance(features, dict) else [features]
+    bad, offset = [], 0
+    for rows in parts:
+        if rows.is_floating_point():
+            rows_bad = ~torch.isfinite(rows).reshape(rows.shape[0], -1).all(dim=-1)
+            bad.append(rows_bad.cpu().nonzero().flatten() + offset)
+        offset += rows.shape[0]
+    positions = torch.cat(bad) if bad else torch.empty(0, dtype=torch.long)
+    return positions if nodes is None else nodes.cpu()[positions]
 
 
 def _non_finite_parameters(named: Iterable[tuple[str, nn.Parameter]]) -> list[str]:

@@ -1,17 +1,20 @@
 """One training step on a MiniBatch, shared by the executor and the profiler's training phase."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
-from torch.nn import functional
 
 from morphpipe.nn.finite_guard import FiniteGuard
+from morphpipe.nn.task import NodeClassification, Task
 from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import MiniBatch
 
 OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
+# The arithmetic of a step's forward: float32 throughout, or bfloat16 autocast (projections and aggregations in
+# bfloat16 with float32 accumulation; float32 master weights, optimizer state and loss).
+PRECISIONS = ("float32", "bf16")
 # Device types with a fused Adam kernel in torch 2.11-2.13.
 FUSED_ADAM_DEVICES = frozenset({"cpu", "cuda", "mps", "xpu"})
 
@@ -35,38 +38,47 @@ def make_optimizer(params: Iterable[nn.Parameter], lr: float, device: torch.devi
 
 
 class TrainStep:
-    """Forward over the batch's blocks, loss on its seeds, backward and optimizer step.
+    """Forward over the batch's blocks, the task's loss, backward and optimizer step.
 
-    Features stored in float16/bfloat16 are cast to the model's dtype on the device, so a
-    compact feature store costs no precision in the model. `guard` checks labels, loss and
-    gradients before the update (`FiniteGuard`); a skipped step returns a NaN loss, which the
-    epoch's mean leaves out.
+    `task` (default: node classification with cross entropy) computes the outputs and the loss;
+    features stored in float16/bfloat16 are cast to the model's dtype on the device, so a compact
+    feature store costs no precision in the model; with `precision="bf16"` the forward and loss run
+    under bfloat16 autocast instead, and features enter as stored (the first projection reads them in
+    bfloat16 anyway). `guard` checks targets, loss and gradients
+    before the update (`FiniteGuard`); a skipped step returns a NaN loss, which the epoch's mean
+    leaves out.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = functional.cross_entropy,
-        guard: FiniteGuard | None = None,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task | None = None,
+                 guard: FiniteGuard | None = None, precision: str = "float32") -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} is not one of {PRECISIONS}")
         self.model = model
         self.optimizer = optimizer
-        self.loss_fn = loss_fn
+        self.task = task or NodeClassification()
         self.guard = guard or FiniteGuard()
-        self.dtype = next(model.parameters()).dtype
+        self.precision = precision
+        parameter = next(model.parameters())
+        self.dtype = parameter.dtype
+        self.autocast = torch.autocast(parameter.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    @property
+    def feature_dtype(self) -> torch.dtype | None:
+        """The dtype the batch's features are cast to before the model: its own, or None (as stored) under bf16."""
+        return None if self.precision == "bf16" else self.dtype
 
     def __call__(self, batch: MiniBatch) -> torch.Tensor:
         """Trains on `batch` (already on the model's device); returns the loss (one sync: the guard's check)."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        logits = self.model(batch.blocks, batch.x.to(self.dtype))
-        labels, labels_ok = self.guard.safe_labels(batch.y, logits.shape[-1])
-        loss = self.loss_fn(logits, labels)
-        self.backward(batch, loss, labels_ok)
-        if not self.guard.allows_update(loss=loss, labels_ok=labels_ok, logits=logits, labels=batch.y, seeds=batch.seeds,
-                                        inputs=(batch.x, batch.input_nodes), model=self.model,
-                                        after_all_reduce=self.after_all_reduce, where=self.place(batch)):
+        with self.autocast:
+            scored = self.task.loss(self.model, batch, self.feature_dtype)
+        loss = scored.loss
+        self.backward(batch, loss, scored.targets_ok)
+        if not self.guard.allows_update(loss=loss, labels_ok=scored.targets_ok, logits=scored.outputs,
+                                        labels=scored.targets, seeds=batch.units, inputs=(batch.x, batch.input_nodes),
+                                        model=self.model, after_all_reduce=self.after_all_reduce,
+                                        where=self.place(batch)):
             return torch.full_like(loss.detach(), float("nan"))
         self.optimizer.step()
         return loss.detach()

@@ -108,7 +108,9 @@ def bias_act_dropout(x: Tensor, bias: Tensor | None, activation: Activation = "r
     if drop == 0.0 and activation == "identity":
         return x if bias is None else x + bias
     if bias is not None and bias.dtype != x.dtype:
-        raise ValueError(f"bias dtype {bias.dtype} differs from x's {x.dtype}; cast one of them")
+        if not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(f"bias dtype {bias.dtype} differs from x's {x.dtype}; cast one of them")
+        bias = bias.to(x.dtype)  # mixed precision: the float32 master bias applied in the activations' dtype
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     out = BiasActDropout.apply(flat, bias, activation, float(drop), draw_seed() if drop > 0 else 0)
     return out.view(x.shape)

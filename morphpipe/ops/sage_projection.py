@@ -29,6 +29,10 @@ def sage_projection(neigh: Tensor, h_dst: Tensor, w_neigh: Tensor, w_self: Tenso
     `base` is the neighbour part already projected (SAGE projecting before aggregating); then the
     self projection accumulates into it.
     """
+    if torch.is_autocast_enabled(h_dst.device.type):  # in-place addmm_ is not autocast: cast the operands here
+        dtype = torch.get_autocast_dtype(h_dst.device.type)
+        neigh, h_dst, w_neigh, w_self = (tensor.to(dtype) for tensor in (neigh, h_dst, w_neigh, w_self))
+        base = None if base is None else base.to(dtype)
     if base is not None:
         return base.addmm_(h_dst, w_self.t())
     rows, in_features, out_features = h_dst.shape[0], h_dst.shape[1], w_self.shape[0]

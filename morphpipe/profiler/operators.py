@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from morphpipe.nn import build_model
+from morphpipe.nn.task import Task
 from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.profiler.profile import PhaseTiming, ThreadScaling
-from morphpipe.sampling.cpu_batcher import CpuBatcher
-from morphpipe.sampling.gpu_batcher import GpuBatcher
 from morphpipe.sampling.minibatch import MiniBatch
 
 PHASES = ("cpu_batching", "gpu_batching", "dma", "training")
@@ -39,6 +37,7 @@ class ProfilingSession:
     budget_s: float
     seed: int
     progress: tqdm
+    task: Task
     sample_batches: list[MiniBatch] = field(default_factory=list)
 
     def cycled_batches(self) -> Iterator[MiniBatch]:
@@ -48,9 +47,9 @@ class ProfilingSession:
     def new_train_step(self, device: torch.device) -> TrainStep:
         """A freshly initialised model and optimizer on `device`, as training would start."""
         torch.manual_seed(self.seed)
-        model = build_model(self.model_name, self.graph.feature_dim, self.graph.num_classes,
-                            num_layers=len(self.fanouts), hidden=self.hidden).to(device)
-        return TrainStep(model, make_optimizer(model.parameters(), 1e-3, device))
+        model = self.task.build_model(self.model_name, self.graph, num_layers=len(self.fanouts),
+                                      hidden=self.hidden).to(device)
+        return TrainStep(model, make_optimizer(model.parameters(), 1e-3, device), self.task)
 
 
 Operator = Callable[[ProfilingSession], PhaseTiming | ThreadScaling]
@@ -102,8 +101,8 @@ def cpu_batching(session: ProfilingSession) -> ThreadScaling:
     """Wall time per delivered batch of the C++ batcher at each thread count (1 / throughput)."""
     points = {}
     for threads in session.thread_counts:
-        batcher = CpuBatcher(session.graph, session.fanouts, session.batch_size, num_threads=threads,
-                             seed=session.seed)
+        batcher = session.task.batcher(session.graph, session.fanouts, session.batch_size, route=0,
+                                       num_threads=threads, seed=session.seed)
         needed = session.warmup + session.steps
         batches = itertools.chain.from_iterable(batcher.epoch(epoch) for epoch in itertools.count())
         seconds = []
@@ -138,7 +137,8 @@ def cpu_training(session: ProfilingSession) -> ThreadScaling:
 @register_operator("gpu_batching", "cuda")
 def cuda_gpu_batching(session: ProfilingSession) -> PhaseTiming:
     """Route 1 batch time (T_UVA): sampling, feature and label gathering on the GPU over UVA, per batch."""
-    with GpuBatcher(session.graph, session.fanouts, session.batch_size, seed=session.seed) as batcher:
+    with session.task.batcher(session.graph, session.fanouts, session.batch_size, route=1,
+                              seed=session.seed) as batcher:
         batches = itertools.chain.from_iterable(batcher.epoch(epoch) for epoch in itertools.count())
         return timed_steps(session, lambda: next(batches), torch.cuda.synchronize)
 

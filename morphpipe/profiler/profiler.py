@@ -8,11 +8,11 @@ import torch
 from tqdm import tqdm
 
 from morphpipe.data.fingerprint import dataset_fingerprint
+from morphpipe.nn.task import NodeClassification, Task
 from morphpipe.profiler.contention import ContentionMonitor
 from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.profiler.operators import OPERATORS, ProfilingSession
 from morphpipe.profiler.profile import Profile
-from morphpipe.sampling.cpu_batcher import CpuBatcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -47,6 +47,7 @@ class Profiler:
     stopping after `budget_s` seconds once a few steps are timed. A `monitor` watches the
     machine meanwhile: when other processes took our cores, the whole measurement is repeated
     (up to `attempts` times) and the least contended one is kept; the profile records it.
+    `task` (default: node classification) says what is batched and trained.
     """
 
     def __init__(
@@ -67,7 +68,10 @@ class Profiler:
         attempts: int = 2,
         monitor: ContentionMonitor | None = None,
         log: Callable[[str], None] = print,
+        task: Task | None = None,
     ) -> None:
+        self.task = task or NodeClassification()
+        self.task.check_graph(graph)
         self.graph = graph
         self.model = model
         self.fanouts = check_fanouts(fanouts)
@@ -130,10 +134,11 @@ class Profiler:
             session = ProfilingSession(
                 graph=self.graph, fanouts=self.fanouts, batch_size=self.batch_size, model_name=self.model,
                 hidden=self.hidden, thread_counts=self.thread_counts, warmup=self.warmup, steps=self.steps,
-                budget_s=self.budget_s, seed=self.seed, progress=bar,
+                budget_s=self.budget_s, seed=self.seed, progress=bar, task=self.task,
             )
             bar.set_postfix_str("sampling batches")
-            with CpuBatcher(self.graph, self.fanouts, self.batch_size, seed=self.seed, pin_memory=False) as batcher:
+            with self.task.batcher(self.graph, self.fanouts, self.batch_size, route=0, seed=self.seed,
+                                   pin_memory=False) as batcher:
                 for batch in batcher:
                     session.sample_batches.append(batch)
                     bar.update(1)
@@ -143,7 +148,7 @@ class Profiler:
             for phase, hardware in phases:
                 bar.set_postfix_str(f"{phase} on {hardware}")
                 timings[phase] = OPERATORS[(phase, hardware)](session)
-        num_seeds = len(self.graph.train_idx)
+        num_seeds = len(self.task.seeds(self.graph))
         return Profile(
             hardware=self.hardware,
             device=self.device,
@@ -160,6 +165,7 @@ class Profiler:
     def workload(self) -> dict[str, str | int | float | bool | None]:
         """What was profiled, stored in the Profile so a plan can say what it is for."""
         return {
+            **self.task.meta(),
             "dataset": getattr(self.graph, "name", "graph"),
             "dataset_fingerprint": dataset_fingerprint(self.graph),
             "num_nodes": int(self.graph.num_nodes),

@@ -65,12 +65,16 @@ class SeedBatcher(Batcher):
                  shuffle: bool, drop_last: bool, seed: int) -> None:
         self.graph = graph
         note_first_use(graph)
-        self.fanouts = check_fanouts(fanouts)
+        self.fanouts = self.checked_fanouts(fanouts)
         self.batch_size = check_positive("batch_size", batch_size)
         self.seeds = check_seed_ids(graph.train_idx if seeds is None else seeds, graph.num_nodes)
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.seed = check_int("seed", seed, 0)
+
+    def checked_fanouts(self, fanouts):
+        """`fanouts` as this batcher takes them (one count per hop); a typed batcher takes them per relation."""
+        return check_fanouts(fanouts)
 
     def __len__(self) -> int:
         """Batches per epoch."""

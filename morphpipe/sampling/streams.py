@@ -75,10 +75,10 @@ CUDA_STREAMS = CudaStreams()
 
 
 def batch_tensors(batch: MiniBatch) -> Iterator[torch.Tensor]:
-    """Every tensor a batch holds (ids, features, labels, block structure)."""
-    yield from (batch.seeds, batch.input_nodes, batch.x, batch.y)
+    """Every tensor a batch holds (ids, features, targets, block structure)."""
+    yield from batch.tensors()
     for block in batch.blocks:
-        yield from (block.indptr, block.indices)
+        yield from block.tensors()
 
 
 def record_batch(api: StreamApi, batch: MiniBatch, stream: Any) -> None:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from morphpipe.sampling.cpu_batcher import CpuBatcher
-from morphpipe.sampling.minibatch import MiniBatch
+from morphpipe.sampling.minibatch import MiniBatch, tensors_of
 
 
 @dataclass
@@ -46,7 +46,7 @@ def measure_throughput(batches: Iterable[MiniBatch], max_batches: int | None = N
         count += 1
         edges += batch.num_sampled_edges()
         input_nodes += batch.input_nodes.numel()
-        feature_bytes += batch.x.numel() * batch.x.element_size()
+        feature_bytes += sum(t.numel() * t.element_size() for t in tensors_of(batch.x) if t.is_floating_point())
         total_bytes += batch.nbytes
         if max_batches is not None and count >= max_batches:
             break

@@ -105,6 +105,13 @@ def test_every_numeric_option_uses_a_checked_type():
     assert {path for path, _, _ in options} <= set(COMMAND_PREFIX)
 
 
+def test_a_value_that_begins_with_a_dash_is_told_how_to_attach_it(capsys):
+    command = ["data", "generate", "tiny", "-o", "never-written", "--split"]
+    fails_with([*command, "-0.1,0.5,0.6"], capsys, "argument --split: expected one argument",
+               "(a value that begins with '-' is attached with '=': --split=VALUE)")
+    fails_with([*command[:-1], "--split=-0.1,0.5,0.6"], capsys, "split fraction train must be", "got -0.1")
+
+
 BAD_INTEGERS = ["nan", "inf", "-1", str(10**30), "abc", "2.5"]
 BAD_NUMBERS = ["nan", "inf", "-inf", "-1", "abc"]
 

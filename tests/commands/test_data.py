@@ -149,3 +149,27 @@ def test_convert_pyg_file(tmp_path):
 def test_convert_missing_source(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run("data", "convert", "edgelist", str(tmp_path / "nope.csv"), "-o", str(tmp_path / "out"))
+
+
+def test_generate_memory_budget(tmp_path, capsys):
+    out = tmp_path / "g"
+    with pytest.raises(ValueError, match=r"--memory-budget is 1\.0 MiB; fix: --memory-budget \d+M or more"):
+        run("data", "generate", "--kind", "power-law", "--nodes", "50000", "-o", str(out), "--memory-budget", "1M")
+    assert run("data", "generate", "--kind", "power-law", "--nodes", "50000", "--avg-degree", "40", "-o", str(out),
+               "--memory-budget", "64MiB") == 0
+    assert "sorted on disk in" in capsys.readouterr().err
+    assert GraphStore.load(out).num_nodes == 50_000
+
+
+def test_convert_memory_budget(tmp_path):
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "edges.npy", rng.integers(0, 20_000, (2, 200_000)))
+    common = ("data", "convert", "edgelist", str(tmp_path / "edges.npy"), "--num-nodes", "20000", "--undirected")
+    with pytest.raises(ValueError, match=r"memory_budget: is 1\.0 MiB, below .* give --memory-budget 2M or more"):
+        run(*common, "-o", str(tmp_path / "small"), "--memory-budget", "1M")
+    assert not (tmp_path / "small").exists()
+    assert run(*common, "-o", str(tmp_path / "on-disk"), "--memory-budget", "2M") == 0
+    assert run(*common, "-o", str(tmp_path / "in-memory")) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["edges.npy", "in-memory", "on-disk"]
+    for name in ("indptr.npy", "indices.npy"):
+        assert (tmp_path / "on-disk" / name).read_bytes() == (tmp_path / "in-memory" / name).read_bytes()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import gzip
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -10,6 +12,8 @@ import torch
 
 from morphpipe.data import (ConvertOptions, GraphStore, GraphValidationError, SplitFractions, from_edge_list,
                             from_ogb, from_pyg, from_scipy)
+from morphpipe.data import converters
+from morphpipe.data.external_csc import SortPlan
 
 # A 4-node graph: 0->1, 1->2, 2->0, 2->3, 3->3 (self loop), 0->1 (repeated).
 SRC = [0, 1, 2, 2, 3, 0]
@@ -237,3 +241,105 @@ def test_node_count_covers_feature_rows_beyond_the_last_edge():
                            splits={"train": [0, 5], "val": [4], "test": []},
                            options=ConvertOptions(num_classes=2))
     assert store.num_nodes == 6
+
+
+def random_edge_table(num_nodes: int = 20_000, num_edges: int = 200_000) -> np.ndarray:
+    """(E, 2) int64 edges with self loops, repeated edges and isolated nodes (ids drawn from 90% of the nodes)."""
+    rng = np.random.default_rng(7)
+    table = rng.integers(0, int(num_nodes * 0.9), (num_edges, 2), dtype=np.int64)
+    table[:1000, 1] = table[:1000, 0]
+    table[-1000:] = table[1000:2000]
+    table[0] = num_nodes - 1
+    return table
+
+
+SMALL_BUDGET = 20_001 * 8 + (1 << 20)  # indptr of 20,000 nodes and the least sort memory: several sorted runs
+
+
+@pytest.fixture
+def external_runs(monkeypatch) -> list[int]:
+    """The number of sorted runs of every external CSC build the converters start."""
+    runs: list[int] = []
+    build = converters.build_csc_on_disk
+
+    def spy(chunks, num_keys, num_nodes, directory, *, memory_budget, **options):
+        runs.append(SortPlan.for_budget(num_keys, memory_budget).num_runs)
+        return build(chunks, num_keys, num_nodes, directory, memory_budget=memory_budget, **options)
+
+    monkeypatch.setattr(converters, "build_csc_on_disk", spy)
+    return runs
+
+
+@pytest.mark.parametrize("options", [dict(), dict(make_undirected=True, drop_self_loops=True, dedupe=True)])
+@pytest.mark.parametrize("converter", ["npy", "text", "ogb", "pyg"])
+def test_external_sort_gives_the_in_memory_csc(tmp_path, converter, options, external_runs):
+    table = random_edge_table()
+    if converter == "npy":
+        np.save(tmp_path / "edges.npy", table)
+        convert = lambda opts: from_edge_list(tmp_path / "edges.npy", options=opts)  # noqa: E731
+    elif converter == "text":
+        np.savetxt(tmp_path / "edges.csv", table, fmt="%d", delimiter=",", header="src,dst", comments="")
+        convert = lambda opts: from_edge_list(tmp_path / "edges.csv", options=opts)  # noqa: E731
+    elif converter == "ogb":
+        write_csv_gz(tmp_path / "raw" / "edge.csv.gz", table)
+        write_csv_gz(tmp_path / "raw" / "num-node-list.csv.gz", [20_000])
+        convert = lambda opts: from_ogb(tmp_path, options=opts)  # noqa: E731
+    else:
+        torch_geometric = pytest.importorskip("torch_geometric")
+        data = torch_geometric.data.Data(edge_index=torch.from_numpy(table.T.copy()), num_nodes=20_000)
+        convert = lambda opts: from_pyg(data, options=opts)  # noqa: E731
+    with pytest.warns(UserWarning, match="generated random"):
+        on_disk = convert(ConvertOptions(memory_budget=SMALL_BUDGET, num_nodes=20_000, **options))
+        assert len(external_runs) == 1 and external_runs[0] >= 2
+        in_memory = convert(ConvertOptions(num_nodes=20_000, **options))
+        assert len(external_runs) == 1
+    assert torch.equal(on_disk.indptr, in_memory.indptr) and torch.equal(on_disk.indices, in_memory.indices)
+    assert on_disk.indices.dtype == torch.int32
+    on_disk.save(tmp_path / "saved")
+    assert torch.equal(GraphStore.load(tmp_path / "saved").indices, in_memory.indices)
+
+
+@pytest.mark.parametrize("source", ["array", "text"])
+def test_external_sort_leaves_no_scratch_files(tmp_path, external_runs, source):
+    edges = random_edge_table()
+    if source == "text":
+        np.savetxt(tmp_path / "edges.txt", edges, fmt="%d")
+        edges = tmp_path / "edges.txt"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.warns(UserWarning):
+        store = from_edge_list(edges, options=ConvertOptions(memory_budget=SMALL_BUDGET, scratch_dir=scratch,
+                                                             num_nodes=20_000))
+    assert external_runs and list(scratch.iterdir()) == [] and store.num_edges == 200_000
+
+
+def test_scratch_left_by_a_killed_conversion_is_removed(tmp_path):
+    dead = _dead_pid()
+    left = tmp_path / f".morphpipe-csc.partial-{dead}"
+    left.mkdir()
+    (left / ".sorted-runs.tmp").write_bytes(b"x" * 100)
+    with converters.scratch_directory(tmp_path, "csc") as scratch:
+        assert scratch.name == f".morphpipe-csc.partial-{os.getpid()}" and not left.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def _dead_pid() -> int:
+    """The id of a process that has exited."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_budget_below_the_topology_is_refused_with_the_number_needed():
+    with pytest.raises(GraphValidationError, match=r"memory_budget: is 1\.0 MiB, below the 1\.8 MiB the topology of "
+                                                   r"100,000 nodes needs .* give --memory-budget 2M or more"):
+        from_edge_list(random_edge_table(100_000), options=ConvertOptions(memory_budget=1 << 20,
+                                                                          num_nodes=100_000))
+
+
+def test_bad_id_in_a_later_chunk_is_named_by_its_edge(tmp_path, monkeypatch):
+    monkeypatch.setattr("morphpipe.data.csc.CHUNK_EDGES", 1000)
+    table = random_edge_table()
+    table[150_001, 1] = 20_000
+    with pytest.raises(GraphValidationError, match="dst: node id 20000 at edge 150001 is outside"):
+        from_edge_list(table, options=ConvertOptions(memory_budget=SMALL_BUDGET, num_nodes=20_000))

@@ -104,3 +104,30 @@ def test_mismatched_lengths():
 def test_float_ids_are_refused():
     with pytest.raises(GraphValidationError, match="src: .*float64"):
         build_csc(np.array([0.0, 1.0]), [1, 2], 3)
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_edge_chunks_of_a_mapped_file_do_not_pile_up_in_rss(tmp_path, layout, monkeypatch):
+    """Keys of a memory-mapped edge file equal pack_edge_keys', and its pages leave the resident set once read."""
+    psutil = pytest.importorskip("psutil")
+    monkeypatch.setattr(csc, "CHUNK_EDGES", 1 << 20)
+    rng = np.random.default_rng(0)
+    edges = rng.integers(0, 1000, (2, 12 << 20))
+    np.save(tmp_path / "edges.npy", edges if layout == "rows" else np.ascontiguousarray(edges.T))
+    mapped = np.load(tmp_path / "edges.npy", mmap_mode="r")
+    src, dst = (mapped[0], mapped[1]) if layout == "rows" else (mapped[:, 0], mapped[:, 1])
+    process = psutil.Process()
+    before = process.memory_info().rss
+    keys = np.concatenate([chunk.copy() for chunk in csc.edge_key_chunks(src, dst, 1000)])
+    grown = process.memory_info().rss - before - keys.nbytes
+    assert np.array_equal(keys, csc.pack_edge_keys(edges[0], edges[1], 1000))
+    assert grown < 48 << 20, f"{grown >> 20} MiB of the 192 MiB file stayed resident"
+
+
+def test_pages_of_a_copy_on_write_map_are_kept(tmp_path):
+    """Dropping the pages of a "c" map would discard the caller's in-memory changes: they are left alone."""
+    np.save(tmp_path / "edges.npy", np.zeros((2, 1 << 16), dtype=np.int64))
+    edges = np.load(tmp_path / "edges.npy", mmap_mode="c")
+    edges[0] = 1
+    keys = np.concatenate([chunk.copy() for chunk in csc.edge_key_chunks(edges[0], edges[1], 2)])
+    assert np.all(keys == 1) and np.all(edges[0] == 1)

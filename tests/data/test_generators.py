@@ -1,13 +1,18 @@
 """Generators and presets: determinism, degree skew, homophily, and a graph where neighbours beat own features."""
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import scipy.sparse
 import torch
 
 from morphpipe.data import PRESETS, GeneratorSpec, GraphStore, SplitFractions, generate, get_preset
-from morphpipe.data import generators
+from morphpipe.data import external_csc, generators
 from morphpipe.data.ondisk import read_meta
 
 
@@ -99,7 +104,7 @@ def test_meta_records_the_spec(tmp_path):
 def test_timings_are_reported(tmp_path):
     timings: dict[str, float] = {}
     generate(spec(), tmp_path / "g", progress=False, timings=timings)
-    assert set(timings) == {"edges", "sort", "csc", "save", "features"}
+    assert set(timings) == {"edges", "csc", "save", "features"}
 
 
 def test_refuses_to_overwrite_without_permission(tmp_path):
@@ -176,5 +181,91 @@ def test_presets_match_their_descriptions():
 
 
 def test_unknown_preset_lists_the_presets():
-    with pytest.raises(ValueError, match="tiny, default, bench-1m, bench-10m"):
+    with pytest.raises(ValueError, match="tiny, default, bench-1m, bench-10m, papers100m-like"):
         get_preset("huge")
+
+
+def test_a_budget_that_spills_sorted_runs_gives_the_same_files(tmp_path):
+    """The external sort (edges in several runs on disk) writes byte-identical graphs to the in-memory sort."""
+    big = spec(num_nodes=20_000, avg_degree=20)
+    generate(big, tmp_path / "memory", progress=False)
+    held = generators.generation_needs(big).held_bytes
+    needs = generators.check_fits_in_memory(big, tmp_path, memory_budget=held + (1 << 20))
+    assert needs.sort.num_runs > 2 and generators.generation_needs(big, held + (64 << 20)).sort.num_runs == 1
+    generate(big, tmp_path / "runs", progress=False, memory_budget=needs.budget)
+    assert file_bytes(tmp_path / "memory") == file_bytes(tmp_path / "runs")
+
+
+def test_a_budget_below_what_the_topology_needs_is_refused_with_the_number(tmp_path):
+    big = spec(num_nodes=200_000, avg_degree=4)
+    with pytest.raises(ValueError, match=r"indptr 1\.5 MiB, labels 1\.5 MiB.*--memory-budget is 1\.0 MiB; "
+                                         r"fix: --memory-budget \d+M or more"):
+        generate(big, tmp_path / "g", progress=False, memory_budget=1 << 20)
+    assert not (tmp_path / "g").exists()
+
+
+def test_papers100m_like_preset_is_shaped_like_papers100m(tmp_path):
+    papers = PRESETS["papers100m-like"].spec
+    assert (papers.num_nodes, papers.feature_dim, papers.feature_dtype, papers.num_classes, papers.undirected) == \
+        (111_059_956, 128, "float16", 172, False)
+    assert 1.55e9 <= papers.num_nodes * papers.avg_degree <= 1.65e9
+    needs = generators.generation_needs(papers, memory_budget=6 << 30, directory=tmp_path)
+    assert needs.sort.num_runs > 1 and needs.budget - needs.held_bytes >= 2 << 30
+    assert 36e9 <= needs.peak_disk_bytes <= 40e9  # 28.4 GB features, 6.5 GB int32 indices, 2.7 GB per-node arrays
+    # The same shape at 1/5000 of the nodes: directed, skewed in-degree, 1.1% of the nodes in the train split.
+    store = build(tmp_path, papers.with_overrides(num_nodes=22_212))
+    degrees = store.in_degrees().numpy()
+    assert 14 <= store.num_edges / store.num_nodes <= 14.55
+    assert degrees.max() > 20 * degrees.mean()
+    assert store.train_idx.numel() == round(0.011 * 22_212) and store.num_classes == 172
+    dst = np.repeat(np.arange(store.num_nodes), degrees)
+    forward = set(zip(store.indices.numpy()[:2000].tolist(), dst[:2000].tolist()))
+    assert sum((d, s) in forward for s, d in forward) < 0.1 * len(forward), "directed: few reverse edges"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs: a file system that really fills up (needs root and mount; skipped elsewhere)."""
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_during_generation_leaves_the_previous_graph_intact(small_tmpfs, monkeypatch):
+    generate(spec(), small_tmpfs / "g", progress=False)
+    before = file_bytes(small_tmpfs / "g")
+    bigger = spec(num_nodes=20_000, avg_degree=20, feature_dim=64)  # ~1.6 MB of sort runs, 5 MB of features
+    with pytest.raises(ValueError, match="GiB on disk at peak|MiB"):
+        generate(bigger, small_tmpfs / "g", progress=False, overwrite=True)
+    real_usage = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=1 << 40))  # the check passes
+    with pytest.raises(OSError, match=r"failed while writing \(\d+ requested and \d+ written\); .* is free "
+                                      r"now on .*whatever was at .* is unchanged"):
+        generate(bigger, small_tmpfs / "g", progress=False, overwrite=True, memory_budget=64 << 20)
+    assert [path.name for path in small_tmpfs.iterdir()] == ["g"]
+    assert file_bytes(small_tmpfs / "g") == before
+
+
+@pytest.mark.parametrize("where", ["sort runs", "features"])
+def test_a_write_error_during_generation_leaves_the_previous_graph_intact(tmp_path, monkeypatch, where):
+    """The same with the error injected (runs everywhere): while spilling sorted runs, or writing features."""
+    generate(spec(), tmp_path / "g", progress=False)
+    before = file_bytes(tmp_path / "g")
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "sort runs":
+        monkeypatch.setattr(external_csc, "_spill", disk_full)
+    else:
+        monkeypatch.setattr(generators.NpyChunkWriter, "write", disk_full)
+    big = spec(num_nodes=20_000, avg_degree=20)
+    held = generators.generation_needs(big).held_bytes
+    with pytest.raises(OSError, match="No space left on device"):
+        generate(big, tmp_path / "g", progress=False, overwrite=True, memory_budget=held + (1 << 20))
+    assert [path.name for path in tmp_path.iterdir()] == ["g"]
+    assert file_bytes(tmp_path / "g") == before

@@ -13,7 +13,7 @@ import torch
 from morphpipe.executor import CpuDevices, Executor, route_seeds
 from morphpipe.executor.virtual import (VirtualCpuBatcher, VirtualGpuBatcher, VirtualTrainer, _VirtualCpuEpoch,
                                         virtual_executor)
-from morphpipe.nn import TrainStep, build_model
+from morphpipe.nn import NodeClassification, TrainStep, build_model
 from morphpipe.partitioner import Partitioner, PhaseTimes, Split
 from morphpipe.sampling import CpuBatcher
 from morphpipe.scheduler import Scheduler
@@ -170,7 +170,7 @@ def real_executor(graph, split: Split, loss_fn) -> Executor:
     cpu = CpuBatcher(graph, [5, 5], 128, num_threads=1, seeds=routes.cpu, pin_memory=False)
     gpu = CpuBatcher(graph, [5, 5], 128, num_threads=1, seeds=routes.gpu, pin_memory=False) if split.n_gpu else None
     model = build_model("sage", graph.feature_dim, graph.num_classes, num_layers=2, hidden=16)
-    step = TrainStep(model, torch.optim.Adam(model.parameters()), loss_fn)
+    step = TrainStep(model, torch.optim.Adam(model.parameters()), NodeClassification(loss_fn))
     return Executor(split, CpuDevices(), step, cpu_batcher=cpu, gpu_batcher=gpu)
 
 

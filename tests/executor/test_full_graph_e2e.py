@@ -9,7 +9,7 @@ import torch
 from morphpipe.commands.cli import main
 from morphpipe.data import PRESETS, GraphStore, generate
 from morphpipe.executor import FullGraphTrainer, Trainer
-from morphpipe.executor.layerwise import layerwise_inference
+from morphpipe.nn.layerwise import layerwise_inference
 from morphpipe.nn import build_model
 from morphpipe.profiler import Profile
 from morphpipe.sampling import batches_per_epoch

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from morphpipe.executor.evaluate import accuracy
 from morphpipe.executor.trace import overlaps
 from morphpipe.executor.virtual import VirtualDevices, virtual_executor
+from morphpipe.nn import NodeClassification
+from morphpipe.nn.evaluate import accuracy
 from morphpipe.partitioner import Partitioner, PhaseTimes
 from morphpipe.profiler import operators
 from morphpipe.profiler.operators import ProfilingSession
@@ -150,23 +151,24 @@ def test_accuracy_is_correct_seeds_over_all_seeds() -> None:
 
 # --- the profiler measures the thread counts it is asked for ----------------------------------------
 
-def test_cpu_batching_operator_runs_each_thread_count(monkeypatch) -> None:
+def test_cpu_batching_operator_runs_each_thread_count() -> None:
     built: list[int] = []
 
     class RecordingBatcher:
-        def __init__(self, graph, fanouts, batch_size, *, num_threads, seed) -> None:
-            built.append(num_threads)
-
         def epoch(self, epoch):
             return iter([object()] * 4)
 
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(operators, "CpuBatcher", RecordingBatcher)
+    class RecordingTask(NodeClassification):
+        def batcher(self, graph, fanouts, batch_size, *, route=0, num_threads=None, **options):
+            built.append(num_threads)
+            return RecordingBatcher()
+
     session = ProfilingSession(graph=None, fanouts=[2], batch_size=4, model_name="sage", hidden=None,
                                thread_counts=[1, 3, 2], warmup=1, steps=3, budget_s=1.0, seed=0,
-                               progress=tqdm(disable=True))
+                               progress=tqdm(disable=True), task=RecordingTask())
     scaling = operators.cpu_batching(session)
     assert built == [1, 3, 2]
     assert sorted(scaling.points) == [1, 2, 3]
@@ -182,7 +184,7 @@ def test_cpu_training_operator_runs_with_each_thread_count(monkeypatch) -> None:
     monkeypatch.setattr(ProfilingSession, "new_train_step", lambda self, device: RecordingStep())
     session = ProfilingSession(graph=None, fanouts=[2], batch_size=4, model_name="sage", hidden=None,
                                thread_counts=[1, 2], warmup=0, steps=3, budget_s=10.0, seed=0,
-                               progress=tqdm(disable=True), sample_batches=[object()])
+                               progress=tqdm(disable=True), task=NodeClassification(), sample_batches=[object()])
     before = torch.get_num_threads()
     operators.cpu_training(session)
     assert seen == [1, 1, 1, 2, 2, 2]

@@ -20,7 +20,7 @@ import pytest
 from morphpipe.data import PRESETS, generate
 from morphpipe.distributed.launcher import exit_description
 from morphpipe.executor.checkpoint import load_checkpoint
-from morphpipe.executor.stopping import STOP_EXIT_STATUS
+from morphpipe.executor.stopping import STOP_EXIT_STATUS, StopRequest, epoch_finish_estimate_s
 from morphpipe.outputs import partial_path, remove_stale_partials, replacing_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -78,8 +78,9 @@ def test_sigkill_in_a_checkpoint_write_and_in_a_step_then_resume_equals_the_unin
 
 
 def test_sigterm_stops_at_the_next_step_and_says_where_to_resume(dataset, tmp_path) -> None:
-    # Batches of 8 seeds: an epoch of some 200 steps, so the signal lands inside it on a quiet machine too.
-    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2, batch_size=8)
+    # Batches of 8 seeds: an epoch of some 200 steps, so the signal lands inside it on a quiet machine too;
+    # no grace period, so the epoch is not finished.
+    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2, batch_size=8, extra=("--stop-grace", "0"))
     watched = soak_kill.Watched(run.command(), run.environment())
     assert watched.wait_for(watched.in_step, 300), watched.lines[-10:]
     watched.process.send_signal(signal.SIGTERM)
@@ -93,6 +94,35 @@ def test_sigterm_stops_at_the_next_step_and_says_where_to_resume(dataset, tmp_pa
     watched.process.send_signal(signal.SIGTERM)
     assert watched.finish(60) == STOP_EXIT_STATUS
     assert "nothing was saved (no checkpoint directory was given)" in "\n".join(watched.lines)
+
+
+def test_sigterm_within_the_grace_period_finishes_and_checkpoints_the_epoch_and_the_resume_is_exact(
+        dataset, tmp_path) -> None:
+    reference_run = soak_kill.SoakRun(dataset, tmp_path / "reference", epochs=2, batch_size=8)
+    soak_kill.finish(reference_run, 300)
+    run = soak_kill.SoakRun(dataset, tmp_path / "stopped", epochs=2, batch_size=8, extra=("--stop-grace", "600"))
+    watched = soak_kill.Watched(run.command(), run.environment())
+    assert watched.wait_for(watched.in_step, 300), watched.lines[-10:]
+    watched.process.send_signal(signal.SIGTERM)
+    assert watched.finish(300) == STOP_EXIT_STATUS
+    text = "\n".join(watched.lines)
+    assert "stop requested by SIGTERM: finishing epoch 1 (" in text and "within the 600 s grace period" in text
+    assert (f"stopped by SIGTERM after epoch 1; the checkpoint in {run.directory / 'checkpoint'} holds 1 completed "
+            "epochs: run the same command again to resume from it") in text
+    assert load_checkpoint(run.directory / "checkpoint").epoch == 1
+    soak_kill.finish(run, 300)
+    assert soak_kill.Outcome.of(run).differences(soak_kill.Outcome.of(reference_run)) == []
+
+
+def test_the_grace_estimate_counts_the_remaining_steps_and_validation() -> None:
+    assert epoch_finish_estimate_s(0, 10, 0.0, 1.0) == float("inf")
+    assert epoch_finish_estimate_s(4, 10, 2.0, 1.5) == pytest.approx(6 * 0.5 + 1.5)
+    request = StopRequest(grace_s=30.0)
+    assert request.grace_left_s() == 30.0 and not request.requested
+    request.request("SIGTERM")
+    assert 29.0 < request.grace_left_s() <= 30.0 and request.reason == "SIGTERM"
+    with pytest.raises(ValueError, match="grace_s=-1.0"):
+        StopRequest(grace_s=-1.0)
 
 
 def test_the_launcher_names_the_rank_a_signal_killed_and_stops_the_others(tmp_path) -> None:

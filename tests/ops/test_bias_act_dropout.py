@@ -153,6 +153,20 @@ def test_eval_mode_and_p_zero_draw_nothing_and_equal_relu_of_x_plus_bias() -> No
     assert torch.equal(bias_act_dropout(x, None, "identity", 0.0), x)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_nan_and_infinities_pass_through_relu_and_dropout_as_in_plain_pytorch(p: float) -> None:
+    # A NaN hidden by the activation would let a poisoned feature row train on unseen by the finite guard.
+    x, bias = inputs(9, 40)
+    x[0, :7], x[1, :5], x[2, :5] = float("nan"), float("inf"), -float("inf")
+    out, mask = op().bias_act_dropout(x, bias, "relu", p, 99)
+    keep = unpack_mask(mask, x.shape) if p > 0 else None
+    expected = reference_bias_act_dropout(x, bias, "relu", p, keep)
+    assert torch.equal(out.isnan(), expected.isnan()) and int(out.isnan().sum()) >= (7 if p == 0 else 1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    grad_x, _ = op().bias_act_dropout_backward(torch.ones_like(x), out, mask, "relu", p, True)
+    assert torch.equal(grad_x[0, :7], torch.zeros(7)), "like torch.relu's backward: no gradient through a NaN"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_other_dtypes_follow_the_reference(dtype: torch.dtype) -> None:
     x, bias = inputs(40, 24, dtype)

@@ -59,7 +59,8 @@ def test_a_features_file_truncated_during_an_epoch_stops_it_naming_the_file(grap
         batches = batcher.epoch(0)
         next(batches)
         os.truncate(features, os.path.getsize(features) // 3)
-        with pytest.raises(RuntimeError, match=f"features file {features} shrank from"):
+        # A worker between its file check and its reads meets the short read instead: both name the file.
+        with pytest.raises(RuntimeError, match=f"features file {features} (shrank from|ends at byte)"):
             for _ in batches:
                 pass
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from morphpipe.numeric import format_bytes
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.minibatch import Block
 
@@ -41,11 +42,6 @@ class LayerwiseSettings:
     chunk_size: int
     memory_budget: int
     whole_graph: bool  # one chunk covers the graph: whole-graph blocks (decomposition-eligible)
-
-
-def _format_bytes(count: float) -> str:
-    """`count` bytes in MiB (GiB from 1 GiB up), for the log."""
-    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
 
 
 def layer_widths(model: nn.Module, in_dim: int) -> list[int]:
@@ -119,7 +115,7 @@ class TableStore:
     def new(self, layer: int, rows: int, width: int, dtype: torch.dtype, live_bytes: int) -> Tensor:
         """An empty `[rows, width]` table for layer `layer`'s output; on disk when it and `live_bytes` exceed the budget."""
         size = rows * width * torch.empty((), dtype=dtype).element_size()
-        where = f"{rows:,} x {width} {str(dtype).removeprefix('torch.')} ({_format_bytes(size)})"
+        where = f"{rows:,} x {width} {str(dtype).removeprefix('torch.')} ({format_bytes(size)})"
         if size + live_bytes <= self.budget:
             self.log(f"layer-wise inference: layer {layer} table {where} in memory")
             return torch.empty(rows, width, dtype=dtype)
@@ -127,7 +123,7 @@ class TableStore:
             self._tmp = tempfile.TemporaryDirectory(prefix="morphpipe-layerwise-", dir=self.tmp_root)
         path = Path(self._tmp.name) / f"layer{layer}.bin"
         self.log(f"layer-wise inference: layer {layer} table {where} memory-mapped at {path} (it does not fit in the "
-                 f"{_format_bytes(self.budget)} memory budget)")
+                 f"{format_bytes(self.budget)} memory budget)")
         array = np.memmap(path, dtype=_numpy_dtype(dtype), mode="w+", shape=(rows, width))
         return torch.from_numpy(array) if dtype != torch.bfloat16 else torch.from_numpy(array).view(torch.bfloat16)
 
@@ -203,7 +199,7 @@ def _chunked(model: nn.Module, graph, nodes: Tensor | None, settings: LayerwiseS
     chunks_per_layer = math.ceil(num_nodes / settings.chunk_size)
     total = chunks_per_layer * (model.num_layers - 1) + math.ceil(last_rows / settings.chunk_size)
     store.log(f"layer-wise inference: chunks of {settings.chunk_size:,} destinations "
-              f"({chunks_per_layer} per layer, memory budget {_format_bytes(settings.memory_budget)})")
+              f"({chunks_per_layer} per layer, memory budget {format_bytes(settings.memory_budget)})")
     table = graph.features
     with tqdm(total=total, desc="layer-wise inference", unit="chunk", leave=False, disable=not progress) as bar:
         for i in range(model.num_layers):

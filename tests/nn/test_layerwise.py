@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from morphpipe.executor.layerwise import ChunkBuilder, layerwise_inference
+from morphpipe.nn.layerwise import ChunkBuilder, layerwise_inference
 from morphpipe.nn import build_model
 from morphpipe.ops import force_choices
 from morphpipe.sampling.minibatch import Block

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from morphpipe.executor.layerwise import layerwise_inference
+from morphpipe.nn.layerwise import layerwise_inference
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.cpu_batcher import CpuBatcher
 

@@ -1,0 +1,131 @@
+// The fused aggregation kernels (weighted sums, max with argmax, their backward passes, per-edge dot
+// products), compiled once per CPU capability by for_each_capability.h inside that level's namespace: no
+// include guard and no includes (aggregate.cpp includes what they use first).
+
+// out[i] = dst_scale[i] * (sum_e w[e] src_scale[j] x[j] + self_loop * src_scale[i] x[i]).
+template <typename scalar_t>
+void spmm_sum_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* x, int64_t num_x, int64_t F,
+                     const acc_type<scalar_t>* w, const acc_type<scalar_t>* ss, const acc_type<scalar_t>* ds,
+                     bool self_loop, int64_t rows, const int64_t* order, scalar_t* out) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t nnz = ptr[rows];
+  for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
+    acc_t buf[kFeatureTile];
+    const acc_t scale = ds ? ds[i] : acc_t(1);
+    const bool self = self_loop && i < num_x;
+    for (int64_t f0 = 0; f0 < F; f0 += kFeatureTile) {
+      const int64_t n = std::min(kFeatureTile, F - f0);
+      std::fill(buf, buf + n, acc_t(0));
+      if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);
+      for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
+        if (e + kPrefetchEdges < nnz) prefetch_row(x + idx[e + kPrefetchEdges] * F + f0, n);
+        const int64_t j = idx[e];
+        const acc_t coef = (w ? w[e] : acc_t(1)) * (ss ? ss[j] : acc_t(1));
+        axpy(buf, x + j * F + f0, coef, n);
+      }
+      scalar_t* o = out + i * F + f0;
+      for (int64_t f = 0; f < n; ++f) o[f] = static_cast<scalar_t>(buf[f] * scale);
+    }
+  }, order);
+}
+
+// The adjoint of spmm_sum, scattered to sources with atomic adds into an accumulation buffer.
+template <typename scalar_t>
+void spmm_sum_scatter_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* g, int64_t F,
+                             const acc_type<scalar_t>* w, const acc_type<scalar_t>* ss,
+                             const acc_type<scalar_t>* ds, bool self_loop, int64_t rows, int64_t num_src,
+                             acc_type<scalar_t>* out) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t nnz = ptr[rows];
+  for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
+    const acc_t scale = ds ? ds[i] : acc_t(1);
+    const scalar_t* gi = g + i * F;
+    if (self_loop && i < num_src) atomic_axpy(out + i * F, gi, scale * (ss ? ss[i] : acc_t(1)), F);
+    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
+      const int64_t j = idx[e];
+      atomic_axpy(out + j * F, gi, scale * (w ? w[e] : acc_t(1)) * (ss ? ss[j] : acc_t(1)), F);
+    }
+  });
+}
+
+// out[i, f] = max_e w[e] x[j, f], arg[i, f] = the first edge e attaining it; zeros and -1 for empty rows.
+template <typename scalar_t>
+void spmm_max_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* x, int64_t F,
+                     const acc_type<scalar_t>* w, int64_t rows, const int64_t* order, scalar_t* out, int64_t* arg) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t nnz = ptr[rows];
+  for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
+    acc_t best[kFeatureTile];
+    int64_t where[kFeatureTile];
+    const int64_t beg = ptr[i], end = ptr[i + 1];
+    for (int64_t f0 = 0; f0 < F; f0 += kFeatureTile) {
+      const int64_t n = std::min(kFeatureTile, F - f0);
+      scalar_t* o = out + i * F + f0;
+      int64_t* a = arg + i * F + f0;
+      if (beg == end) {
+        std::fill(o, o + n, scalar_t(0));
+        std::fill(a, a + n, int64_t(-1));
+        continue;
+      }
+      std::fill(best, best + n, -std::numeric_limits<acc_t>::infinity());
+      std::fill(where, where + n, beg);
+      for (int64_t e = beg; e < end; ++e) {
+        if (e + kPrefetchEdges < nnz) prefetch_row(x + idx[e + kPrefetchEdges] * F + f0, n);
+        const scalar_t* xj = x + idx[e] * F + f0;
+        const acc_t coef = w ? w[e] : acc_t(1);
+        for (int64_t f = 0; f < n; ++f) {
+          const acc_t v = coef * static_cast<acc_t>(xj[f]);
+          const bool better = v > best[f];
+          best[f] = better ? v : best[f];
+          where[f] = better ? e : where[f];
+        }
+      }
+      for (int64_t f = 0; f < n; ++f) {
+        o[f] = static_cast<scalar_t>(best[f]);
+        a[f] = where[f];
+      }
+    }
+  }, order);
+}
+
+// Routes each max's gradient to its argmax edge: grad_x by atomic scatter, grad_weight per edge.
+template <typename scalar_t>
+void spmm_max_backward_kernel(const int64_t* idx, const int64_t* arg, const scalar_t* g, const scalar_t* x,
+                              int64_t F, const acc_type<scalar_t>* w, int64_t rows, acc_type<scalar_t>* grad_x,
+                              acc_type<scalar_t>* grad_w) {
+  using acc_t = acc_type<scalar_t>;
+  for_each_row(rows, rows * F, [&](int64_t i) {
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t e = arg[i * F + f];
+      if (e < 0) continue;
+      const int64_t j = idx[e];
+      const acc_t gv = static_cast<acc_t>(g[i * F + f]);
+      if (grad_x) {
+        const acc_t v = gv * (w ? w[e] : acc_t(1));
+#pragma omp atomic
+        grad_x[j * F + f] += v;
+      }
+      // Edges of row i belong to row i alone: no other thread writes grad_w[e].
+      if (grad_w) grad_w[e] += gv * static_cast<acc_t>(x[j * F + f]);
+    }
+  });
+}
+
+// out[e] = dot(a[i], b[indices[e]]) for every edge e of row i.
+template <typename scalar_t>
+void sddmm_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* a, const scalar_t* b, int64_t F,
+                  int64_t rows, acc_type<scalar_t>* out) {
+  using acc_t = acc_type<scalar_t>;
+  const int64_t nnz = ptr[rows];
+  for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
+    const scalar_t* ai = a + i * F;
+    for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
+      if (e + kPrefetchEdges < nnz) prefetch_row(b + idx[e + kPrefetchEdges] * F, F);
+      const scalar_t* bj = b + idx[e] * F;
+      acc_t dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t f = 0; f < F; ++f) dot += static_cast<acc_t>(ai[f]) * static_cast<acc_t>(bj[f]);
+      out[e] = dot;
+    }
+  });
+}

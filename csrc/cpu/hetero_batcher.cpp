@@ -1,0 +1,120 @@
+#include "cpu/hetero_batcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/hetero_sampler_checks.h"
+#include "common/random.h"
+#include "cpu/gather_rows.h"
+
+namespace morphpipe {
+
+HeteroCpuBatcher::HeteroCpuBatcher(std::vector<int64_t> type_offsets, std::vector<int64_t> src_types,
+                                   std::vector<int64_t> dst_types, std::vector<at::Tensor> indptrs,
+                                   std::vector<at::Tensor> indices, std::vector<std::optional<at::Tensor>> features,
+                                   at::Tensor labels, std::vector<std::vector<int64_t>> fanouts, int64_t num_threads,
+                                   int64_t queue_size, bool pin_memory)
+    : type_offsets_(std::move(type_offsets)),
+      src_types_(std::move(src_types)),
+      dst_types_(std::move(dst_types)),
+      indptrs_(std::move(indptrs)),
+      indices_(std::move(indices)),
+      features_(std::move(features)),
+      labels_(std::move(labels)),
+      fanouts_(std::move(fanouts)),
+      num_threads_(num_threads),
+      window_(std::max<int64_t>(queue_size, 1)) {
+  check_typed_topology(type_offsets_, src_types_, dst_types_, indptrs_, indices_);
+  check_typed_fanouts(fanouts_, src_types_.size());
+  TORCH_CHECK(num_threads_ >= 1, "num_threads: need at least 1 worker thread, got ", num_threads_);
+  TORCH_CHECK(queue_size >= 1, "queue_size: need room for at least 1 batch, got ", queue_size);
+  const size_t num_types = type_offsets_.size() - 1;
+  TORCH_CHECK(features_.size() == num_types, "features: ", features_.size(), " entries for ", num_types,
+              " node types; give one per type (None for a type without features)");
+  for (size_t t = 0; t < num_types; ++t) {
+    if (!features_[t]) continue;
+    const at::Tensor& rows = *features_[t];
+    TORCH_CHECK(rows.device().is_cpu() && rows.dim() == 2 && rows.is_contiguous(), "features of node type ", t,
+                ": expected a contiguous 2-D CPU tensor, got shape ", rows.sizes());
+    TORCH_CHECK(rows.size(0) == type_offsets_[t + 1] - type_offsets_[t], "features of node type ", t, ": ",
+                rows.size(0), " rows for ", type_offsets_[t + 1] - type_offsets_[t], " nodes; give one row per node");
+  }
+  TORCH_CHECK(labels_.device().is_cpu() && labels_.dim() == 1 && labels_.scalar_type() == at::kLong &&
+                  labels_.is_contiguous() && labels_.numel() == type_offsets_.back(),
+              "labels: expected a contiguous 1-D int64 CPU tensor with one label per node (", type_offsets_.back(), ")");
+  const size_t tensors_per_batch = 2 * fanouts_.size() * src_types_.size() + 3 * num_types + 2;
+  const size_t batches_held = static_cast<size_t>(queue_size + num_threads_ + 2);
+  pool_ = BufferPool::create(at::TensorOptions().pinned_memory(pin_memory), tensors_per_batch * batches_held);
+}
+
+std::shared_ptr<HeteroNeighborSampler> HeteroCpuBatcher::make_sampler() const {
+  return std::make_shared<HeteroNeighborSampler>(type_offsets_, src_types_, dst_types_, indptrs_, indices_, fanouts_);
+}
+
+void HeteroCpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed) {
+  stop();
+  TORCH_CHECK(order.dim() == 1 && order.scalar_type() == at::kLong,
+              "order: expected a 1-D int64 tensor of seed ids, got ", order.scalar_type());
+  TORCH_CHECK(batch_size >= 1, "batch_size: need at least 1 seed per batch, got ", batch_size);
+  const int64_t num_seeds = order.numel();
+  order_ = order.contiguous();
+  batch_size_ = batch_size;
+  epoch_seed_ = splitmix64(static_cast<uint64_t>(epoch_seed));
+  const int64_t num_batches = drop_last ? num_seeds / batch_size : (num_seeds + batch_size - 1) / batch_size;
+  window_.start(num_batches, num_threads_, [this]() -> OrderedWindow<HeteroCpuBatch>::Builder {
+    auto sampler = make_sampler();
+    return [this, sampler](int64_t batch_index) {
+      const int64_t begin = batch_index * batch_size_;
+      const int64_t count = std::min(batch_size_, order_.numel() - begin);
+      return build_batch(*sampler, order_.data_ptr<int64_t>() + begin, count, batch_index, epoch_seed_);
+    };
+  });
+}
+
+HeteroCpuBatch HeteroCpuBatcher::build(const at::Tensor& seeds, int64_t batch_index, int64_t epoch_seed) {
+  TORCH_CHECK(seeds.dim() == 1 && seeds.scalar_type() == at::kLong,
+              "seeds: expected a 1-D int64 tensor of node ids, got ", seeds.scalar_type());
+  const at::Tensor contiguous = seeds.contiguous();
+  auto sampler = make_sampler();
+  return build_batch(*sampler, contiguous.data_ptr<int64_t>(), contiguous.numel(), batch_index,
+                     splitmix64(static_cast<uint64_t>(epoch_seed)));
+}
+
+HeteroCpuBatch HeteroCpuBatcher::build_batch(HeteroNeighborSampler& sampler, const int64_t* seeds, int64_t count,
+                                             int64_t batch_index, uint64_t mixed_epoch_seed) {
+  HeteroCpuBatch batch;
+  batch.batch_index = batch_index;
+  batch.seeds = pool_->empty({count}, at::kLong);
+  std::memcpy(batch.seeds.data_ptr<int64_t>(), seeds, count * sizeof(int64_t));
+  SampledTypedBlocks blocks =
+      sampler.sample(seeds, count, splitmix64(mixed_epoch_seed ^ static_cast<uint64_t>(batch_index)), *pool_);
+  batch.indptrs = std::move(blocks.indptrs);
+  batch.indices = std::move(blocks.indices);
+  batch.counts = std::move(blocks.counts);
+  const size_t num_types = type_offsets_.size() - 1;
+  batch.x.resize(num_types);
+  for (size_t t = 0; t < num_types; ++t) {
+    const at::Tensor& nodes = blocks.nodes[t];
+    const int64_t num = nodes.numel();
+    at::Tensor local = pool_->empty({num}, at::kLong);
+    const int64_t* global = nodes.data_ptr<int64_t>();
+    int64_t* out = local.data_ptr<int64_t>();
+    const int64_t start = type_offsets_[t];
+    for (int64_t i = 0; i < num; ++i) out[i] = global[i] - start;
+    if (features_[t]) {
+      const at::Tensor& rows = *features_[t];
+      batch.x[t] = pool_->empty({num, rows.size(1)}, rows.scalar_type());
+      gather_rows_into(rows, out, num, batch.x[t]);
+    } else {
+      batch.x[t] = std::move(local);
+    }
+  }
+  batch.nodes = std::move(blocks.nodes);
+  batch.y = pool_->empty({count}, at::kLong);
+  const int64_t* labels = labels_.data_ptr<int64_t>();
+  int64_t* y = batch.y.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) y[i] = labels[seeds[i]];
+  return batch;
+}
+
+}  // namespace morphpipe

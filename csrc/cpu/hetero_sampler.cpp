@@ -1,0 +1,147 @@
+// Typed (heterogeneous) neighbour sampling on the CPU: HeteroNeighborSampler, behind HeteroCpuBatcher.
+#include "cpu/hetero_sampler.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/hetero_sampler_checks.h"
+#include "common/sampler_checks.h"
+#include "cpu/choose_offsets.h"
+
+namespace morphpipe {
+
+HeteroNeighborSampler::HeteroNeighborSampler(std::vector<int64_t> type_offsets, std::vector<int64_t> src_types,
+                                             std::vector<int64_t> dst_types, std::vector<at::Tensor> indptrs,
+                                             std::vector<at::Tensor> indices, std::vector<std::vector<int64_t>> fanouts)
+    : type_offsets_(std::move(type_offsets)),
+      src_types_(std::move(src_types)),
+      dst_types_(std::move(dst_types)),
+      indptrs_(std::move(indptrs)),
+      indices_(std::move(indices)),
+      fanouts_(std::move(fanouts)) {
+  check_typed_topology(type_offsets_, src_types_, dst_types_, indptrs_, indices_);
+  check_typed_fanouts(fanouts_, src_types_.size());
+  nodes_.resize(type_offsets_.size() - 1);
+}
+
+int64_t HeteroNeighborSampler::type_of(int64_t node) const {
+  return static_cast<int64_t>(std::upper_bound(type_offsets_.begin(), type_offsets_.end(), node) -
+                              type_offsets_.begin()) - 1;
+}
+
+template <typename index_t>
+void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indices, int64_t fanout, int64_t num_dst,
+                                            Xoshiro256& rng, int64_t* out_indptr, BufferPool& pool,
+                                            at::Tensor& out_indices) {
+  const int64_t* indptr = indptrs_[relation].data_ptr<int64_t>();
+  const int64_t num_edges = indices_[relation].numel();
+  const int64_t dst_start = type_offsets_[dst_types_[relation]];
+  const int64_t src_type = src_types_[relation];
+  const int64_t src_start = type_offsets_[src_type];
+  const int64_t num_src_nodes = type_offsets_[src_type + 1] - src_start;
+  const std::vector<int64_t>& dst_nodes = nodes_[dst_types_[relation]];
+  std::vector<int64_t>& src_nodes = nodes_[src_type];
+  // Pass 1: how many neighbours each destination takes (each range checked as it is read).
+  begins_.resize(num_dst);
+  out_indptr[0] = 0;
+  for (int64_t dst = 0; dst < num_dst; ++dst) {
+    const int64_t local = dst_nodes[dst] - dst_start;
+    const int64_t begin = indptr[local];
+    const int64_t end = indptr[local + 1];
+    TORCH_CHECK(begin >= 0 && begin <= end && end <= num_edges, "relation ", relation, " indptr: node ", local,
+                " of its destination type has the neighbour range [", begin, ", ", end, "), which is not inside [0, ",
+                num_edges, "] and non-decreasing; validate the graph (HeteroGraphStore.validate)");
+    const int64_t degree = end - begin;
+    const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
+    begins_[dst] = begin;
+    out_indptr[dst + 1] = out_indptr[dst] + taken;
+  }
+  TORCH_CHECK(static_cast<int64_t>(src_nodes.size()) + out_indptr[num_dst] < INT32_MAX,
+              "one batch would hold more than 2^31 nodes of one type; use a smaller batch_size or smaller fanouts");
+  out_indices = pool.empty({out_indptr[num_dst]}, at::kLong);
+  int64_t* out = out_indices.data_ptr<int64_t>();
+  // Pass 2: sample and relabel within the source type.
+  for (int64_t dst = 0; dst < num_dst; ++dst) {
+    const int64_t begin = begins_[dst];
+    const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
+    const int64_t degree = indptr[dst_nodes[dst] - dst_start + 1] - begin;
+    const index_t* neighbours = indices + begin;
+    auto emit = [&](int64_t neighbour) {
+      TORCH_CHECK(neighbour >= 0 && neighbour < num_src_nodes, "relation ", relation, " indices[", begin,
+                  "..] hold source id ", neighbour, " outside its source type's local ids [0, ", num_src_nodes,
+                  "); validate the graph (HeteroGraphStore.validate) before sampling");
+      const int64_t global = neighbour + src_start;
+      bool inserted;
+      const int64_t local = node_map_.insert(global, static_cast<int64_t>(src_nodes.size()), inserted);
+      if (inserted) src_nodes.push_back(global);
+      *out++ = local;
+    };
+    if (taken == degree) {
+      for (int64_t offset = 0; offset < degree; ++offset) node_map_.prefetch(neighbours[offset] + src_start);
+      for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
+    } else {
+      choose_offsets(degree, taken, rng, chosen_, shuffle_);
+      for (const int64_t offset : chosen_) node_map_.prefetch(neighbours[offset] + src_start);
+      for (const int64_t offset : chosen_) emit(neighbours[offset]);
+    }
+  }
+}
+
+SampledTypedBlocks HeteroNeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
+                                                 BufferPool& pool) {
+  Xoshiro256 rng(rng_seed);
+  node_map_.clear();
+  node_map_.reserve(num_seeds * 8);
+  for (auto& nodes : nodes_) nodes.clear();
+  const int64_t num_nodes = type_offsets_.back();
+  for (int64_t i = 0; i < num_seeds; ++i) {
+    const int64_t seed = seeds[i];
+    check_seed_id(i, seed, num_nodes);
+    std::vector<int64_t>& typed = nodes_[type_of(seed)];
+    bool inserted;
+    node_map_.insert(seed, static_cast<int64_t>(typed.size()), inserted);
+    check_seed_first(i, seed, inserted);
+    typed.push_back(seed);
+  }
+  const size_t num_hops = fanouts_.size();
+  const size_t num_types = nodes_.size();
+  SampledTypedBlocks result;
+  result.indptrs.resize(num_hops);
+  result.indices.resize(num_hops);
+  result.counts.assign(num_hops + 1, std::vector<int64_t>(num_types));
+  auto record_counts = [&](std::vector<int64_t>& counts) {
+    for (size_t t = 0; t < num_types; ++t) counts[t] = static_cast<int64_t>(nodes_[t].size());
+  };
+  record_counts(result.counts[num_hops]);
+  for (size_t hop = 0; hop < num_hops; ++hop) {
+    const size_t layer = num_hops - 1 - hop;  // hop 0 (around the seeds) is the last layer
+    const std::vector<int64_t> num_dst = result.counts[layer + 1];  // frozen: nodes found this hop are not expanded
+    result.indptrs[layer].resize(src_types_.size());
+    result.indices[layer].resize(src_types_.size());
+    for (size_t r = 0; r < src_types_.size(); ++r) {
+      const int64_t dst_count = num_dst[dst_types_[r]];
+      at::Tensor indptr = pool.empty({dst_count + 1}, at::kLong);
+      const int64_t fanout = fanouts_[hop][r];
+      if (fanout == 0) {
+        std::fill_n(indptr.data_ptr<int64_t>(), dst_count + 1, 0);
+        result.indices[layer][r] = pool.empty({0}, at::kLong);
+      } else if (indices_[r].scalar_type() == at::kInt) {
+        sample_relation(r, indices_[r].data_ptr<int32_t>(), fanout, dst_count, rng, indptr.data_ptr<int64_t>(), pool,
+                        result.indices[layer][r]);
+      } else {
+        sample_relation(r, indices_[r].data_ptr<int64_t>(), fanout, dst_count, rng, indptr.data_ptr<int64_t>(), pool,
+                        result.indices[layer][r]);
+      }
+      result.indptrs[layer][r] = std::move(indptr);
+    }
+    record_counts(result.counts[layer]);
+  }
+  result.nodes.resize(num_types);
+  for (size_t t = 0; t < num_types; ++t) {
+    result.nodes[t] = pool.empty({static_cast<int64_t>(nodes_[t].size())}, at::kLong);
+    std::memcpy(result.nodes[t].data_ptr<int64_t>(), nodes_[t].data(), nodes_[t].size() * sizeof(int64_t));
+  }
+  return result;
+}
+
+}  // namespace morphpipe
