@@ -1,4 +1,4 @@
-// Python bindings for what is not a stateless op: the threaded CPU batcher and build facts.
+// Python bindings for what is not a stateless op: the threaded CPU batcher, the feature store and build facts.
 #include <torch/extension.h>
 
 #include <string>
@@ -9,6 +9,8 @@
 
 #include "cpu/cpu_batcher.h"
 #include "cpu/cpu_capability.h"
+#include "cpu/disk_probe.h"
+#include "cpu/feature_store.h"
 #include "cpu/hetero_batcher.h"
 #ifdef MORPHPIPE_WITH_CUDA
 #include "cuda/host_pinning.h"
@@ -17,6 +19,7 @@
 namespace py = pybind11;
 using morphpipe::CpuBatch;
 using morphpipe::CpuBatcher;
+using morphpipe::FeatureStore;
 using morphpipe::HeteroCpuBatch;
 using morphpipe::HeteroCpuBatcher;
 
@@ -49,7 +52,7 @@ int openmp_max_threads() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "morphpipe native ops (registered under torch.ops.morphpipe) and the CPU batcher";
+  m.doc() = "morphpipe native ops (registered under torch.ops.morphpipe), the CPU batcher and the feature store";
   m.def("openmp_max_threads", &openmp_max_threads, "OpenMP threads available to native kernels (0: built without OpenMP)");
   m.def("built_with_cuda", [] {
 #ifdef MORPHPIPE_WITH_CUDA
@@ -77,10 +80,58 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cuda_host_register_read_only_supported", &morphpipe::cuda::host_register_read_only_supported);
 #endif
 
+  m.def(
+      "measure_random_reads",
+      [](const std::string& path, int64_t block, int64_t queue_depth, double seconds) {
+        morphpipe::DiskReadRate rate;
+        {
+          py::gil_scoped_release release;
+          rate = morphpipe::measure_random_reads(path, block, queue_depth, seconds);
+        }
+        return py::make_tuple(rate.reads, rate.bytes, rate.seconds);
+      },
+      py::arg("path"), py::arg("block"), py::arg("queue_depth"), py::arg("seconds"),
+      "O_DIRECT reads of `block` bytes at random offsets of `path`, queue_depth at once: (reads, bytes, seconds)");
+  m.def(
+      "measure_sequential_reads",
+      [](const std::string& path, int64_t block, double seconds) {
+        morphpipe::DiskReadRate rate;
+        {
+          py::gil_scoped_release release;
+          rate = morphpipe::measure_sequential_reads(path, block, seconds);
+        }
+        return py::make_tuple(rate.reads, rate.bytes, rate.seconds);
+      },
+      py::arg("path"), py::arg("block"), py::arg("seconds"),
+      "O_DIRECT reads of `block` bytes one after another through `path`: (reads, bytes, seconds)");
+
+  py::class_<FeatureStore, std::shared_ptr<FeatureStore>>(m, "FeatureStore")
+      .def(py::init<std::string, int64_t, int64_t, int64_t, at::ScalarType, const at::Tensor&, int64_t, bool>(),
+           py::arg("path"), py::arg("data_offset"), py::arg("num_rows"), py::arg("width"), py::arg("dtype"),
+           py::arg("cached_rows"), py::arg("io_threads"), py::arg("direct"), py::call_guard<py::gil_scoped_release>())
+      .def("gather", &FeatureStore::gather, py::arg("ids"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "counters",
+          [](const FeatureStore& self) {
+            const morphpipe::FeatureStoreCounters c = self.counters();
+            return py::make_tuple(c.hits, c.misses, c.reads, c.bytes_read);
+          },
+          "(hits, misses, reads, bytes_read) since the store opened or the last reset_counters")
+      .def("reset_counters", &FeatureStore::reset_counters)
+      .def_property_readonly("path", &FeatureStore::path)
+      .def_property_readonly("num_rows", &FeatureStore::num_rows)
+      .def_property_readonly("width", &FeatureStore::width)
+      .def_property_readonly("dtype", &FeatureStore::dtype)
+      .def_property_readonly("num_cached", &FeatureStore::num_cached)
+      .def_property_readonly("io_threads", &FeatureStore::io_threads)
+      .def_property_readonly("direct", &FeatureStore::direct);
+
   py::class_<CpuBatcher>(m, "CpuBatcher")
-      .def(py::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, std::vector<int64_t>, int64_t, int64_t, bool>(),
+      .def(py::init<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor, std::vector<int64_t>, int64_t,
+                    int64_t, bool, std::shared_ptr<FeatureStore>>(),
            py::arg("indptr"), py::arg("indices"), py::arg("features"), py::arg("labels"), py::arg("fanouts"),
-           py::arg("num_threads"), py::arg("queue_size"), py::arg("pin_memory"))
+           py::arg("num_threads"), py::arg("queue_size"), py::arg("pin_memory"), py::arg("feature_store") = nullptr,
+           "features: the rows in RAM (or memory-mapped), or None to gather them through feature_store")
       .def(
           "set_edge_task",
           [](CpuBatcher& self, at::Tensor pair_src, at::Tensor pair_dst, int64_t num_negatives,

@@ -11,12 +11,14 @@
 
 namespace morphpipe {
 
-CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor features, at::Tensor labels,
-                       std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory)
+CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, std::optional<at::Tensor> features, at::Tensor labels,
+                       std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory,
+                       std::shared_ptr<FeatureStore> feature_store)
     : indptr_(std::move(indptr)),
       indices_(std::move(indices)),
-      features_(std::move(features)),
+      features_(features.value_or(at::Tensor())),
       labels_(std::move(labels)),
+      feature_store_(std::move(feature_store)),
       fanouts_(std::move(fanouts)),
       num_threads_(num_threads),
       queue_size_(queue_size),
@@ -26,10 +28,17 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor feature
   const int64_t num_nodes = indptr_.numel() - 1;
   TORCH_CHECK(num_threads_ >= 1, "num_threads: need at least 1 worker thread, got ", num_threads_);
   TORCH_CHECK(queue_size_ >= 1, "queue_size: need room for at least 1 batch, got ", queue_size_);
-  TORCH_CHECK(features_.device().is_cpu() && features_.dim() == 2 && features_.is_contiguous(),
-              "features: expected a contiguous 2-D CPU tensor, got shape ", features_.sizes());
-  TORCH_CHECK(features_.size(0) == num_nodes, "features: ", features_.size(0), " rows for ", num_nodes,
-              " nodes; give one feature row per node");
+  TORCH_CHECK(features_.defined() != (feature_store_ != nullptr),
+              "CpuBatcher: give the feature rows either as a features tensor or as a feature_store, exactly one");
+  if (feature_store_) {
+    TORCH_CHECK(feature_store_->num_rows() == num_nodes, "feature_store: ", feature_store_->num_rows(),
+                " rows in ", feature_store_->path(), " for ", num_nodes, " nodes; give one feature row per node");
+  } else {
+    TORCH_CHECK(features_.device().is_cpu() && features_.dim() == 2 && features_.is_contiguous(),
+                "features: expected a contiguous 2-D CPU tensor, got shape ", features_.sizes());
+    TORCH_CHECK(features_.size(0) == num_nodes, "features: ", features_.size(0), " rows for ", num_nodes,
+                " nodes; give one feature row per node");
+  }
   TORCH_CHECK(labels_.device().is_cpu() && labels_.dim() == 1 && labels_.scalar_type() == at::kLong &&
                   labels_.is_contiguous(),
               "labels: expected a contiguous 1-D int64 CPU tensor");
@@ -73,6 +82,19 @@ uint64_t CpuBatcher::batch_seed(int64_t batch_index) const {
   return splitmix64(epoch_seed_ ^ static_cast<uint64_t>(batch_index));
 }
 
+at::Tensor CpuBatcher::gather_features(const at::Tensor& input_nodes) {
+  const int64_t num_inputs = input_nodes.numel();
+  const int64_t* ids = input_nodes.data_ptr<int64_t>();
+  if (feature_store_) {
+    at::Tensor x = pool_->empty({num_inputs, feature_store_->width()}, feature_store_->dtype());
+    feature_store_->gather_into(ids, num_inputs, x);
+    return x;
+  }
+  at::Tensor x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
+  gather_rows_into(features_, ids, num_inputs, x);
+  return x;
+}
+
 CpuBatch CpuBatcher::build_edge_batch(EdgeBatchBuilder& builder, int64_t batch_index) {
   const int64_t begin = batch_index * batch_size_;
   const int64_t count = std::min(batch_size_, order_.numel() - begin);
@@ -83,9 +105,7 @@ CpuBatch CpuBatcher::build_edge_batch(EdgeBatchBuilder& builder, int64_t batch_i
   batch.input_nodes = std::move(sample.blocks.input_nodes);
   batch.block_indptrs = std::move(sample.blocks.block_indptrs);
   batch.block_indices = std::move(sample.blocks.block_indices);
-  const int64_t num_inputs = batch.input_nodes.numel();
-  batch.x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
-  gather_rows_into(features_, batch.input_nodes.data_ptr<int64_t>(), num_inputs, batch.x);
+  batch.x = gather_features(batch.input_nodes);
   batch.y = pool_->empty({0}, at::kLong);
   batch.edge_ids = std::move(sample.edge_ids);
   batch.pair_src = std::move(sample.src);
@@ -108,9 +128,7 @@ CpuBatch CpuBatcher::build_batch(NeighborSampler& sampler, int64_t batch_index) 
   batch.block_indptrs = std::move(blocks.block_indptrs);
   batch.block_indices = std::move(blocks.block_indices);
 
-  const int64_t num_inputs = batch.input_nodes.numel();
-  batch.x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
-  gather_rows_into(features_, batch.input_nodes.data_ptr<int64_t>(), num_inputs, batch.x);
+  batch.x = gather_features(batch.input_nodes);
 
   batch.y = pool_->empty({count}, at::kLong);
   const int64_t* labels = labels_.data_ptr<int64_t>();

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "cpu/buffer_pool.h"
+#include "cpu/feature_store.h"
 #include "cpu/ordered_window.h"
 #include "cpu/edge_batch.h"
 
@@ -32,8 +33,10 @@ struct CpuBatch {
 
 class CpuBatcher {
  public:
-  CpuBatcher(at::Tensor indptr, at::Tensor indices, at::Tensor features, at::Tensor labels,
-             std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory);
+  // Feature rows come from `features` (in RAM or memory-mapped) or, when it is absent, from `feature_store`.
+  CpuBatcher(at::Tensor indptr, at::Tensor indices, std::optional<at::Tensor> features, at::Tensor labels,
+             std::vector<int64_t> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory,
+             std::shared_ptr<FeatureStore> feature_store = nullptr);
   ~CpuBatcher();
   CpuBatcher(const CpuBatcher&) = delete;
   CpuBatcher& operator=(const CpuBatcher&) = delete;
@@ -60,9 +63,12 @@ class CpuBatcher {
  private:
   CpuBatch build_batch(class NeighborSampler& sampler, int64_t batch_index);
   CpuBatch build_edge_batch(EdgeBatchBuilder& builder, int64_t batch_index);
+  // The feature rows of `input_nodes`, from RAM (or a memory map) or through the feature store.
+  at::Tensor gather_features(const at::Tensor& input_nodes);
   uint64_t batch_seed(int64_t batch_index) const;
 
   at::Tensor indptr_, indices_, features_, labels_;
+  std::shared_ptr<FeatureStore> feature_store_;  // null when features_ holds the rows
   std::vector<int64_t> fanouts_;
   std::optional<EdgeTask> edge_task_;
   int64_t num_threads_;

@@ -15,6 +15,7 @@ import torch
 
 from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
 from morphpipe.data.edge_split import SPLIT_EDGES_HINT, EdgeSplit
+from morphpipe.data.feature_store import DEFAULT_IO_THREADS, FeatureStore
 from morphpipe.data.hetero_generator import MagSpec
 from morphpipe.data.hetero_store import HeteroGraphStore, is_hetero_dir, read_hetero_meta
 from morphpipe.data.ondisk import (ARRAY_FIELDS, EDGE_SPLIT_FILE, MMAP_FIELDS, GraphMeta, array_path,
@@ -47,6 +48,9 @@ class GraphStore:
     mapped_files: dict[str, tuple[int, int, int]] = field(default_factory=dict, repr=False, compare=False)
     # What the last full validation saw (see `is_validated`); None until a validation passes.
     validated_signature: tuple | None = field(default=None, repr=False, compare=False)
+    # Features on disk (load(features_on_disk=True)): the CPU batcher gathers rows through this store (hot rows
+    # cached in RAM, the rest read from features.npy); `features` stays the memory map for everything else.
+    feature_store: FeatureStore | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """numpy arrays given for any array field become tensors (zero-copy where numpy's dtype allows)."""
@@ -158,11 +162,19 @@ class GraphStore:
         ))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, mmap: bool = True, validate: bool = True) -> "GraphStore":
+    def load(cls, path: str | os.PathLike, mmap: bool = True, validate: bool = True, *,
+             features_on_disk: bool = False, feature_cache_bytes: int = 0,
+             io_threads: int = DEFAULT_IO_THREADS) -> "GraphStore":
         """Reads a graph directory; `mmap` memory-maps indices and features (copy-on-write, the files are never
-        modified); `validate` scans every value (dtypes and shapes are always checked)."""
+        modified); `validate` scans every value (dtypes and shapes are always checked).
+
+        `features_on_disk` opens a FeatureStore on features.npy (features are then memory-mapped whatever `mmap`
+        says): the CPU batcher reads rows from the file with `io_threads` threads, the hottest rows by in-degree
+        cached in `feature_cache_bytes` of RAM. `validate` still scans the features once, through the map."""
         meta = read_meta(path)
-        arrays = {name: load_array(path, name, mmap=mmap and name in MMAP_FIELDS) for name in ARRAY_FIELDS}
+        arrays = {name: load_array(path, name, mmap=name in MMAP_FIELDS and (mmap or features_on_disk and
+                                                                             name == "features"))
+                  for name in ARRAY_FIELDS}
         _check_against_meta(arrays, meta, Path(path))
         tensors = {name: _tensor(array, name) for name, array in arrays.items() if name != "features"}
         tensors["features"] = features_from_storage(arrays["features"], meta.feature_dtype)
@@ -172,6 +184,10 @@ class GraphStore:
                        scan_values=validate)
         if validate:
             store.validated_signature = store._signature()
+        if features_on_disk:
+            store.feature_store = FeatureStore(array_path(path, "features"), meta.feature_dtype,
+                                               cache_bytes=feature_cache_bytes, hotness=store.in_degrees(),
+                                               io_threads=io_threads)
         return store
 
     def _signature(self) -> tuple:
@@ -246,14 +262,17 @@ def data_root(root: str | os.PathLike | None = None) -> Path:
 
 
 def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.PathLike | None = None,
-                 progress: bool = True) -> GraphStore | HeteroGraphStore:
+                 progress: bool = True, *, features_on_disk: bool = False,
+                 feature_cache_bytes: int = 0) -> GraphStore | HeteroGraphStore:
     """A graph directory (with meta.json), or a preset from the cache (generated there first if missing);
-    None means the "default" preset. A heterogeneous graph comes back as a HeteroGraphStore."""
+    None means the "default" preset. A heterogeneous graph comes back as a HeteroGraphStore. `features_on_disk`
+    and `feature_cache_bytes` (homogeneous graphs): see GraphStore.load."""
     target = DEFAULT_DATASET if name_or_path is None else str(name_or_path)
+    disk = {"features_on_disk": features_on_disk, "feature_cache_bytes": feature_cache_bytes}
     if is_graph_dir(Path(target).expanduser()):
-        return load_graph_dir(Path(target).expanduser())
+        return load_graph_dir(Path(target).expanduser(), **disk)
     if target in PRESETS:
-        return load_graph_dir(ensure_preset(PRESETS[target], root=root, progress=progress))
+        return load_graph_dir(ensure_preset(PRESETS[target], root=root, progress=progress), **disk)
     if Path(target).expanduser().exists():
         raise FileNotFoundError(f"{target} is not a morphpipe graph directory (no meta.json); create one with "
                                 "`morphpipe data convert` or `morphpipe data generate`")
@@ -261,11 +280,17 @@ def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.P
                      f"presets: {', '.join(PRESETS)}")
 
 
-def load_graph_dir(path: Path, validate: bool = True) -> GraphStore | HeteroGraphStore:
-    """The graph in directory `path`, homogeneous or heterogeneous as its meta.json says."""
+def load_graph_dir(path: Path, validate: bool = True, *, features_on_disk: bool = False,
+                   feature_cache_bytes: int = 0) -> GraphStore | HeteroGraphStore:
+    """The graph in directory `path`, homogeneous or heterogeneous as its meta.json says; features on disk
+    (see GraphStore.load) for homogeneous graphs only."""
     if is_hetero_dir(path):
+        if features_on_disk:
+            raise ValueError(f"features_on_disk: {path} holds a heterogeneous graph, whose features the feature "
+                             "store does not read yet; load it with its features in RAM or memory-mapped")
         return HeteroGraphStore.load(path, validate=validate)
-    return GraphStore.load(path, validate=validate)
+    return GraphStore.load(path, validate=validate, features_on_disk=features_on_disk,
+                           feature_cache_bytes=feature_cache_bytes)
 
 
 def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progress: bool = True,

@@ -1,11 +1,14 @@
-"""A printable summary of a graph store: sizes, degree statistics, features, classes, splits."""
+"""A printable summary of a graph store: sizes, degree statistics, features, classes, splits, and the memory tier
+each array is on."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from morphpipe.data.dtypes import dtype_name, tensor_to_numpy
+from morphpipe.data.ondisk import ARRAY_FIELDS
 from morphpipe.data.store import GraphStore
 
 
@@ -50,6 +53,7 @@ class GraphSummary:
     test: int
     source: dict
     edge_split: str | None = None  # link prediction's split, described; None without one
+    tiers: dict[str, str] = field(default_factory=dict)  # array -> where its values are read from
 
     def __str__(self) -> str:
         made = self.source.get("kind", "unknown")
@@ -64,7 +68,23 @@ class GraphSummary:
             f"classes     {self.num_classes} ({self.labelled:,} labelled nodes)",
             f"splits      train {self.train:,}, val {self.val:,}, test {self.test:,}",
             *([f"edge split  {self.edge_split}"] if self.edge_split else []),
+            f"tiers       {'; '.join(f'{name} {tier}' for name, tier in self.tiers.items())}",
         ])
+
+
+def array_tiers(store: GraphStore) -> dict[str, str]:
+    """Where each array's values are read from: host RAM, a memory map (the page cache), or the disk through the
+    feature store (its hot rows in host RAM)."""
+    mapped = {Path(path).stem for path in store.mapped_files}
+    tiers = {name: "memory-mapped (page cache)" if name in mapped else "RAM" for name in ARRAY_FIELDS}
+    feature_store = store.feature_store
+    if feature_store is not None:
+        share = feature_store.num_cached / max(feature_store.shape[0], 1)
+        direct = ", O_DIRECT" if feature_store.direct else ""
+        tiers["features"] = (f"disk (feature store, {feature_store.io_threads} I/O threads{direct}), "
+                             f"{feature_store.num_cached:,} hottest rows ({share:.1%}, "
+                             f"{feature_store.cache_bytes / 1e6:,.1f} MB) cached in RAM")
+    return tiers
 
 
 def summarize(store: GraphStore) -> GraphSummary:
@@ -87,6 +107,7 @@ def summarize(store: GraphStore) -> GraphSummary:
         test=store.test_idx.numel(),
         source=store.source,
         edge_split=_describe_edge_split(store.edge_split),
+        tiers=array_tiers(store),
     )
 
 

@@ -76,15 +76,18 @@ class CpuBatcher(SeedBatcher):
         self.num_threads = check_positive("num_threads", num_threads if num_threads is not None else usable_cores())
         self.queue_size = check_positive("queue_size", queue_size if queue_size is not None else 2 * self.num_threads)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        # Features on disk (GraphStore.load(features_on_disk=True)) are gathered through the graph's feature store.
+        self.feature_store = getattr(graph, "feature_store", None)
         self._native = native.load().CpuBatcher(
             graph.indptr.contiguous(),
             graph.indices.contiguous(),
-            graph.features.contiguous(),
+            None if self.feature_store is not None else graph.features.contiguous(),
             graph.labels.contiguous(),
             self.fanouts,
             self.num_threads,
             self.queue_size,
             self.pin_memory,
+            None if self.feature_store is None else self.feature_store.native,
         )
         self._active_epoch: object | None = None
 

@@ -40,6 +40,18 @@ def test_info_json(tmp_path, capsys):
     assert summary["in_degree"]["max"] >= summary["in_degree"]["mean"]
 
 
+def test_info_says_which_tier_each_array_is_on(tmp_path, capsys):
+    run("data", "generate", "tiny", "-o", str(tmp_path), "--quiet")
+    capsys.readouterr()
+    run("data", "info", str(tmp_path))
+    out = capsys.readouterr().out
+    assert "tiers       indptr RAM; indices memory-mapped (page cache); features memory-mapped (page cache);" in out
+    run("data", "info", str(tmp_path), "--features-on-disk", "--feature-cache-mb", "0.0384")  # 300 rows of 128 B
+    out = capsys.readouterr().out
+    assert ("features disk (feature store, 48 I/O threads, O_DIRECT), 300 hottest rows (10.0%, 0.0 MB) cached "
+            "in RAM") in out
+
+
 def test_generate_preset_into_cache_and_info_by_name(tmp_path, capsys):
     assert run("data", "generate", "tiny", "--root", str(tmp_path), "--quiet") == 0
     assert (tmp_path / "tiny" / "meta.json").is_file()

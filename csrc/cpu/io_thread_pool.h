@@ -1,0 +1,53 @@
+// Threads that keep many blocking reads in flight: a job of `count` independent tasks is spread over the
+// pool's threads and the calling thread, so a disk sees about (threads + callers) requests at once.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace morphpipe {
+
+class IoThreadPool {
+ public:
+  explicit IoThreadPool(int64_t num_threads);
+  ~IoThreadPool();
+  IoThreadPool(const IoThreadPool&) = delete;
+  IoThreadPool& operator=(const IoThreadPool&) = delete;
+
+  // Runs task(0) .. task(count - 1), in any order and on any thread (the caller's included), and returns once all
+  // ran; re-throws the first exception a task raised. Several callers may run jobs at once.
+  void run(int64_t count, const std::function<void(int64_t)>& task);
+
+  int64_t num_threads() const { return static_cast<int64_t>(threads_.size()); }
+
+ private:
+  struct Job {
+    const std::function<void(int64_t)>* task;
+    int64_t count;
+    std::atomic<int64_t> next_task{0};
+    int64_t finished = 0;  // under mutex
+    std::exception_ptr error;
+    std::mutex mutex;
+    std::condition_variable all_finished;
+  };
+
+  void thread_loop();
+  // Claims and runs tasks of `job` until none is left unclaimed; false when there was none to claim.
+  static bool work_on(Job& job);
+
+  std::mutex mutex_;
+  std::condition_variable work_available_;
+  std::deque<std::shared_ptr<Job>> jobs_;  // jobs with tasks not yet claimed (front first)
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace morphpipe

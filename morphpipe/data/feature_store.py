@@ -1,0 +1,217 @@
+"""Node features on disk: rows read from the dataset's features.npy when a batch needs them, behind a static
+host-RAM cache of the hottest rows, so a graph whose features exceed RAM still trains.
+
+The native store keeps many preads in flight (a pool of I/O threads beside the caller), reads rows that lie
+close together in one request, and checks before every gather that the file is still the one it opened:
+a file truncated or replaced while in use is an error naming it, never a SIGBUS.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from morphpipe import native
+from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE
+from morphpipe.numeric import check_int
+
+# Reads in flight besides the callers': this VM's disk gave 63k random 4 KiB reads/s at 18 in flight, 83k at 50,
+# and the batcher over bench-10m under an 80% memory limit 1.4x the batches/s of 16 threads (BENCHMARKS.md).
+DEFAULT_IO_THREADS = 48
+
+
+@dataclass(frozen=True)
+class NpyLayout:
+    """Where the rows of a 2-D C-order .npy file lie: its data starts at `data_offset`."""
+
+    data_offset: int
+    shape: tuple[int, int]
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class FeatureStoreCounters:
+    """Rows served from the cache (hits) and from the file (misses), and the preads and bytes the misses took."""
+
+    hits: int
+    misses: int
+    reads: int
+    bytes_read: int
+
+    @property
+    def hit_ratio(self) -> float:
+        """Share of the rows asked for that the cache served (0 before any gather)."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+def npy_layout(path: str | os.PathLike) -> NpyLayout:
+    """Reads the header of a .npy file holding a 2-D C-order array of plain numbers in native byte order."""
+    with open(path, "rb") as handle:
+        try:
+            version = np.lib.format.read_magic(handle)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                raise ValueError(f"format version {version} is not read here (numpy.save writes 1.0 or 2.0)")
+            shape, fortran_order, dtype = read_header(handle)
+        except ValueError as error:
+            raise ValueError(f"features file {path} is not a .npy file ({error}); regenerate or re-convert the "
+                             "dataset") from error
+        offset = handle.tell()
+    if len(shape) != 2 or fortran_order or dtype.kind not in "fiu" or not dtype.isnative:
+        raise ValueError(f"features file {path} holds a {'Fortran-order ' if fortran_order else ''}{dtype.str} "
+                         f"array of shape {shape}; the feature store reads 2-D C-order arrays of numbers in native "
+                         "byte order: re-save it with numpy.save(np.ascontiguousarray(array))")
+    return NpyLayout(offset, (int(shape[0]), int(shape[1])), dtype)
+
+
+def hotness_order(hotness: torch.Tensor) -> torch.Tensor:
+    """Row ids from the hottest to the coldest (ties: the lower id first); a static cache of k rows holds the
+    first k."""
+    return torch.argsort(hotness, descending=True, stable=True)
+
+
+def hottest_rows(hotness: torch.Tensor, count: int) -> torch.Tensor:
+    """Ids of the `count` rows with the largest `hotness` (ties to the lower id), in increasing id order."""
+    return torch.sort(hotness_order(hotness)[:count]).values
+
+
+class FeatureStore:
+    """The feature rows of a .npy file, gathered on demand (`gather(ids)`), the hottest rows cached in RAM.
+
+    `dtype` names the feature dtype ("float32", "float16", "bfloat16"; bfloat16 is stored as uint16 bits, so it
+    must be named); by default the file's own. `cache_bytes` of host RAM hold the rows with the largest
+    `hotness` (one value per row, e.g. in-degree), read once now. `io_threads` threads issue the misses' reads.
+    `direct` reads with O_DIRECT, past the page cache (False: through it); by default it does so where the file
+    system allows it (measured faster under memory pressure: BENCHMARKS.md, bench_giant), else says so once and
+    reads through the page cache.
+    """
+
+    def __init__(self, path: str | os.PathLike, dtype: str | None = None, *, cache_bytes: int = 0,
+                 hotness: torch.Tensor | None = None, io_threads: int = DEFAULT_IO_THREADS,
+                 direct: bool | None = None) -> None:
+        self.path = Path(path)
+        # Pickling re-opens the file with these (a worker process gets its own threads and cache).
+        self._arguments = (path, dtype, cache_bytes, hotness, io_threads, direct)
+        layout = npy_layout(self.path)
+        self.dtype_name = _feature_dtype(self.path, layout.dtype, dtype)
+        num_rows, width = layout.shape
+        row_bytes = width * layout.dtype.itemsize
+        if width < 1:
+            raise ValueError(f"features file {self.path} has rows of width 0; nothing to gather")
+        cache_bytes = check_int("cache_bytes", cache_bytes, 0)
+        io_threads = check_int("io_threads", io_threads, 0)
+        num_cached = min(num_rows, cache_bytes // row_bytes)
+        cached = torch.empty(0, dtype=torch.int64)
+        if num_cached > 0:
+            if hotness is None or hotness.dim() != 1 or hotness.numel() != num_rows:
+                shape = None if hotness is None else tuple(hotness.shape)
+                raise ValueError(f"hotness: a cache of {cache_bytes:,} bytes needs one hotness value per row "
+                                 f"({num_rows} rows), got {shape}; pass e.g. the graph's in-degrees")
+            cached = hottest_rows(hotness, num_cached)
+        direct = _direct_reads_allowed(self.path) if direct is None else bool(direct)
+        self._native = native.load().FeatureStore(str(self.path), layout.data_offset, num_rows, width,
+                                                  FEATURE_DTYPES[self.dtype_name], cached, io_threads, direct)
+
+    @property
+    def native(self) -> object:
+        """The native store, for the C++ batcher."""
+        return self._native
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._native.num_rows, self._native.width)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._native.dtype
+
+    @property
+    def num_cached(self) -> int:
+        """Rows held in the host-RAM cache."""
+        return self._native.num_cached
+
+    @property
+    def cache_bytes(self) -> int:
+        """Host RAM the cached rows take."""
+        return self.num_cached * self.shape[1] * self.dtype.itemsize
+
+    @property
+    def io_threads(self) -> int:
+        return self._native.io_threads
+
+    @property
+    def direct(self) -> bool:
+        return self._native.direct
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the file, as a new [len(ids), width] tensor (what `features[ids]` gives in RAM)."""
+        ids = torch.as_tensor(ids)
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool or ids.dim() != 1:
+            raise TypeError(f"ids: expected a 1-D tensor of integer row ids, got {ids.dtype} of shape "
+                            f"{tuple(ids.shape)}")
+        return self._native.gather(ids.long())
+
+    def counters(self) -> FeatureStoreCounters:
+        """Hits, misses, preads and bytes read since the store opened or `reset_counters`."""
+        return FeatureStoreCounters(*self._native.counters())
+
+    def reset_counters(self) -> None:
+        self._native.reset_counters()
+
+    def __reduce__(self) -> tuple:
+        path, dtype, cache_bytes, hotness, io_threads, direct = self._arguments
+        return (_reopen, (path, dtype, cache_bytes, hotness, io_threads, direct))
+
+    def __repr__(self) -> str:
+        return (f"FeatureStore({str(self.path)!r}, {self.shape[0]}x{self.shape[1]} {self.dtype_name}, "
+                f"{self.num_cached} rows cached ({self.cache_bytes:,} bytes), io_threads={self.io_threads}, "
+                f"direct={self.direct})")
+
+
+_announced_buffered: set[str] = set()
+
+
+def _direct_reads_allowed(path: Path) -> bool:
+    """True when `path` opens with O_DIRECT; otherwise says once per file system that reads go through the page
+    cache instead (tmpfs, some network file systems)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+    device = str(os.stat(path).st_dev)
+    if device not in _announced_buffered:
+        _announced_buffered.add(device)
+        print(f"morphpipe: the file system of {path} refuses O_DIRECT; the feature store reads through the page "
+              "cache there", file=sys.stderr)
+    return False
+
+
+def _reopen(path: str | os.PathLike, dtype: str | None, cache_bytes: int, hotness: torch.Tensor | None,
+            io_threads: int, direct: bool | None) -> FeatureStore:
+    """A pickled FeatureStore, opened again."""
+    return FeatureStore(path, dtype, cache_bytes=cache_bytes, hotness=hotness, io_threads=io_threads, direct=direct)
+
+
+def _feature_dtype(path: Path, stored: np.dtype, named: str | None) -> str:
+    """The feature dtype of a file holding `stored` values: `named` when it matches, else the file's own."""
+    if named is None:
+        matches = [name for name, storage in FEATURE_STORAGE.items() if storage == stored and name != "bfloat16"]
+        if not matches:
+            raise ValueError(f"features file {path} holds {stored}; name its feature dtype (dtype='bfloat16' for "
+                             f"uint16 bits) or store one of {', '.join(FEATURE_STORAGE)}")
+        return matches[0]
+    if named not in FEATURE_STORAGE:
+        raise ValueError(f"dtype: {named!r} is not a feature dtype; expected one of {', '.join(FEATURE_STORAGE)}")
+    if FEATURE_STORAGE[named] != stored:
+        raise ValueError(f"features file {path} holds {stored}, but dtype {named!r} is stored as "
+                         f"{FEATURE_STORAGE[named]}; pass the dtype the dataset's meta.json names")
+    return named

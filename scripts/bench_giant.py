@@ -1,0 +1,305 @@
+"""Features larger than RAM: the feature store against the memory-mapped arrays, under the same memory limit.
+
+Side by side in one run, on the same graph, seeds, fanouts, batch size and threads, each configuration in a
+child process inside a cgroup-v1 memory group (/sys/fs/cgroup/memory; needs root):
+
+- `mmap`: GraphStore.load memory-maps indices and features and the CPU batcher gathers from the map, the
+  page cache doing the work (what DGL and PyG users do, and what morphpipe did before the store);
+- `store-direct`: the batcher gathers through the FeatureStore (pread threads, hot rows by in-degree cached
+  in RAM, O_DIRECT reads: GraphStore.load(features_on_disk=True)'s default); `store` the same reading
+  through the page cache.
+
+Each child first builds 6 batches unlimited, takes the peak anonymous memory it held besides the arrays (its
+working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the
+dataset's arrays; the store's cache gets that room minus the topology (indptr, labels and splits in RAM,
+indices in the page cache) and minus a tenth of it left to the page cache. A preset is copied out of the shared dataset cache first, so that no other
+process's map of the same files holds their pages. The page cache is dropped before each child when the
+kernel allows it. Beside them: the disk's random 4 KiB read rate at the store's queue depth and its
+sequential rate (O_DIRECT loops of ours, morphpipe.profiler.disk), and the share of them the store's misses
+reach.
+
+  python scripts/bench_giant.py bench-1m --shares 1,0.8,0.5 --json bench_out/giant_store.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
+IN_RAM = ("indptr", "labels", "train_idx", "val_idx", "test_idx")  # loaded into anonymous memory by GraphStore.load
+MODES = ("mmap", "store-direct", "store")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dataset", help="graph directory or preset name (generated into the cache if missing)")
+    parser.add_argument("--shares", default="1,0.8,0.5",
+                        help="memory limits as shares of the dataset's arrays (1: everything fits; default 1,0.8,0.5)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"default {','.join(MODES)}")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--threads", type=int, default=2, help="batcher worker threads (default 2)")
+    parser.add_argument("--io-threads", type=int, default=48, help="feature store I/O threads (default 48, the store's)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration (default 20)")
+    parser.add_argument("--max-batches", type=int, default=200)
+    parser.add_argument("--max-seconds", type=float, default=150.0,
+                        help="hard cap per configuration after the limit is set: a thrashing one reports the batches "
+                             "it finished by then (default 150)")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--scratch", type=Path, default=Path("/work/bench_scratch"),
+                        help="where a preset is copied to, away from other processes' maps "
+                             "(default /work/bench_scratch)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        return child(args)
+    return parent(args)
+
+
+def dataset_dir(name: str, scratch: Path) -> Path:
+    """A graph directory as given, or a preset copied out of the shared cache into `scratch`: another process
+    mapping the cached files would hold their pages in the page cache, charged to it, not to our memory group."""
+    from morphpipe.data import PRESETS, ensure_preset
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    cached = ensure_preset(PRESETS[name], progress=True)
+    private = scratch / name
+    if not private.is_dir() or any(not (private / f.name).exists() or (private / f.name).stat().st_size !=
+                                   f.stat().st_size for f in cached.iterdir()):
+        if private.exists():
+            shutil.rmtree(private)
+        shutil.copytree(cached, private)
+    return private
+
+
+def array_bytes(directory: Path, names) -> int:
+    return sum((directory / f"{name}.npy").stat().st_size for name in names)
+
+
+def drop_page_cache() -> bool:
+    """Drops clean page cache (root only); False when the kernel refuses."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def parent(args) -> int:
+    import signal
+
+    import torch
+
+    from morphpipe.profiler.disk import measure_disk_reads
+
+    if os.geteuid() != 0 or not (CGROUP_ROOT / "memory.limit_in_bytes").exists():
+        print(f"bench_giant: needs root and the cgroup v1 memory controller at {CGROUP_ROOT}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that a killed run still removes its memory group
+    directory = dataset_dir(args.dataset, args.scratch)
+    total = array_bytes(directory, ARRAYS)
+    features = directory / "features.npy"
+    cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    print(f"dataset {directory}: arrays {total / 1e6:,.0f} MB (features {features.stat().st_size / 1e6:,.0f} MB); "
+          f"cpu {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; load {os.getloadavg()[0]:.1f}", flush=True)
+    queue_depth = args.io_threads + args.threads  # the store's I/O threads and the batcher threads calling it
+    drop_page_cache()
+    block = min(4 << 20, features.stat().st_size // 4096 * 4096)
+    facts = measure_disk_reads(features, queue_depth, seconds=3.0, sequential_block=block)
+    single = measure_disk_reads(features, 1, seconds=1.0, sequential_block=block)
+    disk = {"random_4k_iops": facts.random_reads_per_s, "random_4k_mb_s": facts.random_bytes_per_s / 1e6,
+            "queue_depth": queue_depth, "random_4k_iops_qd1": single.random_reads_per_s,
+            "sequential_mb_s": facts.sequential_bytes_per_s / 1e6}
+    print(f"disk (O_DIRECT on {features.name}): random 4 KiB at QD {queue_depth}: {disk['random_4k_iops']:,.0f} IOPS "
+          f"({disk['random_4k_mb_s']:,.0f} MB/s); at QD 1: {disk['random_4k_iops_qd1']:,.0f} IOPS; "
+          f"sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s", flush=True)
+    results = []
+    for share in [float(s) for s in args.shares.split(",")]:
+        for mode in args.modes.split(","):
+            dropped = drop_page_cache()
+            group = CGROUP_ROOT / f"morphpipe-bench-giant-{os.getpid()}-{mode}-{share}"
+            group.mkdir()
+            process = None
+            try:
+                command = [sys.executable, __file__, str(directory), "--child", f"{mode}:{share}:{group}",
+                           "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--threads",
+                           str(args.threads), "--io-threads", str(args.io_threads), "--seconds", str(args.seconds),
+                           "--max-batches", str(args.max_batches), "--max-seconds", str(args.max_seconds)]
+                process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                stdout, stderr = process.communicate()
+            finally:
+                if process is not None and process.poll() is None:  # interrupted: the group goes once it is empty
+                    process.kill()
+                    process.wait()
+                group.rmdir()
+            if process.returncode != 0:
+                print(f"{mode} at share {share}: child failed ({process.returncode}):\n{stderr[-2000:]}", flush=True)
+                results.append({"mode": mode, "share": share, "failed": process.returncode, "stderr": stderr[-2000:]})
+                continue
+            result = json.loads(stdout.strip().splitlines()[-1])
+            result["page_cache_dropped"] = dropped
+            results.append(result)
+            print(row(result, disk), flush=True)
+    print()
+    print(table(results, disk))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"dataset": str(directory), "arrays_bytes": total, "cpu": cpu,
+                                         "load": os.getloadavg(), "disk": disk, "results": results,
+                                         "settings": vars(args)}, indent=2, default=str))
+    return 0
+
+
+def row(result: dict, disk: dict) -> str:
+    if "failed" in result:
+        return f"| {result['mode']} | {result['share']:.0%} | failed (exit {result['failed']}) |"
+    seconds = result["seconds"]
+    batches, rate = str(result["batches"]), f"{result['batches_per_s']:.3f}"
+    if result.get("capped"):  # stopped at --max-seconds: at most one more batch would have come in that time
+        batches += f" in {seconds:.0f} s (capped)"
+        rate = f"< {(result['batches'] + 1) / seconds:.3f}"
+    read_mb_s = result["read_bytes"] / seconds / 1e6
+    hit = f"{result['hit_ratio']:.1%}" if result.get("hit_ratio") is not None else "-"
+    store_iops = result["store_reads"] / seconds if result.get("store_reads") is not None else None
+    iops_share = f"{store_iops / disk['random_4k_iops']:.0%}" if store_iops is not None else "-"
+    request = (f"{result['store_bytes'] / result['store_reads'] / 1024:,.1f}" if result.get("store_reads") else "-")
+    return (f"| {result['mode']} | {result['share']:.0%} | {result['limit_bytes'] / 1e6:,.0f} | "
+            f"{result['cache_bytes'] / 1e6:,.0f} | {batches} | {rate} | {hit} | "
+            f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_mb_s']:.0%}) | "
+            f"{'-' if store_iops is None else f'{store_iops:,.0f}'} ({iops_share}) | {request} | "
+            f"{result['peak_bytes'] / 1e6:,.0f} |")
+
+
+def table(results: list[dict], disk: dict) -> str:
+    header = ("| mode | limit (share of arrays) | limit MB | cache MB | batches | batches/s | hit ratio | "
+              "disk read MB/s (share of sequential) | store preads/s (share of random 4K IOPS) | KiB per pread | "
+              "group peak MB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [header] + [row(result, disk) for result in results]
+    baseline = {r["share"]: r for r in results if r.get("mode") == "mmap" and "failed" not in r}
+    for result in results:
+        mmap_run = baseline.get(result["share"])
+        if result.get("mode") != "mmap" and "failed" not in result and mmap_run:
+            if mmap_run.get("capped"):  # the baseline's rate is only bounded from above
+                bound = (mmap_run["batches"] + 1) / mmap_run["seconds"]
+                lines.append(f"{result['mode']} / mmap at {result['share']:.0%}: > "
+                             f"{result['batches_per_s'] / bound:.1f}x")
+            elif mmap_run["batches_per_s"] > 0:
+                lines.append(f"{result['mode']} / mmap at {result['share']:.0%}: "
+                             f"{result['batches_per_s'] / mmap_run['batches_per_s']:.1f}x")
+    return "\n".join(lines)
+
+
+def cgroup_stat(group: Path) -> dict[str, int]:
+    lines = (group / "memory.stat").read_text().splitlines()
+    return {key: int(value) for key, value in (line.split() for line in lines)}
+
+
+def child(args) -> int:
+    mode, share, group = args.child.split(":", 2)
+    share, group = float(share), Path(group)
+    (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    import torch
+
+    from morphpipe import native
+    from morphpipe.data import GraphStore
+    from morphpipe.data.feature_store import FeatureStore
+    from morphpipe.data.ondisk import read_meta
+    from morphpipe.sampling import CpuBatcher
+
+    native.load()
+    directory = Path(args.dataset)
+    total = array_bytes(directory, ARRAYS)
+    in_ram = array_bytes(directory, IN_RAM)
+    on_disk = mode.startswith("store")
+    cache_bytes = 0
+    if on_disk:
+        num_nodes = (directory / "indptr.npy").stat().st_size // 8
+        # What the topology needs, and a tenth of the room left to the page cache: a cache that squeezes the
+        # memory-mapped indices makes the sampler fault them in with readahead (measured: 0.007 batches/s).
+        room = share * total - in_ram - array_bytes(directory, ["indices"]) - 4 * num_nodes - 0.1 * share * total
+        cache_bytes = max(0, int(room))
+    graph = GraphStore.load(directory, validate=False)
+    if on_disk:
+        graph.feature_store = FeatureStore(directory / "features.npy", read_meta(directory).feature_dtype,
+                                           cache_bytes=cache_bytes, hotness=graph.in_degrees(),
+                                           io_threads=args.io_threads, direct=mode == "store-direct")
+    store = graph.feature_store
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    batcher = CpuBatcher(graph, fanouts, args.batch_size, num_threads=args.threads, queue_size=args.threads, seed=0,
+                         pin_memory=False)
+
+    def batches():
+        epoch = 0
+        while True:
+            yield from batcher.epoch(epoch)
+            epoch += 1
+
+    stream = batches()
+    peak_anon = 0
+    for _ in range(6):  # unlimited: the working memory (batch buffers, recycled) reaches its steady size
+        next(stream)
+        peak_anon = max(peak_anon, cgroup_stat(group)["rss"])
+    anon_arrays = in_ram + (store.cache_bytes + 4 * graph.num_nodes if store is not None else 0)
+    working = max(0, peak_anon - anon_arrays)
+    limit = int(1.15 * working + share * total)
+    (group / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    (group / "memory.max_usage_in_bytes").write_text("0\n")
+    limited = time.perf_counter()
+    progress = {"count": 0, "started": None, "io_before": None}
+
+    def consume() -> None:
+        next(stream)  # under the limit: what the kernel keeps settles
+        if store is not None:
+            store.reset_counters()
+        progress["io_before"] = read_bytes()
+        progress["started"] = time.perf_counter()
+        while progress["count"] < args.max_batches and (
+                time.perf_counter() - progress["started"] < args.seconds or progress["count"] < 2):
+            next(stream)
+            progress["count"] += 1
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(timeout=args.max_seconds)  # a thrashing configuration reports what it managed by then
+    capped = consumer.is_alive()
+    count = progress["count"]
+    started = progress["started"] if progress["started"] is not None else limited
+    elapsed = time.perf_counter() - started
+    counters = store.counters() if store is not None else None
+    if not capped:
+        batcher.close()
+    print(json.dumps({
+        "mode": mode, "share": share, "limit_bytes": limit, "working_bytes": working, "cache_bytes": cache_bytes,
+        "batches": count, "seconds": elapsed, "batches_per_s": count / elapsed, "capped": capped,
+        "read_bytes": read_bytes() - (progress["io_before"] or read_bytes()),
+        "peak_bytes": int((group / "memory.max_usage_in_bytes").read_text()),
+        "hit_ratio": counters.hit_ratio if counters else None, "store_reads": counters.reads if counters else None,
+        "store_bytes": counters.bytes_read if counters else None, "torch_threads": torch.get_num_threads(),
+    }), flush=True)
+    if capped:
+        os._exit(0)  # the consumer still waits in the native batcher; nothing else is left to do
+    return 0
+
+
+def read_bytes() -> int:
+    """Bytes this process (all its threads) had read from storage."""
+    for line in open("/proc/self/io"):
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no read_bytes")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The feature store: rows read from features.npy (cache hits, misses, both) equal an in-RAM index_select bit for
+bit; hit accounting; a file truncated, replaced, removed or unreadable is an error naming it."""
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from morphpipe import native
+from morphpipe.data.dtypes import tensor_to_numpy
+from morphpipe.data.feature_store import FeatureStore, hottest_rows, npy_layout
+from morphpipe.data.hetero_generator import MagSpec, mag_shaped
+from morphpipe.data.store import load_dataset
+
+BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def random_rows(num_rows: int, width: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Rows of random bit patterns (NaNs and infinities included), so equality is checked bit for bit."""
+    generator = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-2**15, 2**15, (num_rows, width), generator=generator, dtype=torch.int32)
+    if dtype == torch.float32:
+        bits = bits * 65536 + torch.randint(0, 2**16, (num_rows, width), generator=generator, dtype=torch.int32)
+    return bits.to(BITS[dtype]).view(dtype)
+
+
+def save_features(tmp_path, features: torch.Tensor, name: str = "features.npy"):
+    path = tmp_path / name
+    np.save(path, tensor_to_numpy(features))
+    return path
+
+
+def assert_same_bits(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert torch.equal(got.view(BITS[got.dtype]), expected.view(BITS[expected.dtype]))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_name)
+@pytest.mark.parametrize("width", [1, 3, 64, 127, 768])
+def test_rows_equal_index_select_for_hits_misses_and_both(tmp_path, dtype, width):
+    num_rows = 3000 if width < 100 else 400  # every case spans many 4 KiB pages, rows straddling page ends
+    features = random_rows(num_rows, width, dtype)
+    path = save_features(tmp_path, features)
+    hotness = torch.arange(num_rows) % 7
+    generator = torch.Generator().manual_seed(width)
+    ids = torch.cat([torch.randint(0, num_rows, (500,), generator=generator),  # repeats included
+                     torch.arange(num_rows - 40, num_rows), torch.tensor([0, 1, 0])])
+    row_bytes = width * features.element_size()
+    for cache_rows in (0, 5, num_rows // 2, num_rows):
+        store = FeatureStore(path, dtype_name(dtype), cache_bytes=cache_rows * row_bytes, hotness=hotness,
+                             io_threads=3)
+        assert store.num_cached == cache_rows
+        assert_same_bits(store.gather(ids), torch.index_select(features, 0, ids))
+        counters = store.counters()
+        assert counters.hits + counters.misses == ids.numel()
+        assert (counters.misses == 0) == (cache_rows == num_rows)
+
+
+@pytest.mark.parametrize("io_threads", [0, 1, 8])
+def test_rows_are_the_same_for_any_number_of_io_threads(tmp_path, io_threads):
+    features = random_rows(20_000, 5, torch.float16)
+    path = save_features(tmp_path, features)
+    ids = torch.randperm(20_000, generator=torch.Generator().manual_seed(1))[:7000]
+    store = FeatureStore(path, io_threads=io_threads)
+    assert_same_bits(store.gather(ids), features[ids])
+    assert store.counters().reads < ids.numel(), "rows that share a page are read together"
+
+
+def test_direct_reads_equal_buffered_reads(tmp_path):
+    features = random_rows(5000, 33, torch.float32)
+    path = save_features(tmp_path, features)
+    ids = torch.randint(0, 5000, (900,), generator=torch.Generator().manual_seed(2))
+    buffered = FeatureStore(path, direct=False, cache_bytes=100 * 33 * 4, hotness=torch.arange(5000))
+    store = FeatureStore(path, cache_bytes=100 * 33 * 4, hotness=torch.arange(5000))  # O_DIRECT where allowed
+    if not store.direct:
+        pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT")
+    for ids in (ids, torch.tensor([4999, 0])):  # the last row ends mid-page, at the end of the file
+        assert_same_bits(store.gather(ids), features[ids])
+        assert_same_bits(buffered.gather(ids), features[ids])
+    assert not buffered.direct
+
+
+def test_hit_accounting_matches_a_count_by_hand(tmp_path):
+    features = random_rows(100, 4, torch.float32)
+    path = save_features(tmp_path, features)
+    hotness = torch.zeros(100)
+    hotness[[3, 50, 97]] = torch.tensor([2.0, 9.0, 2.0])  # 50 first, then 3 and 97 (tie: the lower id)
+    store = FeatureStore(path, cache_bytes=2 * 16 + 15, hotness=hotness)  # room for 2 rows, not 3
+    assert store.num_cached == 2 and store.cache_bytes == 32
+    ids = torch.tensor([50, 3, 97, 50, 0, 3, 99, 50])
+    assert_same_bits(store.gather(ids), features[ids])
+    cached = {50, 3}
+    hits = sum(int(i) in cached for i in ids)
+    counters = store.counters()
+    assert (counters.hits, counters.misses) == (hits, ids.numel() - hits) == (5, 3)
+    assert counters.hit_ratio == 5 / 8
+    store.gather(torch.tensor([97]))
+    assert store.counters().misses == 4
+    store.reset_counters()
+    assert store.counters() == type(counters)(0, 0, 0, 0)
+
+
+def test_hottest_rows_break_ties_towards_the_lower_id():
+    assert hottest_rows(torch.tensor([1, 5, 5, 0, 5, 2]), 3).tolist() == [1, 2, 4]
+    assert hottest_rows(torch.tensor([1, 5, 5, 0, 5, 2]), 4).tolist() == [1, 2, 4, 5]
+
+
+def test_data_offset_comes_from_the_npy_header(tmp_path):
+    features = random_rows(10, 3, torch.float16)
+    path = save_features(tmp_path, features)
+    layout = npy_layout(path)
+    assert layout.shape == (10, 3) and layout.dtype == np.float16
+    assert os.path.getsize(path) == layout.data_offset + features.numel() * 2
+
+
+def test_a_pickled_store_reopens_the_file(tmp_path):
+    features = random_rows(50, 4, torch.bfloat16)
+    path = save_features(tmp_path, features)
+    store = FeatureStore(path, "bfloat16", cache_bytes=80, hotness=torch.arange(50))
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.num_cached == 10
+    assert_same_bits(copy.gather(torch.arange(50)), features)
+
+
+def test_bad_ids_and_dtypes_are_refused_with_the_value(tmp_path):
+    features = random_rows(10, 2, torch.bfloat16)
+    path = save_features(tmp_path, features)
+    with pytest.raises(ValueError, match="uint16.*dtype='bfloat16'"):
+        FeatureStore(path)
+    with pytest.raises(ValueError, match="holds uint16, but dtype 'float16'"):
+        FeatureStore(path, "float16")
+    store = FeatureStore(path, "bfloat16")
+    with pytest.raises(RuntimeError, match=r"ids\[1\] = 10 is outside \[0, 10\)"):
+        store.gather(torch.tensor([0, 10]))
+    with pytest.raises(TypeError, match="integer row ids"):
+        store.gather(torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="hotness: a cache of 8 bytes needs one hotness value per row"):
+        FeatureStore(path, "bfloat16", cache_bytes=8)
+
+
+def test_a_file_truncated_in_use_is_an_error_naming_it(tmp_path):
+    features = random_rows(3000, 8, torch.float32)
+    path = save_features(tmp_path, features)
+    store = FeatureStore(path, cache_bytes=100 * 32, hotness=-torch.arange(3000))  # rows 0..99 cached
+    store.gather(torch.arange(10))
+    os.truncate(path, os.path.getsize(path) // 2)
+    for ids in (torch.tensor([2999]), torch.tensor([5])):  # a miss past the new end; a cached row
+        with pytest.raises(RuntimeError, match=f"features file {path} shrank from"):
+            store.gather(ids)
+
+
+def test_a_file_replaced_or_removed_in_use_is_an_error_naming_it(tmp_path):
+    features = random_rows(100, 8, torch.float32)
+    path = save_features(tmp_path, features)
+    store = FeatureStore(path)
+    replacement = save_features(tmp_path, random_rows(100, 8, torch.float32, seed=1), "new.npy")
+    os.replace(replacement, path)
+    with pytest.raises(RuntimeError, match=f"features file {path} was replaced by another file"):
+        store.gather(torch.tensor([1]))
+    os.unlink(path)
+    with pytest.raises(RuntimeError, match=f"features file {path} is gone"):
+        store.gather(torch.tensor([1]))
+
+
+def test_a_file_cut_short_or_unreadable_is_refused_naming_it(tmp_path):
+    path = save_features(tmp_path, random_rows(100, 8, torch.float32))
+    os.truncate(path, os.path.getsize(path) - 1)
+    with pytest.raises(RuntimeError, match=f"features file {path} holds .* bytes, but 100 rows of 32 bytes"):
+        FeatureStore(path)
+    with pytest.raises(FileNotFoundError, match="missing.npy"):
+        FeatureStore(tmp_path / "missing.npy")
+    # A path the kernel will not read rows from (a directory): the pread error names it.
+    unreadable = native.load().FeatureStore(str(tmp_path), 0, 1, 1, torch.float32, torch.empty(0, dtype=torch.long),
+                                            0, False)
+    with pytest.raises(RuntimeError, match=f"features file {tmp_path}: reading bytes \\[0, 4\\) failed"):
+        unreadable.gather(torch.tensor([0]))
+
+
+def test_a_read_error_on_an_io_thread_reaches_the_caller(tmp_path):
+    """Reads far apart go to several I/O threads; the error of any of them comes back to the caller."""
+    directory = tmp_path / "rows"
+    directory.mkdir()
+    for index in range(400):  # a directory whose size spans many pages, and which pread refuses to read
+        (directory / f"{index:0200d}").touch()
+    num_rows = os.path.getsize(directory) // 4
+    if num_rows < 20_000:
+        pytest.skip(f"this file system keeps {directory} at {num_rows * 4} bytes")
+    unreadable = native.load().FeatureStore(str(directory), 0, num_rows, 1, torch.float32,
+                                            torch.empty(0, dtype=torch.long), 4, False)
+    with pytest.raises(RuntimeError, match=f"features file {directory}: reading bytes .* failed: Is a directory"):
+        unreadable.gather(torch.arange(0, 20_000, 2000))  # 8 KB apart: ten separate reads
+
+
+def test_features_on_disk_of_a_heterogeneous_graph_are_refused_naming_the_directory(tmp_path):
+    mag_shaped(MagSpec(num_papers=50, num_authors=30, num_institutions=4, num_fields=5, feature_dim=4)).save(
+        tmp_path / "mag")
+    with pytest.raises(ValueError, match=f"features_on_disk: {tmp_path / 'mag'} holds a heterogeneous graph"):
+        load_dataset(tmp_path / "mag", features_on_disk=True)
