@@ -79,3 +79,19 @@ positive_float = number(0, above=True)
 non_negative_float = number(0)
 fraction = number(0, 1)
 dropout = number(0, 1, below=True)
+
+
+def add_feature_tier_arguments(parser: argparse.ArgumentParser) -> None:
+    """--features-on-disk and --feature-cache-mb: where a graph's feature rows are read from (the tier)."""
+    parser.add_argument("--features-on-disk", action="store_true",
+                        help="read feature rows from features.npy through the feature store (many reads in flight, "
+                             "hot rows cached) instead of through the page cache: for features larger than RAM")
+    parser.add_argument("--feature-cache-mb", type=number(0.0), default=0.0,
+                        help="with --features-on-disk: host RAM for the hottest feature rows, in MB (default 0)")
+
+
+def feature_tier(args: argparse.Namespace) -> dict[str, object]:
+    """load_dataset's feature-tier arguments from the flags of `add_feature_tier_arguments`."""
+    if args.feature_cache_mb and not args.features_on_disk:
+        raise ValueError("--feature-cache-mb sizes the cache of the feature store: add --features-on-disk, or drop it")
+    return {"features_on_disk": args.features_on_disk, "feature_cache_bytes": int(args.feature_cache_mb * 1e6)}

@@ -310,19 +310,13 @@ def add_info(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("target", metavar="DIR|PRESET", help=f"graph directory or preset ({', '.join(PRESETS)})")
     parser.add_argument("--root", help="dataset cache directory for presets")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--features-on-disk", action="store_true",
-                        help="open the features as training would with them on disk (feature store), to show the tier")
-    parser.add_argument("--feature-cache-mb", type=float, default=0.0,
-                        help="with --features-on-disk: host RAM for the hottest feature rows, in MB (default 0)")
+    arguments.add_feature_tier_arguments(parser)
     parser.set_defaults(func=run_info)
 
 
 def run_info(args: argparse.Namespace) -> int:
     """Loads (and validates) the graph and prints its summary."""
-    if args.feature_cache_mb < 0:
-        raise ValueError(f"--feature-cache-mb: {args.feature_cache_mb} is negative; give 0 or more MB")
-    graph = load_dataset(args.target, root=args.root, features_on_disk=args.features_on_disk,
-                         feature_cache_bytes=int(args.feature_cache_mb * 1e6))
+    graph = load_dataset(args.target, root=args.root, **arguments.feature_tier(args))
     if getattr(graph, "is_hetero", False):
         print(json.dumps({"summary": repr(graph)}) if args.json else repr(graph))
         return 0

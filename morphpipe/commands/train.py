@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.executor.trainer import Trainer, metric_label
 
     check_outputs(args)
-    graph = load_dataset(args.dataset)
+    graph = load_dataset(args.dataset, **arguments.feature_tier(args))
     if args.full_graph:
         if workload_settings(args)["task"] != "node":
             raise ValueError("--full-graph trains node classification only; drop it to train --task link on "

@@ -86,7 +86,7 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     cores = start_rank(env, cuda=cuda, timeout_s=args.dist_timeout)
     rank, world = env.rank, env.world_size
     say = print if rank == 0 else (lambda *_: None)
-    graph = load_dataset(args.dataset, progress=False)
+    graph = load_dataset(args.dataset, progress=False, **arguments.feature_tier(args))
     given = Profile.load(args.profile) if args.profile is not None else None
     settings = workload_settings(args, given.workload if given is not None else None)
     task = workload_task(settings)

@@ -64,6 +64,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser, from_plan: bool) -> 
                              "--fanouts for every relation")
     parser.add_argument("--batch-size", type=arguments.positive_int, default=default("batch_size"),
                         help=f"seeds per batch ({says('1024')})")
+    arguments.add_feature_tier_arguments(parser)
 
 
 def workload_settings(args: argparse.Namespace, workload: dict[str, object] | None = None) -> dict[str, object]:

@@ -6,6 +6,7 @@ memory-mapped is replaced, never overwritten in place.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -165,12 +166,19 @@ def save_array(directory: str | os.PathLike, name: str, array: np.ndarray) -> No
 
 
 def load_array(directory: str | os.PathLike, name: str, mmap: bool) -> np.ndarray:
-    """Reads `<name>.npy` (copy-on-write memory map when `mmap`), refusing pickles and foreign byte order."""
+    """Reads `<name>.npy`, refusing pickles and foreign byte order. With `mmap` it is a copy-on-write memory map, or
+    a read-only one when the kernel refuses to commit that much writable memory (an array larger than RAM + swap
+    under the default overcommit policy, e.g. papers100M's 28 GB of features on a 24 GB machine)."""
     path = array_path(directory, name)
     if not path.is_file():
         raise GraphValidationError(name, f"file {path} is missing", "re-save or re-convert the graph")
     try:
-        array = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
+        try:
+            array = np.load(path, mmap_mode="c" if mmap else None, allow_pickle=False)
+        except OSError as error:
+            if not (mmap and error.errno == errno.ENOMEM):
+                raise
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, EOFError, OSError) as error:
         raise GraphValidationError(name, f"{path} is not a plain numeric .npy file, or is cut short ({error})",
                                    "re-save the array with numpy.save, or re-create the graph") from error

@@ -249,7 +249,9 @@ def _tensor(array: np.ndarray, name: str) -> torch.Tensor:
         raise GraphValidationError(name, f"has numpy dtype {array.dtype}, expected a numeric array",
                                    "re-save the array with a supported integer dtype")
     try:
-        return torch.from_numpy(array)
+        with warnings.catch_warnings():  # a read-only map (see load_array) is never written through
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(array)
     except TypeError as error:
         raise GraphValidationError(name, f"has numpy dtype {array.dtype}, which torch cannot hold ({error})",
                                    "re-save the array as int64") from error

@@ -78,17 +78,7 @@ class CpuBatcher(SeedBatcher):
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         # Features on disk (GraphStore.load(features_on_disk=True)) are gathered through the graph's feature store.
         self.feature_store = getattr(graph, "feature_store", None)
-        self._native = native.load().CpuBatcher(
-            graph.indptr.contiguous(),
-            graph.indices.contiguous(),
-            None if self.feature_store is not None else graph.features.contiguous(),
-            graph.labels.contiguous(),
-            self.fanouts,
-            self.num_threads,
-            self.queue_size,
-            self.pin_memory,
-            None if self.feature_store is None else self.feature_store.native,
-        )
+        self._native = native_batcher(graph, self.fanouts, self.num_threads, self.queue_size, self.pin_memory)
         self._active_epoch: object | None = None
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
@@ -113,6 +103,16 @@ class CpuBatcher(SeedBatcher):
         self._native.stop()
 
 
+def native_batcher(graph: GraphStore, fanouts: list[int], num_threads: int, queue_size: int, pin_memory: bool):
+    """The C++ CpuBatcher over `graph`: its feature rows from RAM (or the memory map), or through the graph's feature
+    store when its features are on disk."""
+    store = getattr(graph, "feature_store", None)
+    return native.load().CpuBatcher(graph.indptr.contiguous(), graph.indices.contiguous(),
+                                    None if store is not None else graph.features.contiguous(),
+                                    graph.labels.contiguous(), fanouts, num_threads, queue_size, pin_memory,
+                                    None if store is None else store.native)
+
+
 def sample_neighbors(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> MiniBatch:
     """Samples one mini-batch on the calling thread (the `morphpipe::sample_neighbors` op)."""
     note_first_use(graph)
@@ -127,6 +127,13 @@ def sample_neighbors(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> Min
         seeds=seed_ids,
         input_nodes=input_nodes,
         blocks=blocks_from_native(input_nodes.numel(), block_indptrs, block_indices),
-        x=ops.gather_rows(graph.features, input_nodes),
+        x=gather_features(graph, input_nodes),
         y=graph.labels[seed_ids],
     )
+
+
+def gather_features(graph, ids: torch.Tensor) -> torch.Tensor:
+    """Feature rows `ids` of `graph`: through its feature store when its features are on disk, else from RAM (or
+    the memory map) with the native gather."""
+    store = getattr(graph, "feature_store", None)
+    return store.gather(ids) if store is not None else native.ops().gather_rows(graph.features, ids)

@@ -23,7 +23,7 @@ from morphpipe.data import GraphStore
 from morphpipe.numeric import check_float, check_int
 from morphpipe.sampling.batcher import SeedBatcher
 from morphpipe.sampling import torch_sampler
-from morphpipe.sampling.cpu_batcher import blocks_from_native, minibatch_from_native
+from morphpipe.sampling.cpu_batcher import blocks_from_native, gather_features, minibatch_from_native, native_batcher
 from morphpipe.sampling.gpu_batcher import GpuBatcher
 from morphpipe.sampling.epochs import batch_seeds, epoch_seed, note_first_use
 from morphpipe.sampling.minibatch import EdgePairs, MiniBatch
@@ -119,9 +119,7 @@ class EdgeBatcher(EdgeSeedBatcher):
         self.num_threads = check_positive("num_threads", num_threads if num_threads is not None else usable_cores())
         self.queue_size = check_positive("queue_size", queue_size if queue_size is not None else 2 * self.num_threads)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
-        self._native = native.load().CpuBatcher(
-            graph.indptr.contiguous(), graph.indices.contiguous(), graph.features.contiguous(),
-            graph.labels.contiguous(), self.fanouts, self.num_threads, self.queue_size, self.pin_memory)
+        self._native = native_batcher(graph, self.fanouts, self.num_threads, self.queue_size, self.pin_memory)
         self._native.set_edge_task(self.pair_src, self.pair_dst, self.negatives.k, self.negative_cdf, self.exclude,
                                    self.undirected, self.negatives.reject_positives)
         self._active_epoch: object | None = None
@@ -227,5 +225,5 @@ def sample_edge_batch(graph: GraphStore, edge_ids: torch.Tensor, fanouts: Sequen
         bool(exclude), split.undirected, negatives.reject_positives, int(seed))
     return MiniBatch(seeds=seeds, input_nodes=input_nodes,
                      blocks=blocks_from_native(input_nodes.numel(), indptrs, indices),
-                     x=ops.gather_rows(graph.features, input_nodes), y=torch.empty(0, dtype=torch.int64),
+                     x=gather_features(graph, input_nodes), y=torch.empty(0, dtype=torch.int64),
                      pairs=EdgePairs(torch.as_tensor(edge_ids, dtype=torch.int64).clone(), src, dst, negative_dst))

@@ -73,7 +73,7 @@ def profile_file(tmp_path_factory) -> Path:
 COMMAND_PREFIX = {
     ("tune",): ["tune", "tiny"], ("train",): ["train", "tiny"], ("bench",): ["bench", "tiny"],
     ("evaluate",): ["evaluate", "tiny", "--checkpoint", "ckpt"], ("simulate",): ["simulate", "p.json"],
-    ("data", "generate"): ["data", "generate", "tiny"], ("data", "convert"): ["data", "convert", "edgelist", "e.npy",
+    ("data", "generate"): ["data", "generate", "tiny"], ("data", "info"): ["data", "info", "tiny"], ("data", "convert"): ["data", "convert", "edgelist", "e.npy",
                                                                            "-o", "out"],
     ("data", "split-edges"): ["data", "split-edges", "tiny", "--out", "out"],
 }

@@ -182,3 +182,30 @@ def test_load_dataset_regenerates_a_corrupt_cache(tmp_path):
     load_dataset("tiny", root=tmp_path, progress=False)
     (tmp_path / "tiny" / "meta.json").write_text("{not json")
     assert load_dataset("tiny", root=tmp_path, progress=False).num_nodes == PRESETS["tiny"].spec.num_nodes
+
+
+def test_arrays_the_kernel_will_not_map_copy_on_write_are_mapped_read_only(tmp_path, monkeypatch) -> None:
+    # papers100M's 28 GB of features on a 24 GB machine: a writable private map is refused (ENOMEM) under the
+    # default overcommit policy, a read-only one is not. Simulated: every copy-on-write map fails as it would there.
+    import errno
+    import warnings
+
+    directory = tmp_path / "graph"
+    load_dataset("tiny", progress=False).save(directory)
+    real_load = np.load
+    modes: list[str | None] = []
+
+    def refusing_copy_on_write(path, mmap_mode=None, **options):
+        modes.append(mmap_mode)
+        if mmap_mode == "c":
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real_load(path, mmap_mode=mmap_mode, **options)
+
+    monkeypatch.setattr(np, "load", refusing_copy_on_write)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not writable" warning reaches the user
+        graph = GraphStore.load(directory, mmap=True)
+    monkeypatch.setattr(np, "load", real_load)
+    expected = GraphStore.load(directory, mmap=False)
+    assert torch.equal(graph.features, expected.features) and torch.equal(graph.indices, expected.indices)
+    assert modes.count("c") == modes.count("r") >= 2, modes  # each mapped array: refused, then mapped read-only

@@ -73,3 +73,19 @@ def test_the_native_batcher_takes_features_from_exactly_one_source(graph_dir):
         extension.CpuBatcher(*arguments, None, graph.labels, [2], 1, 1, False)
     with pytest.raises(RuntimeError, match="either as a features tensor or as a feature_store, exactly one"):
         extension.CpuBatcher(*arguments, graph.features, graph.labels, [2], 1, 1, False, graph.feature_store.native)
+
+
+def test_the_serial_batcher_gathers_through_the_store_too(graph_dir):
+    # A CPU-only plan whose phases take turns on the same cores builds batches with SerialBatcher (sample_neighbors).
+    from morphpipe.sampling.serial_batcher import SerialBatcher
+
+    in_ram = GraphStore.load(graph_dir, mmap=False)
+    on_disk = GraphStore.load(graph_dir, features_on_disk=True, feature_cache_bytes=48 * 100, io_threads=2)
+    ram, disk = SerialBatcher(in_ram, [4, 2], 50, seed=3), SerialBatcher(on_disk, [4, 2], 50, seed=3)
+    gathered = 0
+    for expected, got in zip(ram.epoch(0), disk.epoch(0), strict=True):
+        assert torch.equal(got.input_nodes, expected.input_nodes)
+        assert torch.equal(got.x.view(torch.int16), expected.x.view(torch.int16))
+        gathered += got.input_nodes.numel()
+    counters = on_disk.feature_store.counters()
+    assert counters.hits + counters.misses == gathered and counters.misses > 0
