@@ -48,7 +48,40 @@ def blocks_from_native(num_input_nodes: int, block_indptrs: list, block_indices:
     return blocks
 
 
-class CpuBatcher(SeedBatcher):
+class NativeEpochs:
+    """The epoch loop of a batcher whose C++ object (`_native`: start_epoch, next, stop) builds batches on worker
+    threads and hands them out in epoch order; `_minibatch` wraps each native tuple (CpuBatcher's, by default)."""
+
+    _native: object
+    _active_epoch: object | None = None
+
+    def epoch(self, epoch: int) -> Iterator[MiniBatch]:
+        """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order."""
+        token = object()
+        self._active_epoch = token
+        self._native.start_epoch(self.epoch_order(epoch), self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))
+        return self._iterate(token)
+
+    def _iterate(self, token: object) -> Iterator[MiniBatch]:
+        while True:
+            if self._active_epoch is not token:
+                raise RuntimeError(f"{type(self).__name__}: this epoch was superseded by a newer one; iterate the new "
+                                   "epoch")
+            parts = self._native.next()
+            if parts is None:
+                return
+            yield self._minibatch(parts)
+
+    def _minibatch(self, parts: tuple) -> MiniBatch:
+        return minibatch_from_native(parts, route=self.route)
+
+    def close(self) -> None:
+        """Stops the worker threads; the batcher can start a new epoch afterwards."""
+        self._active_epoch = None
+        self._native.stop()
+
+
+class CpuBatcher(NativeEpochs, SeedBatcher):
     """Epoch iterator over mini-batches of `seeds` (default: the graph's train split), per the batcher contract.
 
     The last batch of an epoch may be short unless `drop_last`. `fanouts[h]` is the neighbour count at
@@ -79,28 +112,6 @@ class CpuBatcher(SeedBatcher):
         # Features on disk (GraphStore.load(features_on_disk=True)) are gathered through the graph's feature store.
         self.feature_store = getattr(graph, "feature_store", None)
         self._native = native_batcher(graph, self.fanouts, self.num_threads, self.queue_size, self.pin_memory)
-        self._active_epoch: object | None = None
-
-    def epoch(self, epoch: int) -> Iterator[MiniBatch]:
-        """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order."""
-        token = object()
-        self._active_epoch = token
-        self._native.start_epoch(self.epoch_order(epoch), self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))
-        return self._iterate(token)
-
-    def _iterate(self, token: object) -> Iterator[MiniBatch]:
-        while True:
-            if self._active_epoch is not token:
-                raise RuntimeError("CpuBatcher: this epoch was superseded by a newer one; iterate the new epoch")
-            parts = self._native.next()
-            if parts is None:
-                return
-            yield minibatch_from_native(parts, route=self.route)
-
-    def close(self) -> None:
-        """Stops the worker threads; the batcher can start a new epoch afterwards."""
-        self._active_epoch = None
-        self._native.stop()
 
 
 def native_batcher(graph: GraphStore, fanouts: list[int], num_threads: int, queue_size: int, pin_memory: bool):

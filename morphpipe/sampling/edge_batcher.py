@@ -23,7 +23,7 @@ from morphpipe.data import GraphStore
 from morphpipe.numeric import check_float, check_int
 from morphpipe.sampling.batcher import SeedBatcher
 from morphpipe.sampling import torch_sampler
-from morphpipe.sampling.cpu_batcher import blocks_from_native, gather_features, minibatch_from_native, native_batcher
+from morphpipe.sampling.cpu_batcher import NativeEpochs, blocks_from_native, gather_features, native_batcher
 from morphpipe.sampling.gpu_batcher import GpuBatcher
 from morphpipe.sampling.epochs import batch_seeds, epoch_seed, note_first_use
 from morphpipe.sampling.minibatch import EdgePairs, MiniBatch
@@ -105,7 +105,7 @@ class EdgeSeedBatcher(SeedBatcher):
         return check_seed_ids(ids, self.pair_src.numel(), "edge_ids", unit="training edge")
 
 
-class EdgeBatcher(EdgeSeedBatcher):
+class EdgeBatcher(NativeEpochs, EdgeSeedBatcher):
     """Edge batches built by `num_threads` C++ threads outside the GIL (the CpuBatcher's workers and window),
     delivered in epoch order; the last batch of an epoch may be short unless `drop_last`."""
 
@@ -122,28 +122,6 @@ class EdgeBatcher(EdgeSeedBatcher):
         self._native = native_batcher(graph, self.fanouts, self.num_threads, self.queue_size, self.pin_memory)
         self._native.set_edge_task(self.pair_src, self.pair_dst, self.negatives.k, self.negative_cdf, self.exclude,
                                    self.undirected, self.negatives.reject_positives)
-        self._active_epoch: object | None = None
-
-    def epoch(self, epoch: int) -> Iterator[MiniBatch]:
-        """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order."""
-        token = object()
-        self._active_epoch = token
-        self._native.start_epoch(self.epoch_order(epoch), self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))
-        return self._iterate(token)
-
-    def _iterate(self, token: object) -> Iterator[MiniBatch]:
-        while True:
-            if self._active_epoch is not token:
-                raise RuntimeError("EdgeBatcher: this epoch was superseded by a newer one; iterate the new epoch")
-            parts = self._native.next()
-            if parts is None:
-                return
-            yield minibatch_from_native(parts, route=self.route)
-
-    def close(self) -> None:
-        """Stops the worker threads; the batcher can start a new epoch afterwards."""
-        self._active_epoch = None
-        self._native.stop()
 
 
 class SerialEdgeBatcher(EdgeSeedBatcher):

@@ -18,6 +18,7 @@ from morphpipe import native
 from morphpipe.cores import usable_cores
 from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.sampling.batcher import SeedBatcher
+from morphpipe.sampling.cpu_batcher import NativeEpochs
 from morphpipe.sampling.epochs import batch_seeds, epoch_seed
 from morphpipe.sampling.hetero_block import HeteroBlock
 from morphpipe.sampling.minibatch import Block, MiniBatch
@@ -70,7 +71,7 @@ def _hop_counts(name: str, counts: object, allow_zero: bool) -> list[int]:
     return checked
 
 
-class HeteroCpuBatcher(SeedBatcher):
+class HeteroCpuBatcher(NativeEpochs, SeedBatcher):
     """Epoch iterator over typed mini-batches of `seeds` (default: the target type's train split)."""
 
     route = 0
@@ -96,7 +97,6 @@ class HeteroCpuBatcher(SeedBatcher):
             [graph.indices[r].contiguous() for r in graph.relations],
             [graph.features[name].contiguous() if name in graph.features else None for name in graph.type_names],
             graph.labels.contiguous(), self.fanouts, self.num_threads, self.queue_size, self.pin_memory)
-        self._active_epoch: object | None = None
 
     def checked_fanouts(self, fanouts: TypedFanouts) -> list[list[int]]:
         return relation_fanouts(self.graph, fanouts)
@@ -106,29 +106,19 @@ class HeteroCpuBatcher(SeedBatcher):
         return len(self.fanouts)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
-        """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order."""
+        """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order; a serial batcher
+        builds each one on the calling thread when it is asked for."""
+        if not self.serial:
+            return super().epoch(epoch)
         token = object()
         self._active_epoch = token
-        order = self.epoch_order(epoch)
-        if self.serial:
-            return self._build_each(token, order, epoch_seed(self.seed, epoch))
-        self._native.start_epoch(order, self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))
-        return self._iterate(token)
+        return self._build_each(token, self.epoch_order(epoch), epoch_seed(self.seed, epoch))
 
     def _build_each(self, token: object, order: torch.Tensor, seed: int) -> Iterator[MiniBatch]:
         for index in range(len(self)):
             if self._active_epoch is not token:
                 raise RuntimeError("HeteroCpuBatcher: this epoch was superseded by a newer one; iterate the new epoch")
             yield self._minibatch(self._native.build(batch_seeds(order, index, self.batch_size), index, seed))
-
-    def _iterate(self, token: object) -> Iterator[MiniBatch]:
-        while True:
-            if self._active_epoch is not token:
-                raise RuntimeError("HeteroCpuBatcher: this epoch was superseded by a newer one; iterate the new epoch")
-            parts = self._native.next()
-            if parts is None:
-                return
-            yield self._minibatch(parts)
 
     def _minibatch(self, parts: tuple) -> MiniBatch:
         """Wraps the native (batch_index, seeds, nodes, indptrs, indices, counts, x, y, build_seconds) tuple."""
@@ -144,7 +134,3 @@ class HeteroCpuBatcher(SeedBatcher):
         return MiniBatch(seeds=seeds, input_nodes=torch.cat(nodes), blocks=layers, x=dict(zip(names, x)), y=y,
                          batch_index=batch_index, route=self.route, build_s=build_seconds)
 
-    def close(self) -> None:
-        """Stops the worker threads; the batcher can start a new epoch afterwards."""
-        self._active_epoch = None
-        self._native.stop()
