@@ -92,14 +92,19 @@ class HeadwiseLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        # Backward runs outside the forward's autocast: under bf16 training the gradient is bfloat16 while the
+        # weight is the float32 master copy, so both products run in the gradient's dtype and each result is
+        # returned in its input's dtype (no-ops in float32).
         x, weight = ctx.saved_tensors
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
             grad_x = x.new_empty(x.shape)
+            weight_g = weight.to(grad.dtype)
             for k in range(weight.shape[0]):
-                grad_x[:, k] = grad[:, k] @ weight[k]
+                grad_x[:, k] = grad[:, k] @ weight_g[k]
         if ctx.needs_input_grad[1]:
-            grad_weight = torch.stack([grad[:, k].t() @ x[:, k] for k in range(weight.shape[0])])
+            x_g = x.to(grad.dtype)
+            grad_weight = torch.stack([grad[:, k].t() @ x_g[:, k] for k in range(weight.shape[0])]).to(weight.dtype)
         return grad_x, grad_weight
 
 
