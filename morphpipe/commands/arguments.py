@@ -86,7 +86,7 @@ def add_feature_tier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--features-on-disk", action="store_true",
                         help="read feature rows from features.npy through the feature store (many reads in flight, "
                              "hot rows cached) instead of through the page cache: for features larger than RAM")
-    parser.add_argument("--feature-cache-mb", type=number(0.0), default=0.0,
+    parser.add_argument("--feature-cache-mb", type=number(0.0, INT64_MAX / 1e6), default=0.0,
                         help="with --features-on-disk: host RAM for the hottest feature rows, in MB (default 0)")
 
 

@@ -106,6 +106,11 @@ def test_every_numeric_option_uses_a_checked_type():
     assert {path for path, _, _ in options} <= set(COMMAND_PREFIX)
 
 
+def test_a_feature_cache_larger_than_any_byte_count_is_refused(capsys):
+    fails_with(["data", "info", "tiny", "--features-on-disk", "--feature-cache-mb", "1e306"], capsys,
+               "argument --feature-cache-mb: must be a finite number >= 0 and <=")
+
+
 def test_a_value_that_begins_with_a_dash_is_told_how_to_attach_it(capsys):
     command = ["data", "generate", "tiny", "-o", "never-written", "--split"]
     fails_with([*command, "-0.1,0.5,0.6"], capsys, "argument --split: expected one argument",
