@@ -30,6 +30,15 @@ inline void check_topology(const at::Tensor& indptr, const at::Tensor& indices) 
 }
 
 // Each fanout is -1 (all neighbours) or positive, and there is at least one hop.
+// An epoch's seed order and batch size, checked; returns its batch count (the last batch short, or dropped).
+inline int64_t epoch_batch_count(const at::Tensor& order, int64_t batch_size, bool drop_last) {
+  TORCH_CHECK(order.dim() == 1 && order.scalar_type() == at::kLong,
+              "order: expected a 1-D int64 tensor of seed ids, got ", order.scalar_type());
+  TORCH_CHECK(batch_size >= 1, "batch_size: need at least 1 seed per batch, got ", batch_size);
+  const int64_t num_seeds = order.numel();
+  return drop_last ? num_seeds / batch_size : (num_seeds + batch_size - 1) / batch_size;
+}
+
 inline void check_fanouts(at::IntArrayRef fanouts) {
   TORCH_CHECK(!fanouts.empty(), "fanouts: need at least one hop, e.g. [15, 10, 5]");
   for (size_t hop = 0; hop < fanouts.size(); ++hop) {

@@ -5,6 +5,7 @@
 
 #include "common/hetero_sampler_checks.h"
 #include "common/random.h"
+#include "common/sampler_checks.h"
 #include "cpu/gather_rows.h"
 
 namespace morphpipe {
@@ -53,14 +54,10 @@ std::shared_ptr<HeteroNeighborSampler> HeteroCpuBatcher::make_sampler() const {
 
 void HeteroCpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed) {
   stop();
-  TORCH_CHECK(order.dim() == 1 && order.scalar_type() == at::kLong,
-              "order: expected a 1-D int64 tensor of seed ids, got ", order.scalar_type());
-  TORCH_CHECK(batch_size >= 1, "batch_size: need at least 1 seed per batch, got ", batch_size);
-  const int64_t num_seeds = order.numel();
+  const int64_t num_batches = epoch_batch_count(order, batch_size, drop_last);
   order_ = order.contiguous();
   batch_size_ = batch_size;
   epoch_seed_ = splitmix64(static_cast<uint64_t>(epoch_seed));
-  const int64_t num_batches = drop_last ? num_seeds / batch_size : (num_seeds + batch_size - 1) / batch_size;
   window_.start(num_batches, num_threads_, [this]() -> OrderedWindow<HeteroCpuBatch>::Builder {
     auto sampler = make_sampler();
     return [this, sampler](int64_t batch_index) {
