@@ -13,6 +13,7 @@ from morphpipe.commands.train import resolve_device
 from morphpipe.commands.workload import model_from_spec, parse_relation_fanouts
 from morphpipe.nn.evaluate import EVAL_MODES
 from morphpipe.nn.task import SPLITS
+from morphpipe.outputs import check_output_file, write_text_atomic
 
 MIB = 1 << 20
 
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.nn.task import EvalSettings, NodeClassification
     from morphpipe.ops.community import GraphBlock
 
+    if args.json is not None:
+        check_output_file(args.json, "--json")
     state = load_checkpoint(args.checkpoint)
     if state is None:
         raise FileNotFoundError(f"{args.checkpoint}: no checkpoint there; write one with `morphpipe train "
@@ -99,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{split} accuracy {results[split]:.4f}")
     if args.json is not None:
         key = "link" if spec.get("task") == "link" else "accuracy"
-        args.json.write_text(json.dumps({"mode": args.mode, "epochs": state.epoch, key: results}, indent=2)
-                             + "\n", encoding="utf-8")
+        write_text_atomic(args.json, json.dumps({"mode": args.mode, "epochs": state.epoch, key: results},
+                                                indent=2) + "\n", "--json")
         print(f"wrote {args.json}")
     return 0
 

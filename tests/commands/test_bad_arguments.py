@@ -334,3 +334,9 @@ def test_a_simulation_too_large_for_memory_is_refused_up_front_with_the_memory_i
                       workload={"batch_size": 1024}).save(big)
     argv = [arg.replace("BIG", str(big)) for arg in argv]
     fails_with(argv, capsys, "1,000,000,000 batches", "GB of memory", "fix")
+
+
+def test_evaluate_checks_its_json_path_before_the_evaluation_runs(profile_file, capsys):
+    """A --json that cannot be written is refused up front, not after a long evaluation whose result it would lose."""
+    fails_with(["evaluate", str(profile_file), "--checkpoint", "/nonexistent-checkpoint",
+                "--json", f"{profile_file}/eval.json"], capsys, "--json", "is a file")
