@@ -1,6 +1,8 @@
 """The dtypes a graph store accepts, and how each is stored in a .npy file (numpy has no bfloat16)."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -37,11 +39,19 @@ def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def numpy_view(array: np.ndarray) -> torch.Tensor:
+    """Zero-copy tensor over `array`, read-only maps included: the stores never write through them, so torch's
+    warning about non-writable arrays would only alarm the user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
 def features_from_storage(array: np.ndarray, name: str) -> torch.Tensor:
     """Zero-copy tensor over stored feature values, reinterpreting the uint16 bits of bfloat16."""
     if name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+        return numpy_view(array.view(np.int16)).view(torch.bfloat16)
+    return numpy_view(array)
 
 
 def float32_to_storage(values: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:

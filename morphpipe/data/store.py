@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
+from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, numpy_view, tensor_to_numpy
 from morphpipe.data.edge_split import SPLIT_EDGES_HINT, EdgeSplit
 from morphpipe.data.feature_store import DEFAULT_IO_THREADS, FeatureStore
 from morphpipe.data.hetero_generator import MagSpec
@@ -249,9 +249,7 @@ def _tensor(array: np.ndarray, name: str) -> torch.Tensor:
         raise GraphValidationError(name, f"has numpy dtype {array.dtype}, expected a numeric array",
                                    "re-save the array with a supported integer dtype")
     try:
-        with warnings.catch_warnings():  # a read-only map (see load_array) is never written through
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            return torch.from_numpy(array)
+        return numpy_view(array)
     except TypeError as error:
         raise GraphValidationError(name, f"has numpy dtype {array.dtype}, which torch cannot hold ({error})",
                                    "re-save the array as int64") from error

@@ -209,3 +209,20 @@ def test_arrays_the_kernel_will_not_map_copy_on_write_are_mapped_read_only(tmp_p
     expected = GraphStore.load(directory, mmap=False)
     assert torch.equal(graph.features, expected.features) and torch.equal(graph.indices, expected.indices)
     assert modes.count("c") == modes.count("r") >= 2, modes  # each mapped array: refused, then mapped read-only
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_read_only_feature_maps_load_without_a_warning(tmp_path, dtype) -> None:
+    # torch warns once per process about a non-writable array, so only a fresh process shows whether it reaches
+    # the user (it did at the end of `data generate papers100m-like`, whose features are mapped read-only).
+    import subprocess
+    import sys
+
+    storage = np.uint16 if dtype == "bfloat16" else np.float16
+    np.save(tmp_path / "features.npy", np.arange(12, dtype=storage).reshape(4, 3))
+    code = ("import sys, numpy as np; from morphpipe.data.dtypes import features_from_storage; "
+            f"print(features_from_storage(np.load(sys.argv[1], mmap_mode='r'), '{dtype}').shape)")
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code, str(tmp_path / "features.npy")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr
+    assert done.stdout.strip() == "torch.Size([4, 3])"
