@@ -1,0 +1,99 @@
+"""The disk in the plan: misses of the host feature cache hold the disk in the simulator, and the planner chooses
+the cache size (checked against every candidate simulated)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from morphpipe.partitioner import Partitioner, PhaseTimes
+from morphpipe.profiler.disk import DiskProfile, DiskReadFacts
+from morphpipe.profiler.profile import Profile
+from morphpipe.scheduler import Plan, Scheduler, plan_from_profile, simulate_plan
+from morphpipe.scheduler.planning import CACHE_TOLERANCE
+
+ROW_BYTES = 256
+NUM_ROWS = 100_000
+
+
+def disk_profile(reads_per_s: float = 50_000.0, rows_per_batch: float = 4_000.0,
+                 budget: int = NUM_ROWS * ROW_BYTES // 2) -> DiskProfile:
+    """A power-law-like hit curve: the hottest rows serve most of what batches gather."""
+    sizes = [0, 25_600, 256_000, 1_280_000, 2_560_000, 6_400_000, 12_800_000, 25_600_000]
+    ratios = [0.0, 0.15, 0.4, 0.62, 0.72, 0.85, 0.93, 1.0]
+    facts = DiskReadFacts("features.npy", 4096, 48, reads_per_s, 2e9, 4 << 20)
+    return DiskProfile(facts, ROW_BYTES, NUM_ROWS, rows_per_batch, 1.0, tuple(zip(sizes, ratios)), budget)
+
+
+def profiles() -> list[Profile]:
+    cpu = Profile.synthetic(t_cb=0.08, t_m=0.05, cores=4, cpu_efficiency=0.8, num_batches=60, cv=0.2)
+    cuda = Profile.synthetic(t_cb=0.05, t_m=0.01, t_gb=0.02, t_dma=0.004, cores=8, num_batches=80)
+    return [cpu.replaced(disk=disk_profile()), cuda.replaced(disk=disk_profile(reads_per_s=200_000.0)),
+            cpu.replaced(disk=disk_profile(reads_per_s=5e6)),  # a fast disk: a small cache suffices
+            cuda.replaced(disk=disk_profile(budget=1_000_000))]  # a budget below most measured sizes
+
+
+def test_an_epoch_with_every_row_cached_equals_the_model_without_the_disk() -> None:
+    for profile in profiles():
+        every_row = NUM_ROWS * ROW_BYTES
+        cached = plan_from_profile(profile, cache_bytes=every_row)
+        in_ram = plan_from_profile(profile.replaced(disk=None))
+        assert cached.tiering is not None and cached.tiering.hit_ratio == 1.0 and cached.tiering.disk_read_s == 0.0
+        assert cached.predicted_epoch_s == in_ram.predicted_epoch_s
+        assert (cached.n_cpu, cached.cpu_threads, cached.train_threads) == (in_ram.n_cpu, in_ram.cpu_threads,
+                                                                            in_ram.train_threads)
+
+
+def test_misses_hold_the_disk_and_lengthen_the_epoch() -> None:
+    profile = profiles()[0]
+    no_cache = plan_from_profile(profile, cache_bytes=0)
+    half = plan_from_profile(profile, cache_bytes=2_560_000)
+    in_ram = plan_from_profile(profile.replaced(disk=None))
+    assert no_cache.predicted_epoch_s > half.predicted_epoch_s > in_ram.predicted_epoch_s
+    # Without a cache every row a batch gathers is a read: the disk alone needs this long for the epoch.
+    reads = profile.num_batches * 4_000 / 50_000.0
+    assert no_cache.predicted_epoch_s >= reads and no_cache.busy["disk"] > 0.9
+    assert "disk" not in in_ram.busy
+
+
+def test_the_planner_chooses_the_cache_an_exhaustive_search_chooses() -> None:
+    for profile in profiles():
+        plan = plan_from_profile(profile, engine="fast")
+        candidates = profile.disk.cache_candidates()
+        epochs = {size: plan_from_profile(profile, engine="fast", cache_bytes=size).predicted_epoch_s
+                  for size in candidates}
+        assert all(epochs[a] >= epochs[b] for a, b in zip(candidates, candidates[1:]))  # more cache never hurts
+        best = min(epochs.values())
+        expected = min(size for size, epoch in epochs.items() if epoch <= best * (1.0 + CACHE_TOLERANCE))
+        assert plan.tiering.cache_bytes == expected <= profile.disk.cache_budget_bytes
+        assert plan.predicted_epoch_s == epochs[expected]
+        assert len(plan.tiering.candidates_s) < len(candidates) or len(candidates) <= 3  # bisection, not every size
+
+
+def test_plan_and_profile_keep_the_tiering_through_json() -> None:
+    profile = profiles()[1]
+    assert Profile.from_dict(profile.to_dict()) == profile
+    plan = plan_from_profile(profile)
+    again = Plan.from_dict(plan.to_dict())
+    assert again.tiering == plan.tiering and "features on disk" in again.describe()
+    assert simulate_plan(profile, again).epoch_s == pytest.approx(plan.predicted_epoch_s)
+
+
+def test_a_bad_hit_curve_is_refused_with_the_field_named() -> None:
+    data = profiles()[0].to_dict()
+    data["disk"]["hit_curve"][2]["hit_ratio"] = 0.01
+    with pytest.raises(ValueError, match="hit ratios must lie in"):
+        Profile.from_dict(data)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_no_simulated_epoch_beats_its_lower_bound_with_the_disk(seed: int) -> None:
+    rng = random.Random(seed)
+    times = PhaseTimes(rng.randint(1, 60), rng.uniform(0.05, 2), rng.randint(1, 8), rng.uniform(0.05, 2),
+                       rng.uniform(0.05, 2), rng.uniform(0.05, 2), *([rng.choice([0.0, 0.3])] * 4),
+                       disk_read_s=rng.uniform(0.01, 2))
+    scheduler = Scheduler(times, seed)
+    bounds = scheduler.lower_bounds()
+    for n_cpu in {0, times.num_batches, rng.randint(0, times.num_batches)}:
+        result = scheduler.simulate(Partitioner(times, 4).split(n_cpu), engine="fast")
+        assert result.epoch_s >= bounds[n_cpu] * (1 - 1e-12)
