@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+import psutil
 import torch
 
 from morphpipe import native
+from morphpipe.data.feature_store import FeatureStore, hotness_order
 from morphpipe.documents import FieldReader
-from morphpipe.data.feature_store import hotness_order
 from morphpipe.numeric import check_float, check_int
 from morphpipe.sampling.cpu_batcher import sample_neighbors
 from morphpipe.sampling.epochs import epoch_order
 
 PAGE = 4096  # what a buffered pread of one row fetches from the disk at least
+# The share of the memory available now that a training run's data (topology, labels, feature cache) may take by
+# default: the rest is left to batches in flight, the model and other processes.
+TRAINING_MEMORY_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -192,15 +197,68 @@ def curve_sizes(features_bytes: int, budget_bytes: int, points: int = 12) -> lis
 
 
 def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch.Tensor, cache_budget_bytes: int,
-                         reads_per_miss: float, seconds: float = 2.0) -> DiskProfile:
+                         reads_per_miss: float, seconds: float = 1.0) -> DiskProfile:
     """The DiskProfile of a FeatureStore `store`: the disk under its file measured at its I/O threads' queue depth
     and its row size, the hit curve of an in-degree (`hotness`) cache over the rows of `gathered` batches."""
     num_rows, width = store.shape
     row_bytes = width * store.dtype.itemsize
     block = max(PAGE, -(-row_bytes // PAGE) * PAGE)
-    facts = measure_disk_reads(store.path, max(1, store.io_threads), seconds, block)
+    size = os.path.getsize(store.path)
+    if size < block:
+        raise ValueError(f"features file {store.path} holds {size} bytes, less than one {block}-byte read: keep "
+                         "features this small in RAM (drop --features-on-disk, or raise --memory-budget)")
+    sequential_block = max(PAGE, min(4 << 20, size // PAGE * PAGE))
+    try:
+        facts = measure_disk_reads(store.path, max(1, store.io_threads), seconds, block, sequential_block)
+    except RuntimeError as error:
+        if "O_DIRECT" not in str(error):
+            raise
+        facts = measure_store_reads(store, seconds, block, sequential_block)
     sizes = curve_sizes(num_rows * row_bytes, cache_budget_bytes)
     ratios = hit_ratio_by_cache_size(hotness, gathered, [size // row_bytes for size in sizes])
     rows_per_batch = sum(ids.numel() for ids in gathered) / max(len(gathered), 1)
     return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss, tuple(zip(sizes, ratios)),
                        int(cache_budget_bytes))
+
+
+def measure_store_reads(store, seconds: float, block: int, sequential_block: int) -> DiskReadFacts:
+    """Read rates where the file system refuses O_DIRECT (tmpfs, some network file systems): random rows gathered
+    through a cache-less feature store like `store` (its reads per second at its queue depth), and the file read
+    through in `sequential_block`s (through the page cache, as the store reads there too)."""
+    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=False)
+    generator = torch.Generator().manual_seed(0)
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        probe.gather(torch.randint(0, probe.shape[0], (4096,), generator=generator))
+    random_elapsed = time.perf_counter() - began
+    sequential, began = 0, time.perf_counter()
+    with open(store.path, "rb", buffering=0) as handle:
+        while time.perf_counter() - began < seconds and (chunk := handle.read(sequential_block)):
+            sequential += len(chunk)
+    return DiskReadFacts(str(store.path), block, max(1, store.io_threads),
+                         max(probe.counters().reads, 1) / random_elapsed,
+                         max(sequential, 1) / max(time.perf_counter() - began, 1e-9), sequential_block)
+
+
+def default_memory_budget() -> int:
+    """Bytes a training run's data may hold by default: TRAINING_MEMORY_SHARE of the memory available now."""
+    return int(psutil.virtual_memory().available * TRAINING_MEMORY_SHARE)
+
+
+def resident_bytes(graph) -> int:
+    """What a graph needs in RAM besides its features: the topology (read at random by sampling), labels, splits."""
+    return sum(tensor.numel() * tensor.element_size()
+               for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx))
+
+
+def features_fit(graph, memory_budget: int | None = None) -> bool:
+    """True when the graph's features fit in `memory_budget` (default: `default_memory_budget`) beside the rest."""
+    budget = default_memory_budget() if memory_budget is None else memory_budget
+    features = graph.features.shape[0] * graph.features.shape[1] * graph.features.element_size()
+    return resident_bytes(graph) + features <= budget
+
+
+def cache_budget(graph, memory_budget: int | None = None) -> int:
+    """Host RAM a feature cache may take: the memory budget less what the graph needs besides its features."""
+    budget = default_memory_budget() if memory_budget is None else memory_budget
+    return max(0, budget - resident_bytes(graph))

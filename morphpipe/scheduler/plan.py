@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from morphpipe.documents import FieldReader, JsonDocument
+from morphpipe.numeric import format_bytes
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.profiler.profile import read_workload
 
@@ -41,8 +42,8 @@ class FeatureTiering:
                    reader.number("hit_ratio", minimum=0.0), reader.number("disk_read_s", minimum=0.0), candidates)
 
     def describe(self) -> str:
-        return (f"features on disk behind a host cache of {self.cache_bytes / 1e6:,.1f} MB of hot rows (budget "
-                f"{self.cache_budget_bytes / 1e6:,.1f} MB, {len(self.candidates_s)} sizes simulated): predicted hit "
+        return (f"features on disk behind a host cache of {format_bytes(self.cache_bytes)} of hot rows (budget "
+                f"{format_bytes(self.cache_budget_bytes)}, {len(self.candidates_s)} sizes simulated): predicted hit "
                 f"ratio {self.hit_ratio:.1%}, the misses hold the disk {self.disk_read_s * 1e3:.3g} ms per batch")
 
 
