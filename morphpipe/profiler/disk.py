@@ -58,8 +58,8 @@ class DiskProfile:
     """What the planner knows about features on disk: the disk's read rates (`facts`), the feature rows (`num_rows`
     of `row_bytes`), the rows a batch gathers (`rows_per_batch`), the preads a missed row costs (`reads_per_miss`,
     below 1 when neighbouring rows share a read), the share of rows a static cache of the hottest rows serves at
-    each size of `hit_curve` ((cache bytes, hit ratio), increasing), and `cache_budget_bytes`, the host RAM the
-    cache may take (the memory budget less what the topology and labels need).
+    each size of `hit_curve` ((cache bytes, hit ratio), increasing), `cache_budget_bytes`, the host RAM the
+    cache may take, and `resident_bytes`, what the graph needs in RAM besides (their sum: the memory budget).
 
     A missed row holds the disk for reads_per_miss / random_reads_per_s: the store keeps `queue_depth` reads in
     flight, at which depth the random-read rate was measured."""
@@ -71,6 +71,7 @@ class DiskProfile:
     reads_per_miss: float
     hit_curve: tuple[tuple[int, float], ...]
     cache_budget_bytes: int
+    resident_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.row_bytes < 1 or self.num_rows < 1:
@@ -80,8 +81,9 @@ class DiskProfile:
             raise ValueError(f"DiskProfile.rows_per_batch must be a finite number >= 0, got {self.rows_per_batch!r}")
         if not (math.isfinite(self.reads_per_miss) and self.reads_per_miss > 0):
             raise ValueError(f"DiskProfile.reads_per_miss must be a finite number > 0, got {self.reads_per_miss!r}")
-        if self.cache_budget_bytes < 0:
-            raise ValueError(f"DiskProfile.cache_budget_bytes must be >= 0, got {self.cache_budget_bytes!r}")
+        if self.cache_budget_bytes < 0 or self.resident_bytes < 0:
+            raise ValueError(f"DiskProfile.cache_budget_bytes and resident_bytes must be >= 0, got "
+                             f"{self.cache_budget_bytes!r} and {self.resident_bytes!r}")
         sizes = [size for size, _ in self.hit_curve]
         ratios = [ratio for _, ratio in self.hit_curve]
         if not sizes or sizes[0] != 0 or sizes != sorted(set(sizes)):
@@ -100,7 +102,8 @@ class DiskProfile:
         return self.reads_per_miss / self.facts.random_reads_per_s
 
     def hit_ratio(self, cache_bytes: int) -> float:
-        """The measured hit ratio at `cache_bytes`, linear between measured sizes (a cache of every row: 1)."""
+        """The measured hit ratio at `cache_bytes`, linear between measured sizes and from the largest measured one
+        to 1 at every row cached (below the true curve where it is concave, as a power law's is)."""
         if cache_bytes >= self.features_bytes:
             return 1.0
         sizes = [size for size, _ in self.hit_curve]
@@ -124,16 +127,18 @@ class DiskProfile:
         return sorted({size for size, _ in self.hit_curve if size <= largest} | {largest})
 
     def scaled(self, *, memory: float = 1.0, disk: float = 1.0) -> DiskProfile:
-        """The same workload on a machine with `memory` times the cache budget and a disk `disk` times as fast."""
+        """The same workload on a machine whose memory budget is `memory` times this one's (the topology still takes
+        its share, the cache the rest) and whose disk reads `disk` times as fast."""
+        budget = (self.cache_budget_bytes + self.resident_bytes) * memory
         return replace(self, facts=replace(self.facts, random_reads_per_s=self.facts.random_reads_per_s * disk,
                                            sequential_bytes_per_s=self.facts.sequential_bytes_per_s * disk),
-                       cache_budget_bytes=int(self.cache_budget_bytes * memory))
+                       cache_budget_bytes=max(0, int(budget) - self.resident_bytes))
 
     def to_dict(self) -> dict:
         return {"facts": self.facts.to_dict(), "row_bytes": self.row_bytes, "num_rows": self.num_rows,
                 "rows_per_batch": self.rows_per_batch, "reads_per_miss": self.reads_per_miss,
                 "hit_curve": [{"cache_bytes": size, "hit_ratio": ratio} for size, ratio in self.hit_curve],
-                "cache_budget_bytes": self.cache_budget_bytes}
+                "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes}
 
     @classmethod
     def from_fields(cls, reader: FieldReader) -> DiskProfile:
@@ -144,7 +149,7 @@ class DiskProfile:
             return cls(DiskReadFacts.from_fields(reader.section("facts")), reader.integer("row_bytes", minimum=1),
                        reader.integer("num_rows", minimum=1), reader.number("rows_per_batch", minimum=0.0),
                        reader.number("reads_per_miss", positive=True), curve,
-                       reader.integer("cache_budget_bytes", minimum=0))
+                       reader.integer("cache_budget_bytes", minimum=0), reader.integer("resident_bytes", minimum=0))
 
 
 def measure_disk_reads(path: str | os.PathLike, queue_depth: int, seconds: float = 2.0, block: int = PAGE,
@@ -197,7 +202,7 @@ def curve_sizes(features_bytes: int, budget_bytes: int, points: int = 12) -> lis
 
 
 def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch.Tensor, cache_budget_bytes: int,
-                         reads_per_miss: float, seconds: float = 1.0) -> DiskProfile:
+                         reads_per_miss: float, seconds: float = 1.0, resident: int = 0) -> DiskProfile:
     """The DiskProfile of a FeatureStore `store`: the disk under its file measured at its I/O threads' queue depth
     and its row size, the hit curve of an in-degree (`hotness`) cache over the rows of `gathered` batches."""
     num_rows, width = store.shape
@@ -218,7 +223,7 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
     ratios = hit_ratio_by_cache_size(hotness, gathered, [size // row_bytes for size in sizes])
     rows_per_batch = sum(ids.numel() for ids in gathered) / max(len(gathered), 1)
     return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss, tuple(zip(sizes, ratios)),
-                       int(cache_budget_bytes))
+                       int(cache_budget_bytes), int(resident))
 
 
 def measure_store_reads(store, seconds: float, block: int, sequential_block: int) -> DiskReadFacts:

@@ -12,7 +12,7 @@ from morphpipe.data.feature_store import FeatureStore
 from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.nn.task import NodeClassification, Task
 from morphpipe.profiler.contention import ContentionMonitor
-from morphpipe.profiler.disk import DiskProfile, cache_budget, measure_disk_profile
+from morphpipe.profiler.disk import cache_budget, measure_disk_profile, resident_bytes
 from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.profiler.operators import OPERATORS, ProfilingSession
 from morphpipe.profiler.profile import Profile
@@ -172,7 +172,7 @@ class Profiler:
                 reads_per_miss = misses.reads / misses.misses if misses.misses else 1.0
                 disk = measure_disk_profile(store, [batch.input_nodes for batch in session.sample_batches],
                                             self.graph.in_degrees(), cache_budget(self.graph, self.memory_budget),
-                                            reads_per_miss, self.disk_seconds)
+                                            reads_per_miss, self.disk_seconds, resident_bytes(self.graph))
         num_seeds = len(self.task.seeds(self.graph))
         return Profile(
             hardware=self.hardware,

@@ -2,15 +2,18 @@
 the cache size (checked against every candidate simulated)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
+from morphpipe.commands.cli import main
 from morphpipe.partitioner import Partitioner, PhaseTimes
 from morphpipe.profiler.disk import DiskProfile, DiskReadFacts
 from morphpipe.profiler.profile import Profile
 from morphpipe.scheduler import Plan, Scheduler, plan_from_profile, simulate_plan
 from morphpipe.scheduler.planning import CACHE_TOLERANCE
+from morphpipe.scheduler.whatif import what_if
 
 ROW_BYTES = 256
 NUM_ROWS = 100_000
@@ -97,3 +100,30 @@ def test_no_simulated_epoch_beats_its_lower_bound_with_the_disk(seed: int) -> No
     for n_cpu in {0, times.num_batches, rng.randint(0, times.num_batches)}:
         result = scheduler.simulate(Partitioner(times, 4).split(n_cpu), engine="fast")
         assert result.epoch_s >= bounds[n_cpu] * (1 - 1e-12)
+
+
+def test_what_ifs_more_ram_and_a_faster_disk_shorten_the_predicted_epoch() -> None:
+    profile = profiles()[0].replaced(disk=dataclasses.replace(disk_profile(), resident_bytes=1_000_000))
+    base = plan_from_profile(profile, engine="fast")
+    more_ram = plan_from_profile(what_if(profile, memory=2.0).profile, engine="fast")
+    less_ram = plan_from_profile(what_if(profile, memory=0.5).profile, engine="fast")
+    faster_disk = plan_from_profile(what_if(profile, disk_speed=4.0).profile, engine="fast")
+    budget = profile.disk.cache_budget_bytes
+    assert more_ram.tiering.cache_budget_bytes == 2 * (budget + 1_000_000) - 1_000_000
+    assert less_ram.tiering.cache_budget_bytes == (budget + 1_000_000) // 2 - 1_000_000
+    assert more_ram.predicted_epoch_s < base.predicted_epoch_s < less_ram.predicted_epoch_s
+    assert more_ram.tiering.hit_ratio > base.tiering.hit_ratio
+    assert faster_disk.predicted_epoch_s < base.predicted_epoch_s
+    assert faster_disk.tiering.cache_bytes <= base.tiering.cache_bytes  # a faster disk needs no larger cache
+    with pytest.raises(ValueError, match="--ram-scale needs a profile with features on disk"):
+        what_if(profile.replaced(disk=None), memory=2.0)
+
+
+def test_simulate_answers_the_disk_what_ifs(tmp_path, capsys) -> None:
+    path = tmp_path / "profile.json"
+    profiles()[0].save(path)
+    assert main(["simulate", str(path), "--ram-scale", "2", "--disk-speed", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "what-if: 2x the memory: feature cache budget 12.8 MB -> 25.6 MB" in out
+    assert "what-if: a disk 4x as fast: 50,000 -> 200,000 random reads/s" in out
+    assert "at 4 cores: features on disk behind a host cache of" in out
