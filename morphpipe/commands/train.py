@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
             print("re-planning off: no profile for this plan (pass --profile, or train with --auto)")
         else:
             replanner = Replanner(profile, gbs=max(plan.gbs, 1) if plan.n_gpu else args.gbs, seed=args.seed,
-                                  reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run())
+                                  reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run(),
+                                  cache_bytes=tiering.planned_cache_bytes(args))
     spec = model_spec(graph, args, settings)
     precision = choose_precision(args.precision, graph, spec, settings)  # auto times throwaway models' steps
     torch.manual_seed(args.seed)
