@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from morphpipe.data.summary import array_tiers
 from morphpipe.numeric import format_bytes
 from morphpipe.profiler.disk import cache_budget, default_memory_budget, features_fit, resident_bytes
 
@@ -37,3 +38,14 @@ def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
         store = graph.open_feature_store(plan.tiering.cache_bytes)
     print(f"features on disk: {store.num_cached:,} hottest rows ({format_bytes(store.cache_bytes)}) cached in RAM, "
           f"as planned (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
+
+
+def describe_tiers(graph, plan) -> str:
+    """Which tier each array is on under `plan` (features: on disk with the planned cache, when it has one)."""
+    if getattr(graph, "is_hetero", False):
+        return "tiers: every array in RAM or memory-mapped (the feature store reads homogeneous graphs only)"
+    tiers = array_tiers(graph)
+    if plan.tiering is not None:
+        tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows cached "
+                             f"in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
+    return "tiers: " + "; ".join(f"{name} {tier}" for name, tier in tiers.items())

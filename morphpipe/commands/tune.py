@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     plan.save(args.output)
     print(f"plan ({plan.engine} simulation, {plan.evaluations} evaluations):")
     print("  " + plan.describe().replace("\n", "\n  "))
+    print(tiering.describe_tiers(graph, plan))
     print(f"wrote {args.output} and {args.profile_output}")
     if args.gantt:
         from morphpipe.scheduler.simulate_plan import draw_plan

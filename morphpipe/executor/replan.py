@@ -74,8 +74,8 @@ def predicted_phases(profile: Profile, plan: Plan) -> dict[str, float | None]:
     cores = profile.cores
     cpu_batch = profile.cpu_batch_time(plan.cpu_threads, cores)
     if profile.disk is not None and plan.tiering is not None:
-        side_by_side = 1 if plan.shares_cores else plan.cpu_threads
-        cpu_batch += profile.disk.read_s_per_batch(plan.tiering.cache_bytes) / side_by_side
+        readers = 1 if plan.shares_cores else plan.cpu_threads  # batching threads waiting on reads side by side
+        cpu_batch += profile.disk.read_s_per_batch(plan.tiering.cache_bytes) / readers
     if plan.kind == "cpu-only":
         assert profile.cpu_training is not None and plan.train_threads is not None
         return {"cpu_batch": cpu_batch, "gpu_batch": None, "dma": None,
@@ -193,7 +193,7 @@ class Replanner:
             else:
                 self.factors[phase] += self.smoothing * (ratio - self.factors[phase])
         note = self._reprofile_if_contention_left()
-        if result.feature_reads is not None and self.profile.disk is not None and result.n_cpu:
+        if self.profile.disk is not None and result.feature_reads is not None and result.n_cpu:
             self.profile = self.profile.replaced(disk=measured_disk(self.profile.disk, result.feature_reads, plan,
                                                                     result.n_cpu))
         estimate = rescaled_profile(self.profile, self.factors)
