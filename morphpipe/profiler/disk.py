@@ -198,7 +198,7 @@ def curve_sizes(features_bytes: int, budget_bytes: int, points: int = 12) -> lis
         return [0]
     smallest = max(1, largest // 1000)
     step = (largest / smallest) ** (1.0 / max(points - 1, 1))
-    return sorted({0, largest, *(int(smallest * step**i) for i in range(points))})
+    return sorted({0, largest, *(int(smallest * step**i) for i in range(points - 1))})
 
 
 def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch.Tensor, cache_budget_bytes: int,

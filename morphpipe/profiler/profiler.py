@@ -200,12 +200,18 @@ class Profiler:
         hot = torch.zeros(store.shape[0], dtype=torch.int8)
         hot[rows] = 1
         row_bytes = store.shape[1] * store.dtype.itemsize
-        self.graph.feature_store = FeatureStore(store.path, store.dtype_name, cache_bytes=rows.numel() * row_bytes,
-                                                hotness=hot, io_threads=store.io_threads, direct=store.direct)
+        cached = FeatureStore(store.path, store.dtype_name, cache_bytes=rows.numel() * row_bytes, hotness=hot,
+                              io_threads=store.io_threads, direct=store.direct)
+        self.graph.feature_store = cached
         try:
             yield
         finally:
             self.graph.feature_store = store
+        counted = cached.counters()
+        if counted.misses:
+            self.log(f"profiling: {counted.misses:,} of the {counted.hits + counted.misses:,} rows the timed CPU "
+                     "batches gathered were not among the sampled batches' rows; their reads are in the CPU batching "
+                     "time as well as in the disk's")
 
     def workload(self) -> dict[str, str | int | float | bool | None]:
         """What was profiled, stored in the Profile so a plan can say what it is for."""
