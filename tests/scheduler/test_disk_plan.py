@@ -127,3 +127,13 @@ def test_simulate_answers_the_disk_what_ifs(tmp_path, capsys) -> None:
     assert "what-if: 2x the memory: feature cache budget 12.8 MB -> 25.6 MB" in out
     assert "what-if: a disk 4x as fast: 50,000 -> 200,000 random reads/s" in out
     assert "at 4 cores: features on disk behind a host cache of" in out
+
+
+def test_hit_ratio_between_and_beyond_measured_sizes() -> None:
+    disk = disk_profile()
+    assert disk.hit_ratio(0) == 0.0 and disk.hit_ratio(256_000) == 0.4
+    assert disk.hit_ratio(768_000) == pytest.approx(0.4 + 0.22 * 512_000 / 1_024_000)  # between 256 kB and 1.28 MB
+    assert disk.hit_ratio(NUM_ROWS * ROW_BYTES) == 1.0
+    short = dataclasses.replace(disk, hit_curve=disk.hit_curve[:3])  # measured up to 256 kB (0.4)
+    assert short.hit_ratio(256_000 + (NUM_ROWS * ROW_BYTES - 256_000) // 2) == pytest.approx(0.7)  # towards 1 at all
+    assert disk.read_s_per_batch(256_000) == pytest.approx(4_000 * 0.6 / 50_000.0)
