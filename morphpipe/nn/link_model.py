@@ -69,8 +69,10 @@ class LinkModel(nn.Module):
         """Embeddings [blocks[-1].num_dst, dim] of the batch's endpoints; with `pairs`, the logits of its positives
         [B] and of their negatives [B, k] instead."""
         h = self.encoder(blocks, x)
-        if pairs is None:
-            return h
+        return h if pairs is None else self.score_pairs(h, pairs)
+
+    def score_pairs(self, h: Tensor, pairs: EdgePairs) -> tuple[Tensor, Tensor]:
+        """Logits of a batch's positives [B] and of their negatives [B, k] from its endpoints' embeddings h."""
         # One pair list (positives, then each positive's negatives in turn): one scoring pass and one backward.
         count, k = pairs.negative_dst.shape
         src = torch.cat([pairs.src, pairs.src.repeat_interleave(k)])
