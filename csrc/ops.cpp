@@ -72,6 +72,12 @@ TORCH_LIBRARY(morphpipe, m) {
   // The same gradient scattered from the destinations with atomic adds.
   m.def("gat_grad_h_scatter(Tensor indptr, Tensor indices, Tensor alpha, Tensor alpha_self, Tensor grad_out, "
         "int num_src, int h_heads) -> Tensor");
+  // Link prediction's dot decoder: out[i] = <h[src[i]], h[dst[i]]> (h's dtype, summed in the accumulation dtype)
+  // for a list of pairs over one embedding table h [rows, width], no [pairs, width] tensor made.
+  m.def("pair_dot(Tensor h, Tensor src, Tensor dst) -> Tensor");
+  // Its gradient wrt h from grad [pairs]: grad_h[src[i]] += grad[i] h[dst[i]], grad_h[dst[i]] += grad[i] h[src[i]],
+  // summed per row in pair order (deterministic).
+  m.def("pair_dot_backward(Tensor h, Tensor src, Tensor dst, Tensor grad) -> Tensor");
   // Between layers: out = keep * act(x + bias) / (1 - p) for x [rows, F], activation 'relu' or 'identity', keep
   // drawn per element by a counter-based generator from `seed` (common/dropout_mask.h), mask as int32 bit words; p=0: no mask.
   m.def("bias_act_dropout(Tensor x, Tensor? bias, str activation, float p, int seed) -> (Tensor out, Tensor mask)");

@@ -9,9 +9,13 @@ default; 0: all), then validation MRR against the stored negatives by exact full
 morphpipe trains through its Trainer under a CPU-only plan made from this machine's measured
 batch and step times; DGL loads batches and trains them in turn (what its single-process loader
 does). Same graph (the dataset directory's .npy arrays), fanouts, batch size, seed.
+With `--phases N`, also (c) the median seconds of each phase of a training step over N batches made and
+trained in turn on both sides (batch, encoder forward, pair scoring, loss, backward, optimizer), morphpipe's
+with its fused pair scorer and with the dot decoder over gathered rows (the dense scoring it replaced).
 DGL runs as a subprocess of its own interpreter (`--dgl-python`), never imported here. Not a test.
 
-Usage: python scripts/bench_link.py [--dataset link] [--batches 30] [--epoch-edges 32768] [--out bench_link.json]
+Usage: python scripts/bench_link.py [--dataset link] [--batches 30] [--epoch-edges 32768] [--phases 0]
+       [--out bench_link.json]
 """
 from __future__ import annotations
 
@@ -32,12 +36,15 @@ from morphpipe.data import data_root, load_dataset
 from morphpipe.data.presets import PRESETS
 from morphpipe.executor import Trainer
 from morphpipe.nn import LinkPrediction, TrainStep, make_optimizer
+from morphpipe.nn.link_model import DotDecoder
+from morphpipe.nn.link_task import pair_loss
 from morphpipe.nn.task import EvalSettings
 from morphpipe.profiler import Profile
 from morphpipe.scheduler import plan_from_profile
-from morphpipe.sampling.edge_batcher import EdgeBatcher, NegativeSampling
+from morphpipe.sampling.edge_batcher import EdgeBatcher, NegativeSampling, SerialEdgeBatcher
 
 DGL_PYTHON = "/work/dglvenv/bin/python"
+PHASES = ("batch", "encoder", "scoring", "loss", "backward", "optimizer")
 
 # DGL's side: reads the graph directory's arrays, times edge batches, trains, prints one JSON line.
 DGL_SCRIPT = r'''
@@ -96,8 +103,35 @@ def score(h, graph):
         graph.apply_edges(dgl.function.u_dot_v("h", "h", "s"))
         return graph.edata["s"].squeeze(-1)
 
-out = {"batching": {}, "training": {}}
+def phases(negatives):
+    """Median seconds of each step phase over args["phases"] batches made and trained in turn (the first left out)."""
+    torch.manual_seed(args["seed"])
+    model = Model(g.ndata["feat"].shape[1], args["hidden"], len(fanouts))
+    optimizer = torch.optim.Adam(model.parameters(), lr=args["lr"])
+    it = iter(loader(negatives, train_eids))
+    times = []
+    for _ in range(args["phases"] + 1):
+        t0 = time.perf_counter()
+        input_nodes, pair_graph, negative_graph, blocks = next(it)
+        x = blocks[0].srcdata["feat"]
+        t1 = time.perf_counter()
+        h = model(blocks, x)
+        t2 = time.perf_counter()
+        pos, neg = score(h, pair_graph), score(h, negative_graph)
+        t3 = time.perf_counter()
+        loss = F.binary_cross_entropy_with_logits(torch.cat([pos, neg]),
+                                                  torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
+        t4 = time.perf_counter()
+        optimizer.zero_grad(); loss.backward()
+        t5 = time.perf_counter()
+        optimizer.step()
+        times.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, time.perf_counter() - t5])
+    return [float(np.median([row[i] for row in times[1:]])) for i in range(6)]
+
+out = {"batching": {}, "training": {}, "phases": {}}
 for negatives in args["negatives"]:
+    if args["phases"]:
+        out["phases"][str(negatives)] = phases(negatives)
     it = iter(loader(negatives, train_eids))
     next(it)
     start = time.perf_counter()
@@ -146,6 +180,53 @@ def morphpipe_batching(graph, fanouts: list[int], batch_size: int, negatives: in
         return batches / (time.perf_counter() - start)
 
 
+class GatheredDot(DotDecoder):
+    """The dot decoder over gathered rows (h[src] * h[dst] summed): the dense scoring the fused pair scorer replaced."""
+
+    def score_indexed(self, h: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        return self(h[src], h[dst])
+
+
+def morphpipe_phases(graph, args: argparse.Namespace, negatives: int, gathered: bool) -> list[float]:
+    """Median seconds of each step phase (PHASES) over `args.phases` batches made (serially) and trained in turn."""
+    task = LinkPrediction(negatives)
+    torch.manual_seed(args.seed)
+    model = task.build_model("sage", graph, num_layers=len(args.fanouts), hidden=args.hidden, dropout=0.0)
+    if gathered:
+        model.decoder = GatheredDot()
+    optimizer = make_optimizer(model.parameters(), args.lr, "cpu")
+    batches = iter(SerialEdgeBatcher(graph, args.fanouts, args.batch_size, negatives=task.sampling,
+                                     seed=args.seed).epoch(0))
+    times = []
+    for _ in range(args.phases + 1):
+        t0 = time.perf_counter()
+        batch = next(batches)
+        t1 = time.perf_counter()
+        h = model.encoder(batch.blocks, batch.x)
+        t2 = time.perf_counter()
+        positive, negative = model.score_pairs(h, batch.pairs)
+        t3 = time.perf_counter()
+        loss = pair_loss("bce", positive, negative)
+        t4 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        t5 = time.perf_counter()
+        optimizer.step()
+        times.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, time.perf_counter() - t5])
+    return torch.tensor(times[1:]).median(dim=0).values.tolist()
+
+
+def print_phases(args: argparse.Namespace, ours: dict, dgl: dict) -> None:
+    """The per-phase table: seconds per step, median over the timed batches."""
+    print(f"step phases, median s over {args.phases} batches made and trained in turn:")
+    print(f"{'negatives':>9} {'side':>18} | " + " ".join(f"{phase:>9}" for phase in PHASES) + f" | {'step':>7}")
+    for negatives in map(str, args.negatives):
+        rows = [("ours, fused", ours["phases"][negatives]["fused"]),
+                ("ours, gathered dot", ours["phases"][negatives]["gathered"]), ("DGL", dgl["phases"][negatives])]
+        for side, times in rows:
+            print(f"{negatives:>9} {side:>18} | " + " ".join(f"{t:>9.4f}" for t in times) + f" | {sum(times):>7.3f}")
+
+
 def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[str, float]:
     """One epoch through the Trainer (plan from this machine's measured batch and step times), then exact val MRR."""
     fanouts = args.fanouts
@@ -180,13 +261,14 @@ def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[
         history = trainer.fit(1, validate=False)
         mrr = subset.evaluate(trainer.model, graph, subset.seeds(graph, "val"),
                               EvalSettings(fanouts, mode="full", progress=False), device=torch.device("cpu"))
-    return {"epoch_s": history[0].epoch_s, "batches": history[0].batches, "val_mrr": mrr, "plan": plan.kind}
+    return {"epoch_s": history[0].epoch_s, "batches": history[0].batches, "val_mrr": mrr, "plan": plan.kind,
+            "shares_cores": plan.shares_cores}
 
 
 def run_dgl(dataset: Path, args: argparse.Namespace) -> dict:
     settings = {"dataset": str(dataset), "fanouts": args.fanouts, "batch_size": args.batch_size,
                 "negatives": args.negatives, "threads": args.threads, "batches": args.batches, "seed": args.seed,
-                "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges}
+                "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges, "phases": args.phases}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DGLBACKEND": "pytorch"}
     done = subprocess.run([args.dgl_python, "-c", DGL_SCRIPT, json.dumps(settings)], capture_output=True, text=True,
                           env=env, check=False)
@@ -208,6 +290,8 @@ def main() -> None:
     parser.add_argument("--epoch-edges", type=int, default=32768,
                         help="training edges of the timed epoch (default 32768, 32 batches: the run stays under ~5 "
                              "minutes on 2 cores; 0: all)")
+    parser.add_argument("--phases", type=int, default=0,
+                        help="also time each phase of a training step over this many batches per side (0: not)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dgl-python", default=DGL_PYTHON)
     parser.add_argument("--out", default="bench_link.json")
@@ -218,8 +302,11 @@ def main() -> None:
     graph = load_dataset(args.dataset)
     dataset = data_root() / args.dataset if args.dataset in PRESETS else Path(args.dataset)
     torch.set_num_threads(args.threads)
-    ours: dict[str, dict] = {"batching": {}, "training": {}}
+    ours: dict[str, dict] = {"batching": {}, "training": {}, "phases": {}}
     for negatives in args.negatives:
+        if args.phases:
+            ours["phases"][str(negatives)] = {"fused": morphpipe_phases(graph, args, negatives, gathered=False),
+                                              "gathered": morphpipe_phases(graph, args, negatives, gathered=True)}
         ours["batching"][str(negatives)] = morphpipe_batching(graph, args.fanouts, args.batch_size, negatives,
                                                               args.threads, args.batches, args.seed)
         ours["training"][str(negatives)] = morphpipe_training(graph, args, negatives)
@@ -237,6 +324,8 @@ def main() -> None:
         print(f"{negatives:>9} | {b_ours:>14.2f} {b_dgl:>8.2f} {b_ours / b_dgl:>6.2f} | {t_ours['epoch_s']:>12.2f} "
               f"{t_dgl['epoch_s']:>8.2f} {t_dgl['epoch_s'] / t_ours['epoch_s']:>6.2f} | {t_ours['val_mrr']:>12.4f} "
               f"{t_dgl['val_mrr']:>7.4f}")
+    if args.phases:
+        print_phases(args, ours, dgl)
     report = {"date": date.today().isoformat(), "load_average": load,
               "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),
                           "torch": torch.__version__, "python": sys.version.split()[0]},

@@ -204,6 +204,10 @@ MUTANTS: list[dict] = [
          find="word |= static_cast<uint32_t>((bytes * 0x0102040810204080ULL) >> 56) << (8 * part);",
          replace="word |= static_cast<uint32_t>((bytes * 0x8040201008040201ULL) >> 56) << (8 * part);",
          tests=["tests/ops/test_bias_act_dropout.py::test_the_mask_is_the_specified_counter_based_hash"], ci=False),
+    dict(name="cpp-pair-dot-backward-tile-not-reset", file="csrc/cpu/pair_score_kernels.h",
+         find="      std::fill(sum, sum + n, acc_t(0));",
+         replace="      if (f0 == 0) std::fill(sum, sum + n, acc_t(0));",
+         tests=["tests/ops/test_pair_score.py::test_forward_and_backward_equal_the_dense_reference"], ci=False),
     dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate_kernels.h",
          find="""      std::fill(buf, buf + n, acc_t(0));
       if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",

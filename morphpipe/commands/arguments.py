@@ -82,16 +82,23 @@ dropout = number(0, 1, below=True)
 
 
 def add_feature_tier_arguments(parser: argparse.ArgumentParser) -> None:
-    """--features-on-disk and --feature-cache-mb: where a graph's feature rows are read from (the tier)."""
+    """--features-on-disk, --feature-cache-mb and --memory-budget: where a graph's feature rows are read from (the
+    tier) and how much host RAM their cache may take."""
     parser.add_argument("--features-on-disk", action="store_true",
                         help="read feature rows from features.npy through the feature store (many reads in flight, "
-                             "hot rows cached) instead of through the page cache: for features larger than RAM")
-    parser.add_argument("--feature-cache-mb", type=number(0.0, INT64_MAX / 1e6), default=0.0,
-                        help="with --features-on-disk: host RAM for the hottest feature rows, in MB (default 0)")
+                             "hot rows cached) instead of through the page cache: for features larger than RAM "
+                             "(default: when they do not fit --memory-budget beside the topology)")
+    parser.add_argument("--feature-cache-mb", type=number(0.0, INT64_MAX / 1e6), default=None,
+                        help="with features on disk: host RAM for the hottest feature rows, in MB (default: the "
+                             "size the planner chooses within --memory-budget; 0 without a plan)")
+    parser.add_argument("--memory-budget", type=byte_size, default=None,
+                        help="host RAM this run's data may hold (topology, labels, feature cache), e.g. 6G: features "
+                             "that do not fit go on disk, and the planner sizes their cache within it (default 80%% "
+                             "of the memory available now)")
 
 
 def feature_tier(args: argparse.Namespace) -> dict[str, object]:
     """load_dataset's feature-tier arguments from the flags of `add_feature_tier_arguments`."""
-    if args.feature_cache_mb and not args.features_on_disk:
+    if args.feature_cache_mb is not None and not args.features_on_disk:
         raise ValueError("--feature-cache-mb sizes the cache of the feature store: add --features-on-disk, or drop it")
-    return {"features_on_disk": args.features_on_disk, "feature_cache_bytes": int(args.feature_cache_mb * 1e6)}
+    return {"features_on_disk": args.features_on_disk, "feature_cache_bytes": int((args.feature_cache_mb or 0) * 1e6)}

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse
 import torch
 
-from morphpipe.commands import arguments
+from morphpipe.commands import arguments, tiering
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.edge_split import DEFAULT_EDGE_FRACTIONS, DEFAULT_EVAL_NEGATIVES, with_edge_split
@@ -317,6 +317,7 @@ def add_info(commands: argparse._SubParsersAction) -> None:
 def run_info(args: argparse.Namespace) -> int:
     """Loads (and validates) the graph and prints its summary."""
     graph = load_dataset(args.target, root=args.root, **arguments.feature_tier(args))
+    tiering.place_features(graph, args)
     if getattr(graph, "is_hetero", False):
         print(json.dumps({"summary": repr(graph)}) if args.json else repr(graph))
         return 0

@@ -38,6 +38,10 @@ what-if model:
                  the transfer part of UVA batching (the profile's uva_transfer_s if measured,
                  else min(T_GB, T_DMA)); the rest of T_GB is unchanged. This machine's link is
                  its theoretical bandwidth from the hardware facts, else batch_bytes / T_DMA.
+  --ram-scale X  (features on disk) X times the memory budget for data: the topology keeps its
+                 share, the feature cache may take the rest and the planner sizes it again;
+                 beyond the largest measured cache size the hit ratio rises linearly to 1.
+  --disk-speed X (features on disk) random and sequential reads X times as fast.
 
 columns: predicted epoch (s) of the all-CPU pipeline (SALIENT-like), all-GPU (DUCATI-like) and
 the adaptive plan; speedup of the plan over the better baseline; the plan's CPU share of batches.
@@ -84,6 +88,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="core counts to predict, e.g. 2,4,8,16 or 2,4,...,16 (default: the profile's own)")
     parser.add_argument("--pcie-gbps", type=arguments.positive_float, default=None,
                         help="PCIe bandwidth of the what-if machine in GB/s (default: this machine's)")
+    parser.add_argument("--ram-scale", type=arguments.positive_float, default=None,
+                        help="features on disk: the what-if machine has this many times the memory budget, e.g. 2")
+    parser.add_argument("--disk-speed", type=arguments.positive_float, default=None,
+                        help="features on disk: the what-if machine's disk reads this many times as fast, e.g. 4")
     parser.add_argument("--gbs", type=arguments.positive_int, default=10, help="GPU buffer size in batches (default 10)")
     parser.add_argument("--seed", type=arguments.seed, default=0, help="seed of the stochastic phase durations (default 0)")
     parser.add_argument("--plot", type=Path, default=None, help="write epoch time vs cores (Figure 9) as PNG")
@@ -105,10 +113,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise ValueError("give a profile (morphpipe simulate PROFILE.json) or a cluster (--node PROFILE:COUNT ...)")
     profile = Profile.load(args.profile)
     cores = args.cores or [profile.cores]
-    if args.pcie_gbps is not None:
-        print(f"what-if: {whatif.what_if(profile, None, args.pcie_gbps).notes[-1]}")
-    plans = whatif.sweep(profile, cores, args.pcie_gbps, args.gbs, args.seed)
+    scales = {"memory": args.ram_scale, "disk_speed": args.disk_speed}
+    for note in whatif.what_if(profile, None, args.pcie_gbps, **scales).notes:
+        print(f"what-if: {note}")
+    plans = whatif.sweep(profile, cores, args.pcie_gbps, args.gbs, args.seed, **scales)
     print(format_table(cores, plans))
+    if plans[-1].tiering is not None:
+        print(f"at {cores[-1]} cores: {plans[-1].tiering.describe()}")
     if args.plot is not None:
         print(f"wrote {plot_cores_sweep(cores, plans, args.plot, title=_title(profile, args.pcie_gbps))}")
     if args.gantt is not None:
@@ -153,7 +164,8 @@ def _title(profile: Profile, pcie_gbps: float | None) -> str:
 
 def _gantt(profile: Profile, cores: int, args: argparse.Namespace, plan: Plan) -> Path:
     """Re-simulates the plan of the what-if machine with a trace (SimPy) and draws its first batches."""
-    return draw_plan(whatif.what_if(profile, cores, args.pcie_gbps).profile, plan, args.gantt)
+    what_if = whatif.what_if(profile, cores, args.pcie_gbps, memory=args.ram_scale, disk_speed=args.disk_speed)
+    return draw_plan(what_if.profile, plan, args.gantt)
 
 
 def parse_node(text: str) -> NodeType:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from morphpipe import native
-from morphpipe.commands import arguments, train_distributed
+from morphpipe.commands import arguments, tiering, train_distributed
 from morphpipe.commands.train_report import print_epoch_summary, run_settings, write_stats
 from morphpipe.commands.workload import (
     add_workload_arguments,
@@ -117,12 +117,14 @@ def run(args: argparse.Namespace) -> int:
 
     check_outputs(args)
     graph = load_dataset(args.dataset, **arguments.feature_tier(args))
+    tiering.place_features(graph, args)
     if args.full_graph:
         if workload_settings(args)["task"] != "node":
             raise ValueError("--full-graph trains node classification only; drop it to train --task link on "
                              "mini-batches")
         return run_full_graph(graph, args, describe_dataset(graph, workload_task(workload_settings(args))))
     plan, profile, settings = choose_plan(graph, args)
+    tiering.apply_tiering(graph, plan, args)
     task = workload_task(settings)
     empty = describe_dataset(graph, task)
     metric = metric_label(task)
@@ -133,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
             print("re-planning off: no profile for this plan (pass --profile, or train with --auto)")
         else:
             replanner = Replanner(profile, gbs=max(plan.gbs, 1) if plan.n_gpu else args.gbs, seed=args.seed,
-                                  reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run())
+                                  reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run(),
+                                  cache_bytes=tiering.planned_cache_bytes(args))
     spec = model_spec(graph, args, settings)
     precision = choose_precision(args.precision, graph, spec, settings)  # auto times throwaway models' steps
     torch.manual_seed(args.seed)
@@ -257,7 +260,8 @@ def choose_plan(graph, args: argparse.Namespace) -> tuple[Plan, Profile | None, 
         return *auto_plan(graph, args, settings), settings
     if args.plan is None and args.profile is not None:
         profile = Profile.load(args.profile)
-        plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed)
+        plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed,
+                                 cache_bytes=tiering.planned_cache_bytes(args))
     else:
         plan = Plan.load(path)
     workload = plan.profile.get("workload", {})
@@ -299,4 +303,5 @@ def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> t
     native.prepare()
     profile = profiler.run()
     print(format_profile(profile))
-    return plan_from_profile(profile, gbs=args.gbs, seed=args.seed), profile
+    return plan_from_profile(profile, gbs=args.gbs, seed=args.seed,
+                             cache_bytes=tiering.planned_cache_bytes(args)), profile

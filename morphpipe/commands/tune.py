@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from morphpipe.commands import arguments
+from morphpipe.commands import arguments, tiering
 from morphpipe.commands.workload import (add_workload_arguments, format_profile, workload_profiler, workload_settings,
                                          workload_task)
 from morphpipe.outputs import check_output_file
@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
             check_output_file(path, option)
     native.prepare()
     graph = load_dataset(args.dataset, **arguments.feature_tier(args))
+    tiering.place_features(graph, args)
     settings = workload_settings(args)
     task = workload_task(settings)
     task.check_graph(graph)
@@ -47,10 +48,12 @@ def run(args: argparse.Namespace) -> int:
     profile = workload_profiler(graph, args, settings, progress=True, warmup=args.warmup).run()
     profile.save(args.profile_output)
     print(format_profile(profile))
-    plan: Plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed)
+    plan: Plan = plan_from_profile(profile, gbs=args.gbs, seed=args.seed,
+                                   cache_bytes=tiering.planned_cache_bytes(args))
     plan.save(args.output)
     print(f"plan ({plan.engine} simulation, {plan.evaluations} evaluations):")
     print("  " + plan.describe().replace("\n", "\n  "))
+    print(tiering.describe_tiers(graph, plan))
     print(f"wrote {args.output} and {args.profile_output}")
     if args.gantt:
         from morphpipe.scheduler.simulate_plan import draw_plan

@@ -13,6 +13,7 @@ from morphpipe.nn.hetero import HETERO_MODELS, build_hetero_model
 from morphpipe.nn.link_model import DECODERS, build_link_model
 from morphpipe.nn.link_task import LOSSES, LinkPrediction
 from morphpipe.nn.task import TASKS, NodeClassification, Task, is_hetero, make_task
+from morphpipe.numeric import format_bytes
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.profiler.profiler import Profiler
 from morphpipe.sampling.edge_batcher import NEGATIVE_KINDS
@@ -128,7 +129,8 @@ def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, objec
         graph, model=str(settings["model"]), fanouts=settings["fanouts"], batch_size=int(settings["batch_size"]),
         hidden=settings["hidden"], device=args.device,
         thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
-        seed=args.seed, progress=progress, task=workload_task(settings), **options,
+        seed=args.seed, progress=progress, task=workload_task(settings),
+        memory_budget=getattr(args, "memory_budget", None), **options,
     )
 
 
@@ -198,4 +200,14 @@ def format_profile(profile: Profile) -> str:
                          ("GPU training    ", profile.training)):
         if timing is not None:
             lines.append(f"  {name}     {format_timing(timing)}")
+    if profile.disk is not None:
+        disk = profile.disk
+        facts = disk.facts
+        lines.append(f"  disk             {facts.random_reads_per_s:,.0f} random {facts.block} B reads/s at queue depth "
+                     f"{facts.queue_depth}, sequential {facts.sequential_bytes_per_s / 1e9:.2f} GB/s; "
+                     f"{disk.rows_per_batch:,.0f} rows of {disk.row_bytes} B per batch, {disk.reads_per_miss:.3g} "
+                     "reads per missed row")
+        lines.append("  hit ratio        " + ", ".join(f"{format_bytes(size)} {ratio:.1%}"
+                                                      for size, ratio in disk.hit_curve)
+                     + f" (cache budget {format_bytes(disk.cache_budget_bytes)})")
     return "\n".join(lines)

@@ -75,6 +75,23 @@ class GraphStore:
     def feature_dtype(self) -> torch.dtype:
         return self.features.dtype
 
+    def open_feature_store(self, cache_bytes: int = 0) -> FeatureStore:
+        """From now on the batcher reads the features from their file through a FeatureStore caching `cache_bytes`
+        of the hottest rows by in-degree (replacing the store open now, whose I/O settings it keeps): how a run
+        moves its features to the disk tier, or gives the cache the size its plan chose."""
+        path = next((file for file in self.mapped_files if Path(file).stem == "features"), None)
+        if path is None:
+            raise ValueError(f"features of {self.name!r} are not memory-mapped from a features.npy, so the feature "
+                             "store has no file to read; load the graph from its directory (GraphStore.load, "
+                             "mmap=True)")
+        current = self.feature_store
+        self.feature_store = None  # the old store's cache is freed before the new one is read
+        self.feature_store = FeatureStore(path, dtype_name(self.feature_dtype), cache_bytes=cache_bytes,
+                                          hotness=self.in_degrees(),
+                                          io_threads=current.io_threads if current is not None else DEFAULT_IO_THREADS,
+                                          direct=current.direct if current is not None else None)
+        return self.feature_store
+
     def in_degrees(self) -> torch.Tensor:
         """int64 [N]: number of in-neighbours of each node."""
         return self.indptr[1:] - self.indptr[:-1]

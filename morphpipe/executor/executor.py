@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.executor.cpu_buffer import CpuBuffer, InlineCpuSource
 from morphpipe.executor.devices import Devices, InFlight, Launched, Step
 from morphpipe.executor.threads import Stopped, ThreadGroup
@@ -55,6 +56,7 @@ class EpochResult:
     n_cpu: int
     n_gpu: int
     build_s: list[float] = field(default_factory=list)  # per Route 0 batch, one batching thread's build time
+    feature_reads: FeatureStoreCounters | None = None  # features on disk: the store's hits and misses this epoch
 
     @property
     def batches(self) -> int:

@@ -20,11 +20,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.executor.executor import EpochResult
+from morphpipe.profiler.disk import DiskProfile
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.scheduler.plan import Plan
 from morphpipe.scheduler.planning import plan_from_profile
@@ -67,13 +69,18 @@ def measure_phases(result: EpochResult, plan: Plan) -> MeasuredPhases:
 
 
 def predicted_phases(profile: Profile, plan: Plan) -> dict[str, float | None]:
-    """What `profile` says each phase takes per batch under `plan`'s thread counts."""
+    """What `profile` says each phase takes per batch under `plan`'s thread counts (CPU batching: with its batch's
+    disk reads when the features are on disk)."""
     cores = profile.cores
+    cpu_batch = profile.cpu_batch_time(plan.cpu_threads, cores)
+    if profile.disk is not None and plan.tiering is not None:
+        readers = 1 if plan.shares_cores else plan.cpu_threads  # batching threads waiting on reads side by side
+        cpu_batch += profile.disk.read_s_per_batch(plan.tiering.cache_bytes) / readers
     if plan.kind == "cpu-only":
         assert profile.cpu_training is not None and plan.train_threads is not None
-        return {"cpu_batch": profile.cpu_batch_time(plan.cpu_threads, cores), "gpu_batch": None, "dma": None,
+        return {"cpu_batch": cpu_batch, "gpu_batch": None, "dma": None,
                 "train": profile.cpu_training.per_batch_time(plan.train_threads, cores)}
-    return {"cpu_batch": profile.cpu_batch_time(plan.cpu_threads, cores),
+    return {"cpu_batch": cpu_batch,
             "gpu_batch": profile.gpu_batching.mean_s if profile.gpu_batching else None,
             "dma": profile.dma.mean_s if profile.dma else None,
             "train": profile.training.mean_s if profile.training else None}
@@ -99,6 +106,22 @@ def rescaled_profile(profile: Profile, factors: dict[str, float]) -> Profile:
         training=timing(profile.training, train_factor),
         uva_transfer_s=profile.uva_transfer_s * gpu_factor if profile.uva_transfer_s is not None else None,
     )
+
+
+def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, batches: int) -> DiskProfile:
+    """`disk` as the epoch's feature store counters say: rows per batch and preads per missed row as counted, and
+    the hit curve's miss ratios scaled by measured / predicted at the cache that ran (hits clipped to [0, 1])."""
+    rows = reads.hits + reads.misses
+    if rows == 0 or batches == 0 or plan.tiering is None:
+        return disk
+    predicted_miss = 1.0 - disk.hit_ratio(plan.tiering.cache_bytes)
+    factor = (1.0 - reads.hit_ratio) / predicted_miss if predicted_miss > 0 else 1.0
+    curve = [(size, min(1.0, max(0.0, 1.0 - (1.0 - ratio) * factor))) for size, ratio in disk.hit_curve]
+    monotone = []
+    for size, ratio in curve:
+        monotone.append((size, max(ratio, monotone[-1][1] if monotone else 0.0)))
+    return replace(disk, rows_per_batch=rows / batches, hit_curve=tuple(monotone),
+                   reads_per_miss=reads.reads / reads.misses if reads.misses else disk.reads_per_miss)
 
 
 @dataclass(frozen=True)
@@ -142,6 +165,7 @@ class Replanner:
     decisions: list[ReplanDecision] = field(default_factory=list)
     reprofile: Callable[[], Profile] | None = None
     reprofiled: bool = False
+    cache_bytes: int | None = None  # features on disk: a host cache the user fixed (None: the planner sizes it)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.smoothing <= 1.0:
@@ -169,9 +193,12 @@ class Replanner:
             else:
                 self.factors[phase] += self.smoothing * (ratio - self.factors[phase])
         note = self._reprofile_if_contention_left()
+        if self.profile.disk is not None and result.feature_reads is not None and result.n_cpu:
+            self.profile = self.profile.replaced(disk=measured_disk(self.profile.disk, result.feature_reads, plan,
+                                                                    result.n_cpu))
         estimate = rescaled_profile(self.profile, self.factors)
         current_s = simulate_plan(estimate, plan, engine="fast").epoch_s
-        candidate = plan_from_profile(estimate, gbs=self.gbs, seed=self.seed)
+        candidate = plan_from_profile(estimate, gbs=self.gbs, seed=self.seed, cache_bytes=self.cache_bytes)
         switched = candidate.predicted_epoch_s < current_s * (1.0 - self.threshold) and not same_schedule(candidate, plan)
         changed = note or ", ".join(f"{phase} x{factor:.2f}" for phase, factor in self.factors.items()
                                     if abs(factor - 1.0) >= 0.05) or "phases as profiled"
@@ -204,13 +231,15 @@ class Replanner:
 def same_schedule(first: Plan, second: Plan) -> bool:
     """True when two plans run the same split, buffers and threads (re-planning to it changes nothing)."""
     keys = ("kind", "n_cpu", "n_gpu", "cbs", "gbs", "cpu_threads", "train_threads", "shares_cores")
-    return all(getattr(first, key) == getattr(second, key) for key in keys)
+    caches = [plan.tiering.cache_bytes if plan.tiering is not None else None for plan in (first, second)]
+    return all(getattr(first, key) == getattr(second, key) for key in keys) and caches[0] == caches[1]
 
 
 def describe_schedule(plan: Plan) -> str:
-    """A short description of how a plan runs: split, threads, turn-taking."""
+    """A short description of how a plan runs: split, threads, turn-taking, feature cache."""
+    cache = f", feature cache {plan.tiering.cache_bytes / 1e6:,.1f} MB" if plan.tiering is not None else ""
     if plan.kind == "cpu-only":
         if plan.shares_cores:
-            return f"batching and training take turns on {plan.cpu_threads} threads"
-        return f"{plan.cpu_threads} batching + {plan.train_threads} training threads"
-    return f"{plan.n_cpu} CPU + {plan.n_gpu} GPU batches, cbs {plan.cbs} gbs {plan.gbs}"
+            return f"batching and training take turns on {plan.cpu_threads} threads{cache}"
+        return f"{plan.cpu_threads} batching + {plan.train_threads} training threads{cache}"
+    return f"{plan.n_cpu} CPU + {plan.n_gpu} GPU batches, cbs {plan.cbs} gbs {plan.gbs}{cache}"

@@ -187,15 +187,18 @@ class Trainer:
                         gpu_batcher=gpu_route, shares_cores=plan.shares_cores)
 
     def use_plan(self, plan: Plan) -> None:
-        """Runs the next epochs under `plan` (same batch count): new batchers and executor, the old ones closed."""
+        """Runs the next epochs under `plan` (same batch count): new batchers and executor, the old ones closed; with
+        features on disk, the feature cache re-sized to the plan's."""
         if plan.num_batches != self.plan.num_batches:
             raise ValueError(f"the new plan has {plan.num_batches} batches per epoch, this run {self.plan.num_batches}; "
                              "plan for the same batch size and training seeds")
         if plan.kind == "cpu-only" and self.device.type != "cpu":
             raise ValueError("a CPU-only plan cannot replace a GPU plan during training")
-        executor = self._executor(plan)
         self.close()
-        self.plan, self.executor = plan, executor
+        store = getattr(self.graph, "feature_store", None)
+        if store is not None and plan.tiering is not None and store.cache_bytes != plan.tiering.cache_bytes:
+            self.graph.open_feature_store(plan.tiering.cache_bytes)  # the new batchers read through the new cache
+        self.plan, self.executor = plan, self._executor(plan)
 
     def fit(self, epochs: int, *, validate: bool = True) -> list[EpochStats]:
         """Trains until `epochs` epochs are done (continuing from a checkpoint), returns every epoch's stats."""
@@ -292,7 +295,12 @@ class Trainer:
                          f"({self.plan.num_batches - steps} steps left) to checkpoint it within the "
                          f"{self.stop.grace_s:g} s grace period")
 
+            store = getattr(self.graph, "feature_store", None)
+            if store is not None:
+                store.reset_counters()
             result = self.executor.run_epoch(epoch, on_step=advance)
+            if store is not None:
+                result.feature_reads = store.counters()
         wall = time.perf_counter() - wall_before
         cpu_share = (sum(process.cpu_times()[:2]) - cpu_before) / (wall * self.cores) if wall > 0 else 0.0
         return result, cpu_share, choice_counts_since(choices_before)

@@ -123,6 +123,14 @@ class VirtualMachine:
         self.trace = trace
         self.gpu = VirtualResource()
         self.pcie = VirtualResource()
+        self.disk = VirtualResource()
+
+    def read_misses(self, index: int, turn: int) -> None:
+        """Route-0 batch `index`'s cache misses: holds the disk at `turn` for their drawn read time."""
+        with self.disk.hold(turn, self.group):
+            start = time.perf_counter()
+            end = work(self.group, start, self.durations.disk[index])
+        self.record(index, 0, "read", ("disk",), 0, start, end)
 
     def record(self, batch: int, route: int, phase: str, devices: tuple[str, ...], lane: int, start: float,
                end: float) -> None:
@@ -169,7 +177,8 @@ class _VirtualCpuEpoch:
                         return
                     index = self.claimed
                     self.claimed += 1
-                batch = self.build(index, lane)
+                    disk_turn = self.machine.disk.request() if self.machine.durations.disk else None
+                batch = self.build(index, lane, disk_turn)
                 with self.condition:
                     self.built[index] = batch
                     self.condition.notify_all()
@@ -183,9 +192,12 @@ class _VirtualCpuEpoch:
                 self.stopping = True
                 self.condition.notify_all()
 
-    def build(self, index: int, lane: int) -> MiniBatch:
-        """Builds batch `index` on CPU thread `lane`: sleeps its duration and traces it."""
+    def build(self, index: int, lane: int, disk_turn: int | None = None) -> MiniBatch:
+        """Builds batch `index` on CPU thread `lane`: reads its misses (holding the disk at `disk_turn`, features on
+        disk), then sleeps its duration; traces both."""
         machine = self.machine
+        if disk_turn is not None:
+            machine.read_misses(index, disk_turn)
         start = time.perf_counter()
         end = work(machine.group, start, machine.durations.cpu_batch[index])
         machine.record(index, 0, "batch", (machine.cpu_device,), lane, start, end)
@@ -271,6 +283,8 @@ class VirtualSerialBatcher(_VirtualRoute):
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         order = epoch_order(self.seeds, self.seed, epoch)
         for index in range(len(self)):
+            if self.machine.durations.disk:
+                self.machine.read_misses(index, self.machine.disk.request())
             work(self.machine.group, time.perf_counter(), self.machine.durations.cpu_batch[index])
             yield virtual_batch(batch_seeds(order, index, self.batch_size), index, 0)
 

@@ -4,7 +4,8 @@
 endpoints), so it runs wherever a node model runs (profiler, layer-wise inference through
 `encoder`); `LinkModel(blocks, x, pairs)` also scores the batch's positives and negatives in the same
 forward (so a DistributedDataParallel wrapper sees the decoder's parameters used in its forward);
-`score(h_src, h_dst)` turns pairs of embeddings into logits.
+`score(h_src, h_dst)` turns pairs of embeddings into logits; in training the decoder scores pairs by index
+into the embeddings (`score_indexed`), which the dot decoder does without gathering rows.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from morphpipe.nn.factory import build_model
+from morphpipe.ops.pair_score import pair_dot
 from morphpipe.sampling.minibatch import Block, EdgePairs
 
 DECODERS = ("dot", "mlp")
@@ -24,6 +26,10 @@ class DotDecoder(nn.Module):
 
     def forward(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
         return (h_src * h_dst).sum(dim=-1)
+
+    def score_indexed(self, h: Tensor, src: Tensor, dst: Tensor) -> Tensor:
+        """Logits of the pairs (h[src[i]], h[dst[i]]) by the fused pair scorer: no gathered [pairs, dim] rows."""
+        return pair_dot(h, src, dst)
 
 
 class MLPDecoder(nn.Module):
@@ -37,6 +43,10 @@ class MLPDecoder(nn.Module):
 
     def forward(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
         return self.out(torch.relu(self.hidden(h_src * h_dst))).squeeze(-1)
+
+    def score_indexed(self, h: Tensor, src: Tensor, dst: Tensor) -> Tensor:
+        """Logits of the pairs (h[src[i]], h[dst[i]])."""
+        return self(h[src], h[dst])
 
 
 def make_decoder(name: str, dim: int) -> nn.Module:
@@ -59,10 +69,15 @@ class LinkModel(nn.Module):
         """Embeddings [blocks[-1].num_dst, dim] of the batch's endpoints; with `pairs`, the logits of its positives
         [B] and of their negatives [B, k] instead."""
         h = self.encoder(blocks, x)
-        if pairs is None:
-            return h
-        h_src = h[pairs.src]
-        return self.score(h_src, h[pairs.dst]), self.score(h_src[:, None, :], h[pairs.negative_dst])
+        return h if pairs is None else self.score_pairs(h, pairs)
+
+    def score_pairs(self, h: Tensor, pairs: EdgePairs) -> tuple[Tensor, Tensor]:
+        """Logits of a batch's positives [B] and of their negatives [B, k] from its endpoints' embeddings h."""
+        # One pair list (positives, then each positive's negatives in turn): one scoring pass and one backward.
+        count, k = pairs.negative_dst.shape
+        src = torch.cat([pairs.src, pairs.src.repeat_interleave(k)])
+        scores = self.decoder.score_indexed(h, src, torch.cat([pairs.dst, pairs.negative_dst.reshape(-1)]))
+        return scores[:count], scores[count:].view(count, k)
 
     def score(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
         """Logits of the pairs (h_src[i], h_dst[i]); broadcasts over leading dimensions."""

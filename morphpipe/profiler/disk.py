@@ -1,21 +1,29 @@
 """The disk as a measured resource for features on disk: its random-read rate at the feature store's queue depth,
 its sequential rate, and the hit ratio of a static hot-row cache as a function of its size (from presampled
-batches). Not yet part of the Profile JSON nor the planner's model (issue 21, section 3)."""
+batches); `DiskProfile` holds them in the Profile, where the planner reads the time a batch's cache misses hold the
+disk for any cache size (scheduler/planning.py chooses the size)."""
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+import psutil
 import torch
 
 from morphpipe import native
-from morphpipe.data.feature_store import hotness_order
+from morphpipe.data.feature_store import FeatureStore, hotness_order
+from morphpipe.documents import FieldReader
 from morphpipe.numeric import check_float, check_int
 from morphpipe.sampling.cpu_batcher import sample_neighbors
 from morphpipe.sampling.epochs import epoch_order
 
 PAGE = 4096  # what a buffered pread of one row fetches from the disk at least
+# The share of the memory available now that a training run's data (topology, labels, feature cache) may take by
+# default: the rest is left to batches in flight, the model and other processes.
+TRAINING_MEMORY_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,112 @@ class DiskReadFacts:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_fields(cls, reader: FieldReader) -> DiskReadFacts:
+        """Reads and validates the facts from a profile's JSON."""
+        return cls(reader.string("path"), reader.integer("block", minimum=1), reader.integer("queue_depth", minimum=1),
+                   reader.number("random_reads_per_s", positive=True),
+                   reader.number("sequential_bytes_per_s", positive=True), reader.integer("sequential_block", minimum=1))
+
+
+@dataclass(frozen=True)
+class DiskProfile:
+    """What the planner knows about features on disk: the disk's read rates (`facts`), the feature rows (`num_rows`
+    of `row_bytes`), the rows a batch gathers (`rows_per_batch`), the preads a missed row costs (`reads_per_miss`,
+    below 1 when neighbouring rows share a read), the share of rows a static cache of the hottest rows serves at
+    each size of `hit_curve` ((cache bytes, hit ratio), increasing), `cache_budget_bytes`, the host RAM the
+    cache may take, and `resident_bytes`, what the graph needs in RAM besides (their sum: the memory budget).
+
+    A missed row holds the disk for reads_per_miss / random_reads_per_s: the store keeps `queue_depth` reads in
+    flight, at which depth the random-read rate was measured."""
+
+    facts: DiskReadFacts
+    row_bytes: int
+    num_rows: int
+    rows_per_batch: float
+    reads_per_miss: float
+    hit_curve: tuple[tuple[int, float], ...]
+    cache_budget_bytes: int
+    resident_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.row_bytes < 1 or self.num_rows < 1:
+            raise ValueError(f"DiskProfile needs row_bytes >= 1 and num_rows >= 1, got {self.row_bytes!r} and "
+                             f"{self.num_rows!r}")
+        if not (math.isfinite(self.rows_per_batch) and self.rows_per_batch >= 0):
+            raise ValueError(f"DiskProfile.rows_per_batch must be a finite number >= 0, got {self.rows_per_batch!r}")
+        if not (math.isfinite(self.reads_per_miss) and self.reads_per_miss > 0):
+            raise ValueError(f"DiskProfile.reads_per_miss must be a finite number > 0, got {self.reads_per_miss!r}")
+        if self.cache_budget_bytes < 0 or self.resident_bytes < 0:
+            raise ValueError(f"DiskProfile.cache_budget_bytes and resident_bytes must be >= 0, got "
+                             f"{self.cache_budget_bytes!r} and {self.resident_bytes!r}")
+        sizes = [size for size, _ in self.hit_curve]
+        ratios = [ratio for _, ratio in self.hit_curve]
+        if not sizes or sizes[0] != 0 or sizes != sorted(set(sizes)):
+            raise ValueError(f"DiskProfile.hit_curve must start at cache size 0 and increase, got sizes {sizes}")
+        if any(not 0.0 <= ratio <= 1.0 for ratio in ratios) or ratios != sorted(ratios):
+            raise ValueError(f"DiskProfile.hit_curve: hit ratios must lie in [0, 1] and never fall as the cache "
+                             f"grows, got {ratios}")
+
+    @property
+    def features_bytes(self) -> int:
+        return self.row_bytes * self.num_rows
+
+    @property
+    def seconds_per_miss(self) -> float:
+        """Time one missed row holds the disk at the store's queue depth."""
+        return self.reads_per_miss / self.facts.random_reads_per_s
+
+    def hit_ratio(self, cache_bytes: int) -> float:
+        """The measured hit ratio at `cache_bytes`, linear between measured sizes and from the largest measured one
+        to 1 at every row cached (below the true curve where it is concave, as a power law's is)."""
+        if cache_bytes >= self.features_bytes:
+            return 1.0
+        sizes = [size for size, _ in self.hit_curve]
+        index = next((i for i, size in enumerate(sizes) if size >= cache_bytes), None)
+        if index is None:  # beyond the last measured size: towards 1 at every row cached
+            (size, ratio), end = self.hit_curve[-1], (self.features_bytes, 1.0)
+        elif sizes[index] == cache_bytes:
+            return self.hit_curve[index][1]
+        else:
+            (size, ratio), end = self.hit_curve[index - 1], self.hit_curve[index]
+        return ratio + (end[1] - ratio) * (cache_bytes - size) / (end[0] - size)
+
+    def read_s_per_batch(self, cache_bytes: int) -> float:
+        """Time a batch's cache misses hold the disk with a cache of `cache_bytes`."""
+        return self.rows_per_batch * (1.0 - self.hit_ratio(cache_bytes)) * self.seconds_per_miss
+
+    def cache_candidates(self) -> list[int]:
+        """The cache sizes the planner compares: the measured ones within the budget, and the budget itself (or
+        every row, when that is less)."""
+        largest = min(self.cache_budget_bytes, self.features_bytes)
+        return sorted({size for size, _ in self.hit_curve if size <= largest} | {largest})
+
+    def scaled(self, *, memory: float = 1.0, disk: float = 1.0) -> DiskProfile:
+        """The same workload on a machine whose memory budget is `memory` times this one's (the topology still takes
+        its share, the cache the rest) and whose disk reads `disk` times as fast."""
+        budget = (self.cache_budget_bytes + self.resident_bytes) * memory
+        return replace(self, facts=replace(self.facts, random_reads_per_s=self.facts.random_reads_per_s * disk,
+                                           sequential_bytes_per_s=self.facts.sequential_bytes_per_s * disk),
+                       cache_budget_bytes=max(0, int(budget) - self.resident_bytes))
+
+    def to_dict(self) -> dict:
+        return {"facts": self.facts.to_dict(), "row_bytes": self.row_bytes, "num_rows": self.num_rows,
+                "rows_per_batch": self.rows_per_batch, "reads_per_miss": self.reads_per_miss,
+                "hit_curve": [{"cache_bytes": size, "hit_ratio": ratio} for size, ratio in self.hit_curve],
+                "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes}
+
+    @classmethod
+    def from_fields(cls, reader: FieldReader) -> DiskProfile:
+        """Reads and validates a profile's `disk` section."""
+        curve = tuple((point.integer("cache_bytes", minimum=0), point.number("hit_ratio", minimum=0.0))
+                      for point in reader.sections("hit_curve"))
+        with reader.as_document_errors():
+            return cls(DiskReadFacts.from_fields(reader.section("facts")), reader.integer("row_bytes", minimum=1),
+                       reader.integer("num_rows", minimum=1), reader.number("rows_per_batch", minimum=0.0),
+                       reader.number("reads_per_miss", positive=True), curve,
+                       reader.integer("cache_budget_bytes", minimum=0), reader.integer("resident_bytes", minimum=0))
 
 
 def measure_disk_reads(path: str | os.PathLike, queue_depth: int, seconds: float = 2.0, block: int = PAGE,
@@ -74,3 +188,82 @@ def presampled_hit_ratios(graph, fanouts: Sequence[int], batch_size: int, num_ba
     gathered = [sample_neighbors(graph, order[start:start + batch_size], fanouts, seed=seed + index).input_nodes
                 for index, start in enumerate(range(0, min(order.numel(), num_batches * batch_size), batch_size))]
     return hit_ratio_by_cache_size(graph.indptr[1:] - graph.indptr[:-1], gathered, cache_rows)
+
+
+def curve_sizes(features_bytes: int, budget_bytes: int, points: int = 12) -> list[int]:
+    """Cache sizes to measure the hit ratio at: 0 and `points` sizes spaced geometrically from 1/1000 of the features
+    (or of the budget, when smaller) up to the budget or all the features, whichever is less."""
+    largest = min(features_bytes, budget_bytes)
+    if largest <= 0:
+        return [0]
+    smallest = max(1, largest // 1000)
+    step = (largest / smallest) ** (1.0 / max(points - 1, 1))
+    return sorted({0, largest, *(int(smallest * step**i) for i in range(points - 1))})
+
+
+def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch.Tensor, cache_budget_bytes: int,
+                         reads_per_miss: float, seconds: float = 1.0, resident: int = 0) -> DiskProfile:
+    """The DiskProfile of a FeatureStore `store`: the disk under its file measured at its I/O threads' queue depth
+    and its row size, the hit curve of an in-degree (`hotness`) cache over the rows of `gathered` batches."""
+    num_rows, width = store.shape
+    row_bytes = width * store.dtype.itemsize
+    block = max(PAGE, -(-row_bytes // PAGE) * PAGE)
+    size = os.path.getsize(store.path)
+    if size < block:
+        raise ValueError(f"features file {store.path} holds {size} bytes, less than one {block}-byte read: keep "
+                         "features this small in RAM (drop --features-on-disk, or raise --memory-budget)")
+    sequential_block = max(PAGE, min(4 << 20, size // PAGE * PAGE))
+    try:
+        facts = measure_disk_reads(store.path, max(1, store.io_threads), seconds, block, sequential_block)
+    except RuntimeError as error:
+        if "O_DIRECT" not in str(error):
+            raise
+        facts = measure_store_reads(store, seconds, block, sequential_block)
+    sizes = curve_sizes(num_rows * row_bytes, cache_budget_bytes)
+    ratios = hit_ratio_by_cache_size(hotness, gathered, [size // row_bytes for size in sizes])
+    rows_per_batch = sum(ids.numel() for ids in gathered) / max(len(gathered), 1)
+    return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss, tuple(zip(sizes, ratios)),
+                       int(cache_budget_bytes), int(resident))
+
+
+def measure_store_reads(store, seconds: float, block: int, sequential_block: int) -> DiskReadFacts:
+    """Read rates where the file system refuses O_DIRECT (tmpfs, some network file systems): random rows gathered
+    through a cache-less feature store like `store` (its reads per second at its queue depth), and the file read
+    through in `sequential_block`s (through the page cache, as the store reads there too)."""
+    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=False)
+    generator = torch.Generator().manual_seed(0)
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        probe.gather(torch.randint(0, probe.shape[0], (4096,), generator=generator))
+    random_elapsed = time.perf_counter() - began
+    sequential, began = 0, time.perf_counter()
+    with open(store.path, "rb", buffering=0) as handle:
+        while time.perf_counter() - began < seconds and (chunk := handle.read(sequential_block)):
+            sequential += len(chunk)
+    return DiskReadFacts(str(store.path), block, max(1, store.io_threads),
+                         max(probe.counters().reads, 1) / random_elapsed,
+                         max(sequential, 1) / max(time.perf_counter() - began, 1e-9), sequential_block)
+
+
+def default_memory_budget() -> int:
+    """Bytes a training run's data may hold by default: TRAINING_MEMORY_SHARE of the memory available now."""
+    return int(psutil.virtual_memory().available * TRAINING_MEMORY_SHARE)
+
+
+def resident_bytes(graph) -> int:
+    """What a graph needs in RAM besides its features: the topology (read at random by sampling), labels, splits."""
+    return sum(tensor.numel() * tensor.element_size()
+               for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx))
+
+
+def features_fit(graph, memory_budget: int | None = None) -> bool:
+    """True when the graph's features fit in `memory_budget` (default: `default_memory_budget`) beside the rest."""
+    budget = default_memory_budget() if memory_budget is None else memory_budget
+    features = graph.features.shape[0] * graph.features.shape[1] * graph.features.element_size()
+    return resident_bytes(graph) + features <= budget
+
+
+def cache_budget(graph, memory_budget: int | None = None) -> int:
+    """Host RAM a feature cache may take: the memory budget less what the graph needs besides its features."""
+    budget = default_memory_budget() if memory_budget is None else memory_budget
+    return max(0, budget - resident_bytes(graph))

@@ -5,7 +5,10 @@ facts, the per-batch time of CPU batching at several thread counts (so its throu
 thread count can be extrapolated), the GPU (UVA) batching time T_GB, the DMA time T_DMA, the
 training step time T_M, the batch size in bytes and the number of batches per epoch. GPU
 phases are None on a machine without CUDA; there, training is measured on the CPU at several
-thread counts instead, because batching and training then share the cores.
+thread counts instead, because batching and training then share the cores. With features on disk
+(or features larger than the memory budget) `disk` holds the disk's read rate and the feature
+cache's hit ratio by size, and CPU batching is timed with every row the timed batches gather
+served from RAM: the disk is a resource of its own in the plan (scheduler/model.py).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from morphpipe.documents import FieldReader, JsonDocument
+from morphpipe.profiler.disk import DiskProfile
 from morphpipe.profiler.hardware import HardwareFacts
 
 SCHEMA_VERSION = 1
@@ -208,6 +212,7 @@ class Profile(JsonDocument):
     workload: dict[str, str | int | float | bool | None] = field(default_factory=dict)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     contention: dict[str, str | int | float | bool | None] = field(default_factory=dict)  # Contention.to_dict()
+    disk: DiskProfile | None = None
 
     @property
     def taken_on_busy_machine(self) -> bool:
@@ -268,6 +273,7 @@ class Profile(JsonDocument):
             "created": self.created,
             "workload": dict(self.workload),
             "busy_machine": self.taken_on_busy_machine,
+            "features_on_disk": self.disk is not None,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -290,6 +296,7 @@ class Profile(JsonDocument):
             "cpu_training": self.cpu_training.to_dict() if self.cpu_training is not None else None,
             "workload": dict(self.workload),
             "contention": dict(self.contention),
+            "disk": self.disk.to_dict() if self.disk is not None else None,
         }
 
     @classmethod
@@ -303,6 +310,8 @@ class Profile(JsonDocument):
             ThreadScaling.from_fields(reader, "cpu_training") if reader.data.get("cpu_training") is not None else None
         )
         hardware_section = reader.section("hardware")
+        disk_section = reader.section("disk", optional=True)
+        disk = DiskProfile.from_fields(disk_section) if disk_section is not None else None
         with reader.as_document_errors():
             return cls(
                 hardware=HardwareFacts.from_fields(hardware_section),
@@ -318,6 +327,7 @@ class Profile(JsonDocument):
                 workload=read_workload(reader),
                 created=reader.string("created"),
                 contention=reader.scalars("contention", optional=True),
+                disk=disk,
             )
 
     @classmethod

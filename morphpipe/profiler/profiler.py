@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from tqdm import tqdm
 
+from morphpipe.data.feature_store import FeatureStore
 from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.nn.task import NodeClassification, Task
 from morphpipe.profiler.contention import ContentionMonitor
+from morphpipe.profiler.disk import cache_budget, measure_disk_profile, resident_bytes
 from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.profiler.operators import OPERATORS, ProfilingSession
 from morphpipe.profiler.profile import Profile
@@ -48,6 +51,12 @@ class Profiler:
     machine meanwhile: when other processes took our cores, the whole measurement is repeated
     (up to `attempts` times) and the least contended one is kept; the profile records it.
     `task` (default: node classification) says what is batched and trained.
+
+    With features on disk (the graph has a feature store) the disk is profiled too (profiler/disk.py): its
+    read rate at the store's queue depth, and the hit ratio of a host cache of hot rows up to what
+    `memory_budget` (bytes; default: a share of the memory available now) leaves beside the topology. CPU
+    batching is then timed with every row of the timed batches cached, so that the plan counts the disk once,
+    as a resource of its own.
     """
 
     def __init__(
@@ -69,6 +78,8 @@ class Profiler:
         monitor: ContentionMonitor | None = None,
         log: Callable[[str], None] = print,
         task: Task | None = None,
+        memory_budget: int | None = None,
+        disk_seconds: float = 1.0,
     ) -> None:
         self.task = task or NodeClassification()
         self.task.check_graph(graph)
@@ -91,6 +102,8 @@ class Profiler:
         self.attempts = check_positive("attempts", attempts)
         self.monitor = monitor or ContentionMonitor()
         self.log = log
+        self.memory_budget = memory_budget
+        self.disk_seconds = disk_seconds
 
     def phases(self) -> list[tuple[str, str]]:
         """The (phase, hardware) operators this profile needs, in the order they run."""
@@ -137,6 +150,9 @@ class Profiler:
                 budget_s=self.budget_s, seed=self.seed, progress=bar, task=self.task,
             )
             bar.set_postfix_str("sampling batches")
+            store = getattr(self.graph, "feature_store", None)
+            if store is not None:
+                store.reset_counters()
             with self.task.batcher(self.graph, self.fanouts, self.batch_size, route=0, seed=self.seed,
                                    pin_memory=False) as batcher:
                 for batch in batcher:
@@ -144,10 +160,19 @@ class Profiler:
                     bar.update(1)
                     if len(session.sample_batches) == per_measurement:
                         break
+            misses = store.counters() if store is not None else None
             timings = {}
             for phase, hardware in phases:
                 bar.set_postfix_str(f"{phase} on {hardware}")
-                timings[phase] = OPERATORS[(phase, hardware)](session)
+                with self.rows_of_the_timed_batches_cached(session, phase):
+                    timings[phase] = OPERATORS[(phase, hardware)](session)
+            disk = None
+            if store is not None:
+                bar.set_postfix_str("disk reads")
+                reads_per_miss = misses.reads / misses.misses if misses.misses else 1.0
+                disk = measure_disk_profile(store, [batch.input_nodes for batch in session.sample_batches],
+                                            self.graph.in_degrees(), cache_budget(self.graph, self.memory_budget),
+                                            reads_per_miss, self.disk_seconds, resident_bytes(self.graph))
         num_seeds = len(self.task.seeds(self.graph))
         return Profile(
             hardware=self.hardware,
@@ -160,7 +185,33 @@ class Profiler:
             training=timings["training"] if self.device == "cuda" else None,
             cpu_training=timings["training"] if self.device == "cpu" else None,
             workload=self.workload(),
+            disk=disk,
         )
+
+    @contextmanager
+    def rows_of_the_timed_batches_cached(self, session: ProfilingSession, phase: str) -> Iterator[None]:
+        """While CPU batching is timed with features on disk: a feature store caching every row the timed batches
+        gather (the profiler sampled them first), so the time is the CPU's; the disk's is modelled apart."""
+        store = getattr(self.graph, "feature_store", None)
+        if store is None or phase != "cpu_batching":
+            yield
+            return
+        rows = torch.unique(torch.cat([batch.input_nodes for batch in session.sample_batches]))
+        hot = torch.zeros(store.shape[0], dtype=torch.int8)
+        hot[rows] = 1
+        row_bytes = store.shape[1] * store.dtype.itemsize
+        cached = FeatureStore(store.path, store.dtype_name, cache_bytes=rows.numel() * row_bytes, hotness=hot,
+                              io_threads=store.io_threads, direct=store.direct)
+        self.graph.feature_store = cached
+        try:
+            yield
+        finally:
+            self.graph.feature_store = store
+        counted = cached.counters()
+        if counted.misses:
+            self.log(f"profiling: {counted.misses:,} of the {counted.hits + counted.misses:,} rows the timed CPU "
+                     "batches gathered were not among the sampled batches' rows; their reads are in the CPU batching "
+                     "time as well as in the disk's")
 
     def workload(self) -> dict[str, str | int | float | bool | None]:
         """What was profiled, stored in the Profile so a plan can say what it is for."""

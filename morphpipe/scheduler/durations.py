@@ -4,7 +4,8 @@ A gamma law with shape 1/cv^2 and scale mean*cv^2 has exactly that mean and CV, 
 positive; with cv = 0 every duration is the mean. One epoch's durations are drawn once, per
 phase from its own seeded stream and indexed by the order the phase happens in (the j-th CPU
 batch, the j-th transfer, ...), so both simulators, and every split the planner compares,
-see the same numbers (common random numbers).
+see the same numbers (common random numbers). A Route-0 batch's disk reads (features on disk) take
+the same time for every batch: the misses of a static cache vary little from batch to batch.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Durations:
     gpu_batch: list[float]
     dma: list[float]
     train: list[float]
+    disk: list[float]  # the j-th CPU batch's cache misses hold the disk this long (empty: features in RAM)
 
     @classmethod
     def draw(cls, times: PhaseTimes, seed: int) -> Durations:
@@ -41,4 +43,5 @@ class Durations:
             gpu_batch=draw(times.gpu_batch_s, times.gpu_batch_cv, n, streams[1]) if times.gpu_batch_s else [],
             dma=draw(times.dma_s, times.dma_cv, n, streams[2]) if times.dma_s else [],
             train=draw(times.train_s, times.train_cv, n, streams[3]),
+            disk=[times.disk_read_s] * n if times.disk_read_s > 0 else [],
         )

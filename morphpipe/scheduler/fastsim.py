@@ -6,7 +6,8 @@ replayed as straight-line code: the GPU and the PCIe link are "free at" times, t
 launched at most one step ahead, and the CPU batching threads are advanced lazily up to the
 executor's clock whenever it looks at the CPU buffer. Batches finishing at the very moment
 the executor looks are visible to it, as in the SimPy model (which yields once before each
-decision). tests/scheduler/test_engines.py checks that both give the same epochs, busy
+decision). The disk (features on disk) serves the batches' cache misses in claim order, each
+read starting when its thread claims the batch and the disk is free. tests/scheduler/test_engines.py checks that both give the same epochs, busy
 fractions, blocks and buffer levels.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections import deque
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.partitioner.times import PhaseTimes
 from morphpipe.scheduler.durations import Durations
-from morphpipe.scheduler.model import cpu_side_full
+from morphpipe.scheduler.model import cpu_side_full, devices_of
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES, Recorder, SimulationResult
 
 
@@ -25,8 +26,10 @@ class _CpuWorkers:
     """P batching threads filling a bounded CPU buffer, advanced on demand to a given time."""
 
     def __init__(self, latencies: list[float], count: int, threads: int, capacity: int, device: str,
-                 rec: Recorder) -> None:
+                 rec: Recorder, reads: list[float]) -> None:
         self.latencies = latencies
+        self.reads = reads
+        self.disk_free = 0.0
         self.count = count
         self.threads = threads
         self.capacity = capacity
@@ -45,6 +48,10 @@ class _CpuWorkers:
         if self.claimed < self.count:
             index = self.claimed
             self.claimed += 1
+            if self.reads:
+                start = max(now, self.disk_free)
+                self.disk_free = now = start + self.reads[index]
+                self.rec.phase(index, 0, "read", "disk", 0, start, now)
             heapq.heappush(self.running, (now + self.latencies[index], self.order, worker, index, now))
             self.order += 1
         else:
@@ -93,8 +100,9 @@ class FastDualBuffer:
         self.split = split
         self.d = durations
         self.threads = times.cpu_threads
-        self.rec = Recorder(record_trace, {"cpu": self.threads, "pcie": 1, "gpu": 1})
-        self.cpu = _CpuWorkers(durations.cpu_batch, split.n_cpu, self.threads, max(1, split.cbs), "cpu", self.rec)
+        self.rec = Recorder(record_trace, devices_of(durations, {"cpu": self.threads, "pcie": 1, "gpu": 1}))
+        self.cpu = _CpuWorkers(durations.cpu_batch, split.n_cpu, self.threads, max(1, split.cbs), "cpu", self.rec,
+                               durations.disk)
         self.gpu_buffer: deque[tuple[int, int, float]] = deque()
         self.now = 0.0
         self.gpu_free = 0.0
@@ -202,7 +210,8 @@ class FastCpuOnly:
         self.d = durations
         self.shared_core = shared_core
         self.threads = times.cpu_threads
-        self.rec = Recorder(record_trace, {CPU_ONLY_DEVICES[0]: self.threads, CPU_ONLY_DEVICES[1]: 1})
+        self.rec = Recorder(record_trace, devices_of(durations, {CPU_ONLY_DEVICES[0]: self.threads,
+                                                                 CPU_ONLY_DEVICES[1]: 1}))
 
     def run(self) -> SimulationResult:
         """Simulates the epoch and returns its result."""
@@ -210,9 +219,13 @@ class FastCpuOnly:
         batching, training = CPU_ONLY_DEVICES
         now = 0.0
         workers = None if self.shared_core else _CpuWorkers(self.d.cpu_batch, n, self.threads, self.cbs, batching,
-                                                            self.rec)
+                                                            self.rec, self.d.disk)
         for number in range(n):
             if workers is None:
+                if self.d.disk:
+                    end = now + self.d.disk[number]
+                    self.rec.phase(number, 0, "read", "disk", 0, now, end)
+                    now = end
                 end = now + self.d.cpu_batch[number]
                 self.rec.phase(number, 0, "batch", batching, 0, now, end)
                 now, index = end, number

@@ -22,6 +22,11 @@ back on the host); DMA is asynchronous on its own stream; a training step is lau
 asynchronously on the compute stream, waits there for its batch's transfer, and the executor
 runs at most one step ahead of the GPU. The compute stream is FIFO, so a training step takes
 the GPU in launch order even while it still waits for its transfer.
+
+Features on disk: the disk is one more resource (one queue: the store keeps its reads in flight
+at the depth its rate was measured at, so batches' misses are served one batch after another).
+A Route-0 batching thread first holds the disk for its batch's cache misses, then builds the
+batch; with no misses (`Durations.disk` empty) the disk is not modelled at all.
 """
 from __future__ import annotations
 
@@ -38,6 +43,20 @@ from morphpipe.scheduler.durations import Durations
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES, Recorder, SimulationResult
 
 Process = Generator[simpy.Event, Any, Any]
+
+
+def devices_of(durations: Durations, devices: dict[str, int]) -> dict[str, int]:
+    """The lanes per device of a model, with the disk when batches read cache misses from it."""
+    return {**devices, "disk": 1} if durations.disk else devices
+
+
+def read_misses(env: simpy.Environment, disk: simpy.Resource, rec: Recorder, seconds: float, index: int) -> Process:
+    """A Route-0 batch's cache misses: wait for the disk, hold it for `seconds`."""
+    with disk.request() as request:
+        yield request
+        start = env.now
+        yield env.timeout(seconds)
+        rec.phase(index, 0, "read", "disk", 0, start, env.now)
 
 
 def cpu_side_full(untaken: int, ready: int, cbs: int) -> bool:
@@ -64,9 +83,10 @@ class DualBufferModel:
         self.threads = times.cpu_threads
         self.gpu = simpy.Resource(self.env, capacity=1)
         self.pcie = simpy.Resource(self.env, capacity=1)
+        self.disk = simpy.Resource(self.env, capacity=1)
         self.cpu_buffer = simpy.Store(self.env, capacity=max(1, split.cbs))
         self.gpu_buffer: deque[_Batch] = deque()
-        self.rec = Recorder(record_trace, {"cpu": self.threads, "pcie": 1, "gpu": 1})
+        self.rec = Recorder(record_trace, devices_of(durations, {"cpu": self.threads, "pcie": 1, "gpu": 1}))
         self.cpu_claimed = 0
         self.cpu_taken = 0
         self.gpu_made = 0
@@ -105,10 +125,12 @@ class DualBufferModel:
                                cbs=self.split.cbs, gbs=self.split.gbs, cpu_threads=self.threads)
 
     def cpu_worker(self, worker: int) -> Process:
-        """A CPU batching thread: claim the next Route-0 batch, build it, put it in the CPU buffer."""
+        """A CPU batching thread: claim the next Route-0 batch, read its misses, build it, put it in the CPU buffer."""
         while self.cpu_claimed < self.split.n_cpu:
             index = self.cpu_claimed
             self.cpu_claimed += 1
+            if self.d.disk:
+                yield from read_misses(self.env, self.disk, self.rec, self.d.disk[index], index)
             start = self.env.now
             yield self.env.timeout(self.d.cpu_batch[index])
             self.rec.phase(index, 0, "batch", "cpu", worker, start, self.env.now)
@@ -221,7 +243,9 @@ class CpuOnlyModel:
         self.shared_core = shared_core
         self.threads = times.cpu_threads
         self.buffer = simpy.Store(self.env, capacity=cbs)
-        self.rec = Recorder(record_trace, {CPU_ONLY_DEVICES[0]: self.threads, CPU_ONLY_DEVICES[1]: 1})
+        self.disk = simpy.Resource(self.env, capacity=1)
+        self.rec = Recorder(record_trace, devices_of(durations, {CPU_ONLY_DEVICES[0]: self.threads,
+                                                                 CPU_ONLY_DEVICES[1]: 1}))
         self.claimed = 0
 
     def run(self) -> SimulationResult:
@@ -234,10 +258,12 @@ class CpuOnlyModel:
                                gbs=0, cpu_threads=self.threads)
 
     def cpu_worker(self, worker: int) -> Process:
-        """A batching thread: claim, build, put into the CPU buffer (waiting while it is full)."""
+        """A batching thread: claim, read the misses, build, put into the CPU buffer (waiting while it is full)."""
         while self.claimed < self.times.num_batches:
             index = self.claimed
             self.claimed += 1
+            if self.d.disk:
+                yield from read_misses(self.env, self.disk, self.rec, self.d.disk[index], index)
             start = self.env.now
             yield self.env.timeout(self.d.cpu_batch[index])
             self.rec.phase(index, 0, "batch", CPU_ONLY_DEVICES[0], worker, start, self.env.now)
@@ -250,6 +276,8 @@ class CpuOnlyModel:
         """The training loop: take the next batch (or build it, on shared cores), train on it."""
         for number in range(self.times.num_batches):
             if self.shared_core:
+                if self.d.disk:
+                    yield from read_misses(self.env, self.disk, self.rec, self.d.disk[number], number)
                 start = self.env.now
                 yield self.env.timeout(self.d.cpu_batch[number])
                 self.rec.phase(number, 0, "batch", CPU_ONLY_DEVICES[0], 0, start, self.env.now)

@@ -7,12 +7,44 @@ from datetime import datetime, timezone
 from typing import Any
 
 from morphpipe.documents import FieldReader, JsonDocument
+from morphpipe.numeric import format_bytes
 from morphpipe.partitioner.partitioner import Split
 from morphpipe.profiler.profile import read_workload
 
 PLAN_KIND = "morphpipe.plan"
 PLAN_SCHEMA_VERSION = 1
 SCHEDULE_KINDS = ("adaptive", "all-cpu", "all-gpu", "cpu-only")
+
+
+@dataclass(frozen=True)
+class FeatureTiering:
+    """Where the feature rows live under a plan: on disk behind a host cache of `cache_bytes` of the hottest rows
+    (of `cache_budget_bytes` the memory budget allows), which serves `hit_ratio` of the rows batches gather; the
+    misses hold the disk `disk_read_s` per batch. `candidates_s`: the predicted epoch at each cache size tried."""
+
+    cache_bytes: int
+    cache_budget_bytes: int
+    hit_ratio: float
+    disk_read_s: float
+    candidates_s: dict[int, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"features": "disk", "cache_bytes": self.cache_bytes, "cache_budget_bytes": self.cache_budget_bytes,
+                "hit_ratio": self.hit_ratio, "disk_read_s": self.disk_read_s,
+                "candidates": [{"cache_bytes": size, "epoch_s": epoch} for size, epoch in self.candidates_s.items()]}
+
+    @classmethod
+    def from_fields(cls, reader: FieldReader) -> FeatureTiering:
+        reader.string("features", choices=("disk",))
+        candidates = {item.integer("cache_bytes", minimum=0): item.number("epoch_s", positive=True)
+                      for item in reader.sections("candidates")}
+        return cls(reader.integer("cache_bytes", minimum=0), reader.integer("cache_budget_bytes", minimum=0),
+                   reader.number("hit_ratio", minimum=0.0), reader.number("disk_read_s", minimum=0.0), candidates)
+
+    def describe(self) -> str:
+        return (f"features on disk behind a host cache of {format_bytes(self.cache_bytes)} of hot rows (budget "
+                f"{format_bytes(self.cache_budget_bytes)}, {len(self.candidates_s)} sizes simulated): predicted hit "
+                f"ratio {self.hit_ratio:.1%}, the misses hold the disk {self.disk_read_s * 1e3:.3g} ms per batch")
 
 
 def count_of(count: int, noun: str) -> str:
@@ -63,6 +95,7 @@ class Plan(JsonDocument):
     engine: str
     profile: dict[str, Any]
     shares_cores: bool = False
+    tiering: FeatureTiering | None = None  # features on disk: the host cache chosen; None: features in RAM
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     def __post_init__(self) -> None:
@@ -130,6 +163,7 @@ class Plan(JsonDocument):
             "seed": self.seed,
             "engine": self.engine,
             "profile": self.profile,
+            "tiering": self.tiering.to_dict() if self.tiering is not None else None,
         }
 
     @classmethod
@@ -152,6 +186,8 @@ class Plan(JsonDocument):
             raise reader.error("baselines_s", "must name at least one baseline plan's predicted epoch",
                                reader.data.get("baselines_s"))
         eq6_x = reader.number("eq6_x", minimum=0.0, optional=True)
+        tiering_section = reader.section("tiering", optional=True)
+        tiering = FeatureTiering.from_fields(tiering_section) if tiering_section is not None else None
         with reader.as_document_errors():
             return cls(
                 kind=reader.string("schedule", choices=SCHEDULE_KINDS),
@@ -178,6 +214,7 @@ class Plan(JsonDocument):
                 seed=reader.integer("seed"),
                 engine=reader.string("engine"),
                 profile=profile,
+                tiering=tiering,
                 created=reader.string("created"),
             )
 
@@ -194,6 +231,7 @@ class Plan(JsonDocument):
             "baselines: " + ", ".join(f"{k} {v:.4g} s" for k, v in self.baselines_s.items())
             + f" -> speedup {self.speedup:.2f}x over the better one",
             "busy: " + ", ".join(f"{k} {v:.0%}" for k, v in self.busy.items()),
+            *([self.tiering.describe()] if self.tiering is not None else []),
             *self.notes,
         ]
         return "\n".join(lines)

@@ -19,10 +19,16 @@ The loop (DESIGN.md, "Dual-buffer scheduling", feedback):
 The search and the baselines run on the fast engine, within a budget of simulated batches; the
 chosen plan is then simulated again with the reporting engine (SimPy by default), which gives
 the same numbers (tests/scheduler/test_engines.py).
+
+With features on disk (Profile.disk) the host cache of hot rows is chosen too: a larger cache
+never makes the simulated epoch longer (fewer misses hold the disk), so the planner looks, by
+bisection over the candidate sizes within the memory budget, for the smallest cache whose best
+plan is within CACHE_TOLERANCE of the best plan at the largest cache: RAM that buys less than
+that is left to the rest of the machine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -30,13 +36,14 @@ from morphpipe.partitioner.cores import CoreSplit, even_core_split, split_cores
 from morphpipe.partitioner.partitioner import Partitioner, Split, buffer_sizes, pinned_buffer_limit
 from morphpipe.partitioner.times import PhaseTimes
 from morphpipe.profiler.profile import Profile
-from morphpipe.scheduler.plan import Plan, finite_or_none
+from morphpipe.scheduler.plan import FeatureTiering, Plan, finite_or_none
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES, SimulationResult
 from morphpipe.scheduler.scheduler import Scheduler
 
 TOLERANCE = 0.005
 BUDGET_BATCHES = 150_000
 MIN_EVALUATIONS = 8
+CACHE_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -104,11 +111,48 @@ def converge(partitioner: Partitioner, scheduler: Scheduler, tolerance: float = 
 
 
 def plan_from_profile(profile: Profile, gbs: int = 10, seed: int = 0, *, cpu_threads: int | None = None,
-                      engine: str = "simpy") -> Plan:
-    """Plans an epoch for a profile: the converged split, or a baseline if that is predicted faster."""
+                      engine: str = "simpy", cache_bytes: int | None = None) -> Plan:
+    """Plans an epoch for a profile: the converged split, or a baseline if that is predicted faster. With features
+    on disk, at the host cache of `cache_bytes` when given, else at the cache size `choose_cache` finds."""
+    disk = profile.disk
+    if disk is None:
+        return _plan_at(profile, gbs, seed, cpu_threads, engine, None)
+    tried: dict[int, float] = {}
+
+    def epoch_at(size: int) -> float:
+        if size not in tried:
+            tried[size] = _plan_at(profile, gbs, seed, cpu_threads, "fast", size).predicted_epoch_s
+        return tried[size]
+
+    if cache_bytes is None:
+        cache_bytes = choose_cache(disk.cache_candidates(), epoch_at)
+    plan = _plan_at(profile, gbs, seed, cpu_threads, engine, cache_bytes)
+    tried[cache_bytes] = plan.predicted_epoch_s
+    tiering = FeatureTiering(cache_bytes, disk.cache_budget_bytes, disk.hit_ratio(cache_bytes),
+                             disk.read_s_per_batch(cache_bytes), dict(sorted(tried.items())))
+    return replace(plan, tiering=tiering, evaluations=plan.evaluations + len(tried) - 1)
+
+
+def choose_cache(candidates: list[int], epoch_at, tolerance: float = CACHE_TOLERANCE) -> int:
+    """The smallest of `candidates` (increasing cache sizes) whose predicted epoch `epoch_at(size)` is within
+    `tolerance` of the largest's, by bisection: the epoch never grows with the cache."""
+    target = epoch_at(candidates[-1]) * (1.0 + tolerance)
+    low, high = 0, len(candidates) - 1  # candidates[high] meets the target
+    while low < high:
+        middle = (low + high) // 2
+        if epoch_at(candidates[middle]) <= target:
+            high = middle
+        else:
+            low = middle + 1
+    return candidates[high]
+
+
+def _plan_at(profile: Profile, gbs: int, seed: int, cpu_threads: int | None, engine: str,
+             cache_bytes: int | None) -> Plan:
+    """The plan for a profile with a given host cache of feature rows (None: features in RAM)."""
     if profile.device == "cpu":
-        return _plan_cpu_only(profile, gbs, seed, engine)
-    times = PhaseTimes.from_profile(profile, cpu_threads)
+        return _plan_cpu_only(profile, gbs, seed, engine, cache_bytes)
+    times = PhaseTimes.from_profile(profile, cpu_threads, cache_bytes=cache_bytes)
     max_cbs = pinned_buffer_limit(profile.batch_bytes, profile.hardware.memory_available_bytes)
     partitioner = Partitioner(times, gbs, max_cbs)
     scheduler = Scheduler(times, seed)
@@ -136,7 +180,7 @@ def plan_from_profile(profile: Profile, gbs: int = 10, seed: int = 0, *, cpu_thr
     )
 
 
-def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str) -> Plan:
+def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str, cache_bytes: int | None) -> Plan:
     """CPU-only planning: the core split (batching vs training threads) with the shortest simulated epoch.
 
     Splits (disjoint, bound n * max(T_CB(P), T_M(Q)), or taking turns on all cores, bound
@@ -151,13 +195,13 @@ def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str) -> Plan:
         if core_split.lower_bound_s * (1.0 + TOLERANCE) >= best or len(results) >= max_evaluations:
             gap = max(0.0, best / core_split.lower_bound_s - 1.0)
             break
-        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads)
+        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads, cache_bytes)
         results[core_split] = Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core, engine="fast")
     even_split = even_core_split(profile.cores)
     chosen_split = min(results, key=lambda s: (results[s].epoch_s, s.lower_bound_s))
     plans = {}
     for name, core_split in (("chosen", chosen_split), ("even-split", even_split)):
-        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads)
+        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads, cache_bytes)
         plans[name] = core_split, times, Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core,
                                                                                   engine=engine)
     chosen_split, times, chosen = min(plans.values(), key=lambda item: item[2].epoch_s)

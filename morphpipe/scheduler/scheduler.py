@@ -34,9 +34,10 @@ class Scheduler:
 
     @classmethod
     def from_profile(cls, profile: Profile, seed: int = 0, cpu_threads: int | None = None,
-                     train_threads: int | None = None) -> Scheduler:
-        """A scheduler for a profile at the given thread counts (default: every usable core batches)."""
-        return cls(PhaseTimes.from_profile(profile, cpu_threads, train_threads), seed)
+                     train_threads: int | None = None, cache_bytes: int | None = None) -> Scheduler:
+        """A scheduler for a profile at the given thread counts (default: every usable core batches) and, with
+        features on disk, host cache size (default: the largest the memory budget allows)."""
+        return cls(PhaseTimes.from_profile(profile, cpu_threads, train_threads, cache_bytes), seed)
 
     def simulate(self, split: Split, *, engine: str = "simpy", trace: bool = False) -> SimulationResult:
         """One epoch of dual-buffer scheduling with this split."""
@@ -56,21 +57,26 @@ class Scheduler:
 
         The CPU threads need sum(latency)/P for the Route-0 batches, then the last one still
         crosses PCIe and trains; the PCIe link carries every DMA and UVA batch, then one more
-        training follows; the GPU runs every UVA batch and every training step. No schedule
-        of these durations beats the largest of the three, so the planner can prune with it.
+        training follows; the GPU runs every UVA batch and every training step; with features on
+        disk, a CPU thread also waits out its batch's reads, and the disk serves every Route-0
+        batch's reads before the last one is built, crosses and trains. No schedule of these
+        durations beats the largest of these, so the planner can prune with it.
         """
         if self.times.device != "cuda":
             raise ValueError("Scheduler.lower_bounds needs a CPU+GPU configuration")
         d = self.durations
         n = self.times.num_batches
         n_cpu = np.arange(n + 1)
-        cpu = np.concatenate(([0.0], np.cumsum(d.cpu_batch))) / self.times.cpu_threads
+        reads = np.concatenate(([0.0], np.cumsum(d.disk))) if d.disk else np.zeros(n + 1)
+        cpu = (np.concatenate(([0.0], np.cumsum(d.cpu_batch))) + reads) / self.times.cpu_threads
         cpu[1:] += min(d.dma) + min(d.train)
+        disk = reads.copy()
+        disk[1:] += min(d.cpu_batch) + min(d.dma) + min(d.train)
         dma = np.concatenate(([0.0], np.cumsum(d.dma)))
         uva = np.concatenate(([0.0], np.cumsum(d.gpu_batch)))[n - n_cpu]
         pcie = dma + uva + min(d.train)
         gpu = uva + sum(d.train)
-        return np.maximum(np.maximum(cpu, pcie), gpu)
+        return np.maximum(np.maximum(np.maximum(cpu, pcie), gpu), disk)
 
     def all_cpu(self, gbs: int = 10, *, engine: str = "simpy", trace: bool = False) -> SimulationResult:
         """The all-CPU baseline: every batch on Route 0, the naive three-stage pipeline (SALIENT-like)."""

@@ -11,13 +11,14 @@ from morphpipe.scheduler.scheduler import Scheduler
 
 
 def simulate_plan(profile: Profile, plan: Plan, *, engine: str = "simpy", trace: bool = False) -> SimulationResult:
-    """One simulated epoch of `plan` on `profile`, with the plan's seed, threads and buffers."""
+    """One simulated epoch of `plan` on `profile`, with the plan's seed, threads, buffers and feature cache."""
     if plan.num_batches != profile.num_batches:
         raise ValueError(
             f"the plan is for {plan.num_batches} batches per epoch, the profile has {profile.num_batches}; "
             "re-plan with this profile"
         )
-    scheduler = Scheduler.from_profile(profile, plan.seed, plan.cpu_threads, plan.train_threads)
+    cache_bytes = plan.tiering.cache_bytes if plan.tiering is not None else None
+    scheduler = Scheduler.from_profile(profile, plan.seed, plan.cpu_threads, plan.train_threads, cache_bytes)
     if plan.kind == "cpu-only":
         return scheduler.simulate_cpu_only(plan.cbs, plan.shares_cores, engine=engine, trace=trace)
     return scheduler.simulate(plan.split, engine=engine, trace=trace)

@@ -12,6 +12,12 @@ Model (documented in `morphpipe simulate --help`):
   profile's `uva_transfer_s` when measured, else min(T_GB, T_DMA): UVA gathers roughly the
   bytes a DMA would copy. This machine's link is its theoretical one (HardwareFacts) when
   known, else the effective bandwidth batch_bytes / T_DMA, and the note says which.
+- memory (features on disk): the machine has `memory` times the memory budget for data; the
+  topology still needs what it needs, the feature cache may take the rest (and the planner
+  chooses its size again); the hit ratio beyond the largest measured cache size rises linearly
+  to 1 at every row cached. Available memory (pinned buffers) scales alike.
+- disk speed (features on disk): random and sequential reads `disk_speed` times as fast, so a
+  missed row holds the disk 1/disk_speed as long.
 """
 from __future__ import annotations
 
@@ -44,17 +50,39 @@ def reference_pcie_gbps(profile: Profile) -> tuple[float, str]:
     )
 
 
-def what_if(profile: Profile, cores: int | None = None, pcie_gbps: float | None = None) -> WhatIf:
-    """The profile as it would read on a machine with `cores` usable cores and a `pcie_gbps` link."""
+def what_if(profile: Profile, cores: int | None = None, pcie_gbps: float | None = None, *,
+            memory: float | None = None, disk_speed: float | None = None) -> WhatIf:
+    """The profile as it would read on a machine with `cores` usable cores, a `pcie_gbps` link, `memory` times the
+    memory budget and a disk `disk_speed` times as fast."""
     notes: list[str] = []
     hardware = profile.hardware
+    disk = profile.disk
+    for name, factor in (("--ram-scale", memory), ("--disk-speed", disk_speed)):
+        if factor is None:
+            continue
+        if not factor > 0:
+            raise ValueError(f"{name} must be > 0, got {factor!r}")
+        if disk is None:
+            raise ValueError(f"{name} needs a profile with features on disk (its 'disk' section); this one read its "
+                             "features from RAM: tune with --features-on-disk (or a --memory-budget below the "
+                             "features) first")
+    if memory is not None:
+        disk = disk.scaled(memory=memory)
+        hardware = replace(hardware, memory_available_bytes=int(hardware.memory_available_bytes * memory),
+                           notes=(*hardware.notes, f"what-if: {memory:g}x the memory"))
+        notes.append(f"{memory:g}x the memory: feature cache budget {profile.disk.cache_budget_bytes / 1e6:,.1f} MB "
+                     f"-> {disk.cache_budget_bytes / 1e6:,.1f} MB")
+    if disk_speed is not None:
+        disk = disk.scaled(disk=disk_speed)
+        notes.append(f"a disk {disk_speed:g}x as fast: {profile.disk.facts.random_reads_per_s:,.0f} -> "
+                     f"{disk.facts.random_reads_per_s:,.0f} random reads/s")
     if cores is not None:
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
             raise ValueError(f"cores must be an integer >= 1, got {cores!r}")
         hardware = replace(hardware, physical_cores=cores, logical_cores=cores, usable_cores=cores,
                            notes=(*hardware.notes, f"what-if: {cores} cores"))
         notes.append(f"{cores} cores")
-    changes: dict = {"hardware": hardware}
+    changes: dict = {"hardware": hardware, "disk": disk}
     if pcie_gbps is not None:
         if not pcie_gbps > 0:
             raise ValueError(f"--pcie-gbps must be > 0, got {pcie_gbps!r}")
@@ -79,7 +107,8 @@ def what_if(profile: Profile, cores: int | None = None, pcie_gbps: float | None 
 
 
 def sweep(profile: Profile, cores: Sequence[int], pcie_gbps: float | None = None, gbs: int = 10, seed: int = 0,
-          engine: str = "fast") -> list[Plan]:
+          engine: str = "fast", *, memory: float | None = None, disk_speed: float | None = None) -> list[Plan]:
     """One plan per core count (what-if machines from one profile): the data of the paper's Figure 9."""
-    return [plan_from_profile(what_if(profile, count, pcie_gbps).profile, gbs, seed, engine=engine)
+    return [plan_from_profile(what_if(profile, count, pcie_gbps, memory=memory, disk_speed=disk_speed).profile, gbs,
+                              seed, engine=engine)
             for count in cores]

@@ -36,6 +36,8 @@ PROFILES = {
     "cpu-bound": PhaseTimes(NUM_BATCHES, 0.0181, 2, 0.0139, 0.0163, 0.0083),
     "training-bound": PhaseTimes(NUM_BATCHES, 0.0121, 3, 0.0241, 0.0149, 0.0091),
     "cheap-uva": PhaseTimes(NUM_BATCHES, 0.0297, 1, 0.0113, 0.0089, 0.0121),
+    # Features on disk: each Route-0 batch first holds the disk for its misses (the disk bounds Route 0).
+    "disk-bound": PhaseTimes(NUM_BATCHES, 0.0071, 3, 0.0139, 0.0163, 0.0083, disk_read_s=0.0187),
 }
 NOISE_CV = 0.15
 # A DMA whose simulated start lies this close to a training start is not compared (a near tie).

@@ -80,6 +80,30 @@ def test_bce_and_bpr_losses_over_pair_scores(small, community_cache):
         LinkPrediction(decoder="cosine")
 
 
+@pytest.mark.parametrize("decoder", ["dot", "mlp"])
+def test_batch_scores_by_index_equal_the_gathered_rows_forward_and_backward(small, community_cache, decoder):
+    """The decoders score a batch's pairs by index into the embeddings (the dot decoder by the fused pair scorer);
+    logits and parameter gradients equal scoring gathered rows."""
+    torch.manual_seed(0)
+    task = make_task("link", negatives=5, decoder=decoder)
+    model = task.build_model("sage", small, num_layers=2, hidden=16, dropout=0.0)
+    with task.batcher(small, [3, 3], 32, num_threads=1, seed=2) as batcher:
+        batch = next(iter(batcher))
+    pairs = batch.pairs
+    positive, negative = model(batch.blocks, batch.x, pairs)
+    (positive.sum() + (negative * torch.linspace(-1, 1, 5)).sum()).backward()
+    fused = [parameter.grad.clone() for parameter in model.parameters()]
+    model.zero_grad()
+    h = model(batch.blocks, batch.x)
+    expected_positive = model.score(h[pairs.src], h[pairs.dst])
+    expected_negative = model.score(h[pairs.src][:, None], h[pairs.negative_dst])
+    (expected_positive.sum() + (expected_negative * torch.linspace(-1, 1, 5)).sum()).backward()
+    torch.testing.assert_close(positive, expected_positive)
+    torch.testing.assert_close(negative, expected_negative)
+    for got, parameter in zip(fused, model.parameters()):
+        torch.testing.assert_close(got, parameter.grad)
+
+
 def test_exact_and_full_fanout_sampled_evaluation_agree(small, community_cache):
     task = LinkPrediction()
     torch.manual_seed(0)

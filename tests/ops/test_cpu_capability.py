@@ -86,6 +86,10 @@ def run_every_kernel(width: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
             out[key], out[key + "_mask"] = ops.bias_act_dropout(activations, bias, activation, p, 7)
             out[key + "_grad"], out[key + "_bias_grad"] = ops.bias_act_dropout_backward(
                 activations, out[key], out[key + "_mask"], activation, p, True)
+    # The pair scorer over pairs of rows of one table (the block's sources paired with random rows).
+    table, pair_dst = rand(num_src, width), torch.randint(0, num_src, (nnz,), generator=generator)
+    out["pair_dot"] = ops.pair_dot(table, indices, pair_dst)
+    out["pair_dot_grad"] = ops.pair_dot_backward(table, indices, pair_dst, rand(nnz))
     return out
 
 

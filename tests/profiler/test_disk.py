@@ -37,3 +37,40 @@ def test_disk_read_rates_are_measured_on_a_file(tmp_path):
         measure_disk_reads(path, queue_depth=1, seconds=0.01)  # the default sequential block
     with pytest.raises(ValueError, match="queue_depth"):
         measure_disk_reads(path, queue_depth=0)
+
+
+def test_disk_profile_of_a_store_measures_through_it_where_o_direct_is_refused(tmp_path, monkeypatch):
+    import numpy as np
+
+    from morphpipe.data.feature_store import FeatureStore
+    from morphpipe.profiler import disk
+
+    path = tmp_path / "features.npy"
+    np.save(path, np.arange(2000 * 64, dtype=np.float32).reshape(2000, 64))  # rows of 256 B
+    store = FeatureStore(path, io_threads=2)
+
+    def refused(*args, **kwargs):
+        raise RuntimeError(f"{path}: open with O_DIRECT failed: Invalid argument")
+
+    monkeypatch.setattr(disk, "measure_disk_reads", refused)
+    hotness = torch.arange(2000, 0, -1)  # row 0 hottest
+    gathered = [torch.arange(0, 100), torch.arange(50, 250)]
+    profile = disk.measure_disk_profile(store, gathered, hotness, cache_budget_bytes=200 * 256, reads_per_miss=0.5,
+                                        seconds=0.05, resident=1000)
+    assert profile.facts.random_reads_per_s > 0 and profile.facts.sequential_bytes_per_s > 0
+    assert profile.facts.queue_depth == 2 and profile.facts.block == 4096
+    assert profile.rows_per_batch == 150 and profile.reads_per_miss == 0.5 and profile.resident_bytes == 1000
+    assert profile.hit_curve[0] == (0, 0.0) and profile.hit_curve[-1] == (200 * 256, 250 / 300)  # 200 hottest cached
+    assert profile.cache_candidates()[-1] == 200 * 256
+
+
+def test_a_features_file_smaller_than_one_read_is_refused_naming_it(tmp_path):
+    import numpy as np
+
+    from morphpipe.data.feature_store import FeatureStore
+    from morphpipe.profiler.disk import measure_disk_profile
+
+    path = tmp_path / "features.npy"
+    np.save(path, np.zeros((4, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match=f"features file {path} holds .* bytes, less than one 4096-byte read"):
+        measure_disk_profile(FeatureStore(path), [], torch.zeros(4), 0, 1.0)

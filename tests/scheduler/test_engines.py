@@ -1,6 +1,7 @@
 """The SimPy model and its fast twin give the same epochs, busy fractions, blocks and traces."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -53,3 +54,28 @@ def test_fast_cpu_only_engine_matches_simpy(seed: int) -> None:
     reference = scheduler.simulate_cpu_only(cbs, shared, engine="simpy", trace=True)
     fast = scheduler.simulate_cpu_only(cbs, shared, engine="fast", trace=True)
     assert comparable(fast) == comparable(reference)
+
+
+@pytest.mark.parametrize("times, n_cpu, gbs", random_configurations(40, seed=23))
+def test_fast_engine_matches_simpy_with_the_disk(times: PhaseTimes, n_cpu: int, gbs: int) -> None:
+    """Features on disk: Route-0 batches queue for the disk before they are built, in both engines alike."""
+    times = dataclasses.replace(times, disk_read_s=random.Random(n_cpu).choice([0.25, 1.0, times.cpu_batch_s]))
+    scheduler = Scheduler(times, seed=n_cpu)
+    split = Partitioner(times, gbs).split(n_cpu)
+    reference = scheduler.simulate(split, engine="simpy", trace=True)
+    assert comparable(scheduler.simulate(split, engine="fast", trace=True)) == comparable(reference)
+    if n_cpu:
+        assert reference.busy["disk"] > 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fast_cpu_only_engine_matches_simpy_with_the_disk(seed: int) -> None:
+    rng = random.Random(seed)
+    shared = seed % 4 == 0
+    times = PhaseTimes(rng.randint(1, 60), rng.uniform(0.1, 2), 1 if shared else rng.randint(1, 8),
+                       rng.uniform(0.1, 2), cpu_batch_cv=rng.choice([0.0, 0.3]), train_threads=rng.randint(1, 8),
+                       device="cpu", disk_read_s=rng.choice([0.5, rng.uniform(0.01, 1)]))
+    scheduler = Scheduler(times, seed)
+    cbs = rng.randint(1, 6)
+    reference = scheduler.simulate_cpu_only(cbs, shared, engine="simpy", trace=True)
+    assert comparable(scheduler.simulate_cpu_only(cbs, shared, engine="fast", trace=True)) == comparable(reference)

@@ -1,0 +1,51 @@
+"""Where a command's graph keeps its feature rows: in RAM (or memory-mapped), or on disk through the feature store
+with a host cache of hot rows; chosen by the flags, or by the memory budget and the plan."""
+from __future__ import annotations
+
+import argparse
+
+from morphpipe.data.summary import array_tiers
+from morphpipe.numeric import format_bytes
+from morphpipe.profiler.disk import cache_budget, default_memory_budget, features_fit, resident_bytes
+
+
+def place_features(graph, args: argparse.Namespace) -> None:
+    """Puts the features on the disk tier (no cache yet: the plan sizes it) when they do not fit the memory budget
+    beside the topology and the flags left the choice open; says so."""
+    if getattr(graph, "feature_store", None) is not None or getattr(graph, "is_hetero", False):
+        return
+    budget = args.memory_budget if args.memory_budget is not None else default_memory_budget()
+    if features_fit(graph, budget):
+        return
+    features = graph.features.shape[0] * graph.features.shape[1] * graph.features.element_size()
+    graph.open_feature_store(0)
+    print(f"features ({format_bytes(features)}) do not fit the memory budget ({format_bytes(budget)}) beside the "
+          f"topology, labels and splits ({format_bytes(resident_bytes(graph))}): reading them from disk through the "
+          f"feature store, its host cache sized by the plan (at most {format_bytes(cache_budget(graph, budget))})")
+
+
+def planned_cache_bytes(args: argparse.Namespace) -> int | None:
+    """The host cache the user fixed (--feature-cache-mb), or None: the planner chooses it."""
+    return None if args.feature_cache_mb is None else int(args.feature_cache_mb * 1e6)
+
+
+def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
+    """Gives the feature store the cache `plan` chose (unless --feature-cache-mb fixed it); says so."""
+    store = getattr(graph, "feature_store", None)
+    if store is None or plan.tiering is None or args.feature_cache_mb is not None:
+        return
+    if store.cache_bytes != plan.tiering.cache_bytes:
+        store = graph.open_feature_store(plan.tiering.cache_bytes)
+    print(f"features on disk: {store.num_cached:,} hottest rows ({format_bytes(store.cache_bytes)}) cached in RAM, "
+          f"as planned (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
+
+
+def describe_tiers(graph, plan) -> str:
+    """Which tier each array is on under `plan` (features: on disk with the planned cache, when it has one)."""
+    if getattr(graph, "is_hetero", False):
+        return "tiers: every array in RAM or memory-mapped (the feature store reads homogeneous graphs only)"
+    tiers = array_tiers(graph)
+    if plan.tiering is not None:
+        tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows cached "
+                             f"in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
+    return "tiers: " + "; ".join(f"{name} {tier}" for name, tier in tiers.items())

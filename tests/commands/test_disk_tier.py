@@ -1,0 +1,42 @@
+"""A user's path with features larger than the memory budget: `train --auto` puts them on disk, the planner sizes
+their host cache, and training runs through the feature store; `data info` says which tier each array is on."""
+from __future__ import annotations
+
+from morphpipe.commands.cli import main
+from morphpipe.data import GeneratorSpec, generate, load_dataset
+from morphpipe.profiler.disk import resident_bytes
+from morphpipe.scheduler import Plan
+
+
+def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(tmp_path, capsys):
+    graph_dir = tmp_path / "graph"
+    generate(GeneratorSpec(kind="community", num_nodes=4000, avg_degree=4, feature_dim=64), graph_dir,
+             progress=False)  # float32 rows of 256 B: 1 MB of features
+    graph = load_dataset(graph_dir)
+    budget = resident_bytes(graph) + 300_000  # room for under a third of the features
+    plan_path = tmp_path / "plan.json"
+    assert main(["train", str(graph_dir), "--auto", "--memory-budget", str(budget), "--epochs", "1", "--threads",
+                 "1,2", "--steps", "3", "--fanouts", "4,3", "--batch-size", "256", "--no-progress",
+                 "--save-plan", str(plan_path)]) == 0
+    out = capsys.readouterr().out
+    assert "do not fit the memory budget" in out and "reading them from disk through the feature store" in out
+    assert "random 4096 B reads/s at queue depth 48" in out and "hit ratio " in out
+    plan = Plan.load(plan_path)
+    assert plan.tiering is not None and 0 <= plan.tiering.cache_bytes <= 300_000
+    assert plan.tiering.cache_budget_bytes == 300_000 and plan.tiering.candidates_s
+    assert f"features on disk: {plan.tiering.cache_bytes // 256:,} hottest rows" in out and "as planned" in out
+    assert "features on disk behind a host cache" in out
+    assert "test accuracy" in out
+
+
+def test_data_info_says_the_features_go_on_disk_under_a_small_budget(tmp_path, capsys):
+    graph_dir = tmp_path / "graph"
+    generate(GeneratorSpec(kind="community", num_nodes=2000, avg_degree=4, feature_dim=64), graph_dir,
+             progress=False)
+    budget = resident_bytes(load_dataset(graph_dir)) + 100_000
+    assert main(["data", "info", str(graph_dir), "--memory-budget", str(budget)]) == 0
+    out = capsys.readouterr().out
+    assert "do not fit the memory budget" in out
+    assert "features disk (feature store, 48 I/O threads" in out and "0 hottest rows (0.0%, 0.0 MB) cached" in out
+    assert main(["data", "info", str(graph_dir)]) == 0
+    assert "features memory-mapped (page cache)" in capsys.readouterr().out

@@ -1,0 +1,66 @@
+"""Re-planning with features on disk: the feature store's counted hits, misses and preads of an epoch correct the
+profile's hit curve, rows per batch and preads per missed row before the planner sizes the cache again."""
+from __future__ import annotations
+
+import pytest
+
+from morphpipe.data.feature_store import FeatureStoreCounters
+from morphpipe.executor.executor import EpochResult
+from morphpipe.executor.replan import Replanner, predicted_phases, same_schedule
+from morphpipe.profiler.disk import DiskProfile, DiskReadFacts
+from morphpipe.profiler.profile import Profile
+from morphpipe.scheduler import plan_from_profile
+
+BATCHES = 40
+ROWS_PER_BATCH = 4_000
+
+
+def disk_profile() -> Profile:
+    facts = DiskReadFacts("features.npy", 4096, 48, 10_000.0, 2e9, 4 << 20)  # the disk bounds the epoch
+    curve = ((0, 0.0), (256_000, 0.4), (2_560_000, 0.72), (12_800_000, 0.93))
+    disk = DiskProfile(facts, 256, 100_000, ROWS_PER_BATCH, 1.0, curve, 6_400_000, 1_000_000)
+    return Profile.synthetic(t_cb=0.08, t_m=0.05, cores=4, cpu_efficiency=0.8, num_batches=BATCHES).replaced(disk=disk)
+
+
+def epoch_with(plan, profile: Profile, hit_ratio: float, reads_per_miss: float) -> EpochResult:
+    """An epoch whose batching threads took what the profile predicts, and whose store counted `hit_ratio`."""
+    rows = BATCHES * ROWS_PER_BATCH
+    hits = int(rows * hit_ratio)
+    misses = rows - hits
+    build = predicted_phases(profile, plan)["cpu_batch"] * plan.cpu_threads
+    return EpochResult(0, 1.0, [(0, i) for i in range(BATCHES)], BATCHES * 64, 1.0, [], [], {}, 1, 0, BATCHES, 0,
+                       build_s=[build] * BATCHES,
+                       feature_reads=FeatureStoreCounters(hits, misses, int(misses * reads_per_miss), misses * 4096))
+
+
+def test_a_lower_measured_hit_ratio_lengthens_the_prediction_and_corrects_the_profile() -> None:
+    profile = disk_profile()
+    plan = plan_from_profile(profile, engine="fast")
+    predicted = plan.tiering.hit_ratio
+    replanner = Replanner(profile)
+    decision = replanner.observe(epoch_with(plan, profile, predicted - 0.2, 0.5), plan)
+    disk = replanner.profile.disk
+    assert disk.hit_ratio(plan.tiering.cache_bytes) == pytest.approx(predicted - 0.2, abs=1e-3)
+    assert disk.reads_per_miss == pytest.approx(0.5, rel=1e-3) and disk.rows_per_batch == ROWS_PER_BATCH
+    assert [ratio for _, ratio in disk.hit_curve] == sorted(ratio for _, ratio in disk.hit_curve)
+    # Half the preads per miss outweighs the lower hit ratio here: the epoch is predicted shorter.
+    assert decision.current_s < plan.predicted_epoch_s
+
+
+def test_the_measured_hit_ratio_as_predicted_keeps_the_plan() -> None:
+    profile = disk_profile()
+    plan = plan_from_profile(profile, engine="fast")
+    decision = Replanner(profile).observe(epoch_with(plan, profile, plan.tiering.hit_ratio, 1.0), plan)
+    assert not decision.switched and decision.current_s == pytest.approx(plan.predicted_epoch_s, rel=0.02)
+
+
+def test_more_misses_than_profiled_lengthen_the_prediction() -> None:
+    profile = disk_profile()
+    plan = plan_from_profile(profile, engine="fast")
+    decision = Replanner(profile).observe(epoch_with(plan, profile, plan.tiering.hit_ratio - 0.3, 1.0), plan)
+    assert decision.current_s > plan.predicted_epoch_s * 1.1
+
+
+def test_plans_that_differ_only_in_their_cache_are_different_schedules() -> None:
+    profile = disk_profile()
+    assert not same_schedule(plan_from_profile(profile, cache_bytes=0), plan_from_profile(profile, cache_bytes=256_000))
