@@ -160,7 +160,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "epoch end; pairs: (edge_ids, src, dst, negative_dst) of an edge task, else None")
       .def("stop", &CpuBatcher::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_batches", &CpuBatcher::num_batches)
-      .def_property_readonly("num_threads", &CpuBatcher::num_threads);
+      .def_property_readonly("num_threads", &CpuBatcher::num_threads)
+      .def_property_readonly("pool_bytes", &CpuBatcher::pool_bytes);
 
   py::class_<HeteroCpuBatcher>(m, "HeteroCpuBatcher")
       .def(py::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>,
