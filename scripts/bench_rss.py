@@ -78,9 +78,9 @@ def main() -> int:
     code = child.wait()
     done.set()
     sampler.join()
-    if code != 0:
-        print(f"morphpipe train exited with {code}", file=sys.stderr)
-        return code
+    if code != 0:  # stopped early (e.g. SIGTERM at a deadline): the epochs it completed are still reported
+        print(f"morphpipe train exited with {code}; figures for the {len(epoch_ends)} epochs it completed",
+              file=sys.stderr)
     rows, start = [], samples[0][0] if samples else 0.0
     for epoch, end in enumerate(epoch_ends, 1):
         inside = [sizes for t, sizes in samples if start <= t <= end]
@@ -111,7 +111,7 @@ def main() -> int:
         args.json.write_text(json.dumps({"command": command, "environment": {
             name: os.environ[name] for name in sorted(os.environ) if name.startswith(("MALLOC_", "MORPHPIPE_"))},
             "epochs": rows, "spread_after_first": spreads}, indent=2))
-    return 0
+    return code
 
 
 if __name__ == "__main__":
