@@ -25,7 +25,7 @@ from pathlib import Path
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+):")
 MEASURES = ("rss", "anon", "file", "shmem")  # VmRSS and its three parts in /proc/PID/status
-STATUS_FIELDS = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
 
 
 def resident(pid: int) -> dict[str, int]:
@@ -33,7 +33,7 @@ def resident(pid: int) -> dict[str, int]:
     found = {}
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            name, _, rest = line.partition(" ")
+            name, _, rest = line.partition(":")  # "RssAnon:\t  1234 kB"
             if name in STATUS_FIELDS:
                 found[STATUS_FIELDS[name]] = int(rest.split()[0]) * 1024  # the kernel reports kB
     return found
