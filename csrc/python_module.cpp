@@ -7,6 +7,7 @@
 #include <omp.h>
 #endif
 
+#include "cpu/buffer_pool.h"
 #include "cpu/cpu_batcher.h"
 #include "cpu/cpu_capability.h"
 #include "cpu/disk_probe.h"
@@ -17,6 +18,7 @@
 #endif
 
 namespace py = pybind11;
+using morphpipe::BufferPool;
 using morphpipe::CpuBatch;
 using morphpipe::CpuBatcher;
 using morphpipe::FeatureStore;
@@ -105,6 +107,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("path"), py::arg("block"), py::arg("seconds"),
       "O_DIRECT reads of `block` bytes one after another through `path`: (reads, bytes, seconds)");
 
+  py::class_<BufferPool, std::shared_ptr<BufferPool>>(
+      m, "BufferPool", "the batchers' recycler of batch memory, on its own: its reuse rule can be checked directly")
+      .def(py::init([](int64_t max_idle) {
+             TORCH_CHECK(max_idle >= 0, "max_idle: need 0 or more idle buffers, got ", max_idle);
+             return BufferPool::create(at::TensorOptions(), static_cast<size_t>(max_idle));
+           }),
+           py::arg("max_idle"))
+      .def(
+          "empty", [](BufferPool& self, int64_t nbytes) { return self.empty({nbytes}, at::kByte); },
+          py::arg("nbytes"), "an uninitialised uint8 tensor of nbytes whose memory comes back to the pool")
+      .def_property_readonly("held_bytes", &BufferPool::held_bytes);
+
   py::class_<FeatureStore, std::shared_ptr<FeatureStore>>(m, "FeatureStore")
       .def(py::init<std::string, int64_t, int64_t, int64_t, at::ScalarType, const at::Tensor&, int64_t, bool>(),
            py::arg("path"), py::arg("data_offset"), py::arg("num_rows"), py::arg("width"), py::arg("dtype"),
@@ -160,7 +174,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "epoch end; pairs: (edge_ids, src, dst, negative_dst) of an edge task, else None")
       .def("stop", &CpuBatcher::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_batches", &CpuBatcher::num_batches)
-      .def_property_readonly("num_threads", &CpuBatcher::num_threads);
+      .def_property_readonly("num_threads", &CpuBatcher::num_threads)
+      .def_property_readonly("pool_bytes", &CpuBatcher::pool_bytes);
 
   py::class_<HeteroCpuBatcher>(m, "HeteroCpuBatcher")
       .def(py::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>,

@@ -2,8 +2,11 @@
 
 Starts `python -m morphpipe train DATASET --epochs N ...` as a child, samples the child's RSS every
 `--interval` seconds, and reads its epoch lines ("epoch k/N: ...") to cut the samples into epochs.
-Prints, per epoch, the RSS at its end and its peak, and the spread of the end-of-epoch RSS over
-epochs 2..N (issue 25's bar: within 5%). Extra arguments after `--` go to `morphpipe train`.
+Prints, per epoch, the RSS at its end and its peak, split as /proc/PID/status does into anonymous memory
+(RssAnon: the heap, torch's tensors, thread stacks), file-backed pages (RssFile: the memory-mapped dataset's
+pages the epoch touched, shared libraries) and shared memory (RssShmem), and the spread of each measure's
+end-of-epoch value over epochs 2..N (issue 25's bar: within 5%). Extra arguments after `--` go to
+`morphpipe train`; the child inherits the environment (e.g. MALLOC_ARENA_MAX to compare allocator settings).
 
   python scripts/bench_rss.py bench-1m --epochs 20 --json bench_out/rss.json -- --auto --no-progress
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,9 +22,26 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+):")
+MEASURES = ("rss", "anon", "file", "shmem")  # VmRSS and its three parts in /proc/PID/status
+STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
+
+
+def resident(pid: int) -> dict[str, int]:
+    """The process's resident bytes now: total and its anonymous, file-backed and shared-memory parts."""
+    found = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name, _, rest = line.partition(":")  # "RssAnon:\t  1234 kB"
+            if name in STATUS_FIELDS:
+                found[STATUS_FIELDS[name]] = int(rest.split()[0]) * 1024  # the kernel reports kB
+    return found
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / min of `values`: how far from flat."""
+    return (max(values) - min(values)) / min(values) if values and min(values) > 0 else float("nan")
 
 
 def main() -> int:
@@ -36,15 +57,14 @@ def main() -> int:
     command = [sys.executable, "-m", "morphpipe", "train", args.dataset, "--epochs", str(args.epochs), *extra]
     print("running:", " ".join(command), flush=True)
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    process = psutil.Process(child.pid)
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, dict[str, int]]] = []
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             try:
-                samples.append((time.monotonic(), process.memory_info().rss))
-            except psutil.Error:
+                samples.append((time.monotonic(), resident(child.pid)))
+            except (OSError, ValueError):  # the child has ended (its status is gone or already empty)
                 return
             done.wait(args.interval)
 
@@ -58,27 +78,40 @@ def main() -> int:
     code = child.wait()
     done.set()
     sampler.join()
-    if code != 0:
-        print(f"morphpipe train exited with {code}", file=sys.stderr)
-        return code
+    if code != 0:  # stopped early (e.g. SIGTERM at a deadline): the epochs it completed are still reported
+        print(f"morphpipe train exited with {code}; figures for the {len(epoch_ends)} epochs it completed",
+              file=sys.stderr)
     rows, start = [], samples[0][0] if samples else 0.0
     for epoch, end in enumerate(epoch_ends, 1):
-        inside = [rss for t, rss in samples if start <= t <= end]
-        at_end = [rss for t, rss in samples if t <= end]
-        rows.append({"epoch": epoch, "rss_end_gib": at_end[-1] / 2**30 if at_end else None,
-                     "rss_peak_gib": max(inside) / 2**30 if inside else None})
+        inside = [sizes for t, sizes in samples if start <= t <= end]
+        at_end = [sizes for t, sizes in samples if t <= end]
+        row: dict[str, float | int | None] = {"epoch": epoch}
+        for measure in MEASURES:
+            row[f"{measure}_end_gib"] = at_end[-1].get(measure, 0) / 2**30 if at_end else None
+            row[f"{measure}_peak_gib"] = max(s.get(measure, 0) for s in inside) / 2**30 if inside else None
+        rows.append(row)
         start = end
-    print("\nepoch  RSS at end (GiB)  peak in epoch (GiB)")
+    print("\nepoch  " + "  ".join(f"{m + ' end':>9} {m + ' peak':>10}" for m in MEASURES) + "   (GiB)")
     for row in rows:
-        print(f"{row['epoch']:5d}  {row['rss_end_gib']:16.3f}  {row['rss_peak_gib']:19.3f}")
-    later = [row["rss_end_gib"] for row in rows[1:] if row["rss_end_gib"] is not None]
-    spread = (max(later) - min(later)) / min(later) if later else float("nan")
-    print(f"end-of-epoch RSS over epochs 2..{len(rows)}: {min(later):.3f}..{max(later):.3f} GiB, "
-          f"spread {spread:.1%} (bar: 5%)" if later else "fewer than 2 epochs: no spread")
+        print(f"{row['epoch']:5d}  " + "  ".join(f"{row[m + '_end_gib'] or 0:9.3f} {row[m + '_peak_gib'] or 0:10.3f}"
+                                             for m in MEASURES))
+    spreads = {}
+    for measure in MEASURES:
+        later = [row[f"{measure}_end_gib"] for row in rows[1:] if row[f"{measure}_end_gib"] is not None]
+        peaks = [row[f"{measure}_peak_gib"] for row in rows[1:] if row[f"{measure}_peak_gib"] is not None]
+        spreads[measure] = {"end": spread(later), "peak": spread(peaks)}
+        if later:
+            print(f"{measure:>5} over epochs 2..{len(rows)}: at end {min(later):.3f}..{max(later):.3f} GiB "
+                  f"(spread {spreads[measure]['end']:.1%}), peak {min(peaks):.3f}..{max(peaks):.3f} GiB "
+                  f"(spread {spreads[measure]['peak']:.1%}); bar: 5%")
+    if len(rows) < 2:
+        print("fewer than 2 epochs: no spread")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": command, "epochs": rows, "spread_after_first": spread}, indent=2))
-    return 0
+        args.json.write_text(json.dumps({"command": command, "environment": {
+            name: os.environ[name] for name in sorted(os.environ) if name.startswith(("MALLOC_", "MORPHPIPE_"))},
+            "epochs": rows, "spread_after_first": spreads}, indent=2))
+    return code
 
 
 if __name__ == "__main__":

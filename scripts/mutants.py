@@ -222,6 +222,10 @@ MUTANTS: list[dict] = [
          find="epoch_seed_ = splitmix64(static_cast<uint64_t>(epoch_seed));",
          replace="epoch_seed_ = splitmix64(static_cast<uint64_t>(0));",
          tests=[RANDOM], ci=False),
+    dict(name="cpp-buffer-pool-small-request-takes-any-larger-buffer", file="csrc/cpu/buffer_pool.cpp",
+         find="it->numel() <= std::max<int64_t>(bytes * kMaxSlack, kSmallBytes) &&",
+         replace="true &&",
+         tests=["tests/sampling/test_batch_pool.py"], ci=False),
     # --- issue 25, section 5: the code added in the last round -----------------------------------------------
     # distributed split and launcher environments
     dict(name="split-largest-remainder-inverted", file="morphpipe/distributed/split.py",

@@ -3,8 +3,9 @@
 One uninterrupted run gives the reference. Then trials: each trains the same command into a fresh
 checkpoint directory, kills it some times at a random moment (anywhere from start-up to the end, or
 in a targeted window: inside a checkpoint write, held open by the MORPHPIPE_TEST_STALL_BEFORE_REPLACE
-hook, or during a step, on the progress bar's first partial count), resumes the same command, and
-finally lets it finish. After every kill the checkpoint must be readable (or absent before the
+hook; during a step, on the epoch bar's first partial count; during evaluation, on the evaluation bar
+(validation after an epoch, or the final test); during profiling, on the `--auto` profiler's bar
+partly done), resumes the same command, and finally lets it finish. After every kill the checkpoint must be readable (or absent before the
 first epoch); after each completed resume the parameters, each epoch's loss and validation
 accuracy and the test accuracy must equal the reference's exactly, and no `.partial` entry may be
 left beside the checkpoint or the stats file. Where each kill landed is read from the last line
@@ -13,7 +14,8 @@ the process printed (start-up, profiling, a training step, evaluation, after an 
 Deterministic mode: every op choice is forced (MORPHPIPE_FORCE_CHOICE) because the ops' cost model
 is calibrated per process, and a choice made differently after a resume changes floating-point sums.
 
-usage: python scripts/soak_kill.py [--kills 20] [--epochs 4] [--batch-size 128] [--seed 0] [--workdir DIR]
+usage: python scripts/soak_kill.py [--kills 20] [--epochs 4] [--batch-size 128] [--eval-batch-size 64] [--seed 0]
+                                   [--targets random,checkpoint-write,step,evaluation,profiling] [--workdir DIR]
                                    [--dataset DIR] [--json out.json]
 """
 from __future__ import annotations
@@ -41,8 +43,10 @@ from morphpipe.outputs import STALL_BEFORE_REPLACE_ENV, STALL_ONLY_ENV
 
 FORCED_CHOICES = ",".join(f"{decision}={options[0]}" for decision, options in DECISIONS.items())
 PROGRESS = re.compile(r"epoch (\d+)/\d+:\s+\d+%\|.*\| (\d+)/(\d+)")
+EVALUATING = re.compile(r"^evaluating:\s+\d+%\|.*\| (\d+)/(\d+)")  # sampled evaluation's bar
+PROFILING = re.compile(r"^profiling:\s+\d+%\|.*\| (\d+)/(\d+)")  # the --auto profiler's bar
 STATS_FILE = "stats.json"
-TARGETS = ("random", "checkpoint-write", "step")
+TARGETS = ("random", "checkpoint-write", "step", "evaluation", "profiling")
 
 
 @dataclass
@@ -55,10 +59,12 @@ class SoakRun:
     batch_size: int = 128
     seed: int = 0
     extra: tuple[str, ...] = ()
+    eval_batch_size: int = 64  # several evaluation batches even on the tiny preset: a window to kill in
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "morphpipe", "train", str(self.dataset), "--auto", "--epochs", str(self.epochs),
-                "--batch-size", str(self.batch_size), "--seed", str(self.seed), "--threads", "1",
+                "--batch-size", str(self.batch_size), "--eval-batch-size", str(self.eval_batch_size),
+                "--seed", str(self.seed), "--threads", "1",
                 "--checkpoint-dir", str(self.directory / "checkpoint"), "--stats-json",
                 str(self.directory / STATS_FILE), *self.extra]
 
@@ -114,12 +120,30 @@ class Watched:
         match = PROGRESS.search(self.lines[-1]) if self.lines else None
         return match is not None and 0 < int(match.group(2)) < int(match.group(3))
 
+    def in_evaluation(self) -> bool:
+        """The last line is the evaluation bar, not yet complete."""
+        return _unfinished(EVALUATING, self.lines)
+
+    def in_profiling(self) -> bool:
+        """The last line is the profiler's bar, not yet complete."""
+        return _unfinished(PROFILING, self.lines)
+
+
+def _unfinished(bar: re.Pattern[str], lines: list[str]) -> bool:
+    """The last of `lines` is `bar` with its count below its total (the bar is printed at 0 when work starts)."""
+    match = bar.search(lines[-1]) if lines else None
+    return match is not None and int(match.group(1)) < int(match.group(2))
+
 
 def landing(lines: list[str]) -> str:
     """Where a run was when it printed `lines` last: start-up, profiling, step, evaluation or after-epoch."""
     if not lines:
         return "start-up"
     last = lines[-1]
+    if EVALUATING.search(last):
+        return "evaluation"
+    if PROFILING.search(last):
+        return "profiling"
     progress = PROGRESS.search(last)
     if progress is not None:
         done, total = int(progress.group(2)), int(progress.group(3))
@@ -189,6 +213,9 @@ class SoakReport:
         return not (self.unreadable or self.differences or self.stray_partials)
 
 
+WATCHED_TARGETS = {"step": "in_step", "evaluation": "in_evaluation", "profiling": "in_profiling"}
+
+
 def kill_once(run: SoakRun, target: str, delay_s: float, timeout_s: float) -> tuple[str, int] | None:
     """One run of `run`'s command killed at `target`; None when it finished first. Returns (where, exit code)."""
     marker = run.directory / "stalled"
@@ -196,8 +223,8 @@ def kill_once(run: SoakRun, target: str, delay_s: float, timeout_s: float) -> tu
     watched = Watched(run.command(), run.environment(marker if target == "checkpoint-write" else None))
     if target == "checkpoint-write":
         reached = watched.wait_for(marker.exists, timeout_s)
-    elif target == "step":
-        reached = watched.wait_for(watched.in_step, timeout_s)
+    elif target in WATCHED_TARGETS:
+        reached = watched.wait_for(getattr(watched, WATCHED_TARGETS[target]), timeout_s)
     else:
         reached = not watched.wait_for(lambda: False, delay_s) and watched.process.poll() is None
     if not reached:
@@ -230,10 +257,14 @@ def finish(run: SoakRun, timeout_s: float) -> None:
 
 
 def soak(dataset: Path, workdir: Path, *, kills: int, kills_per_trial: int = 4, epochs: int = 4,
-         batch_size: int = 128, seed: int = 0, targets: tuple[str, ...] = TARGETS, rng_seed: int = 0,
-         timeout_s: float = 300.0, log=print) -> SoakReport:
-    """Kills and resumes until `kills` kills have landed; every trial's end is compared with the reference."""
-    reference_run = SoakRun(dataset, workdir / "reference", epochs, batch_size, seed)
+         batch_size: int = 128, eval_batch_size: int = 64, seed: int = 0, targets: tuple[str, ...] = TARGETS,
+         rng_seed: int = 0, timeout_s: float = 300.0, log=print) -> SoakReport:
+    """Kills and resumes until `kills` kills have landed, taking `targets` in turn; every trial's end is compared
+    with the reference."""
+    unknown = [target for target in targets if target not in TARGETS]
+    if unknown or not targets:
+        raise ValueError(f"targets {list(targets)}: use one or more of {', '.join(TARGETS)}")
+    reference_run = SoakRun(dataset, workdir / "reference", epochs, batch_size, seed, eval_batch_size=eval_batch_size)
     started = time.monotonic()
     finish(reference_run, timeout_s)
     reference_s = time.monotonic() - started
@@ -244,7 +275,7 @@ def soak(dataset: Path, workdir: Path, *, kills: int, kills_per_trial: int = 4, 
     attempts = 0
     while len(report.kills) < kills:
         trial = report.trials
-        run = SoakRun(dataset, workdir / f"trial{trial}", epochs, batch_size, seed)
+        run = SoakRun(dataset, workdir / f"trial{trial}", epochs, batch_size, seed, eval_batch_size=eval_batch_size)
         for _ in range(min(kills_per_trial, kills - len(report.kills))):
             target = targets[attempts % len(targets)]
             attempts += 1
@@ -273,7 +304,10 @@ def main() -> int:
     parser.add_argument("--kills-per-trial", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--eval-batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help=f"where kills aim, taken in turn (default: all of {','.join(TARGETS)})")
     parser.add_argument("--dataset", type=Path, default=None, help="default: the tiny preset, generated here")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -282,7 +316,8 @@ def main() -> int:
     dataset = args.dataset or generate(PRESETS["tiny"].spec, workdir / "tiny", progress=False)
     started = time.monotonic()
     report = soak(dataset, workdir, kills=args.kills, kills_per_trial=args.kills_per_trial, epochs=args.epochs,
-                  batch_size=args.batch_size, seed=args.seed)
+                  batch_size=args.batch_size, eval_batch_size=args.eval_batch_size, seed=args.seed,
+                  targets=tuple(filter(None, args.targets.split(","))))
     where: dict[str, int] = {}
     for kill in report.kills:
         where[kill.landed] = where.get(kill.landed, 0) + 1

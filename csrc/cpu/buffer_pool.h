@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -22,6 +23,9 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // An uninitialised contiguous tensor whose memory comes back to this pool when it dies.
   at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype);
 
+  // Bytes of the buffers this pool made that are alive, lent out or idle: what the pool holds.
+  int64_t held_bytes() const { return held_bytes_.load(); }
+
  private:
   BufferPool(at::TensorOptions options, size_t max_idle) : options_(options), max_idle_(max_idle) {}
   void give_back(at::Tensor buffer);
@@ -30,6 +34,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   size_t max_idle_;
   std::mutex mutex_;
   std::vector<at::Tensor> idle_;  // uint8 buffers not in use
+  std::atomic<int64_t> held_bytes_{0};
 };
 
 }  // namespace morphpipe

@@ -59,6 +59,8 @@ class CpuBatcher {
 
   int64_t num_batches() const { return window_.num_batches(); }
   int64_t num_threads() const { return num_threads_; }
+  // Bytes the batch buffer pool holds (batches lent out and idle buffers): flat from epoch to epoch.
+  int64_t pool_bytes() const { return pool_->held_bytes(); }
 
  private:
   CpuBatch build_batch(class NeighborSampler& sampler, int64_t batch_index);

@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from morphpipe.nn.layerwise import layerwise_inference
 from morphpipe.ops.community import GraphBlock
@@ -15,8 +16,10 @@ EVAL_MODES = ("sampled", "full")
 
 @torch.no_grad()
 def accuracy(model: nn.Module, graph, seeds: torch.Tensor, fanouts: Sequence[int], *, batch_size: int = 4096,
-             device: torch.device | str = "cpu", num_threads: int | None = None, seed: int = 0) -> float:
-    """Share of `seeds` whose predicted class is their label (eval mode, sampled fanouts, fixed seed)."""
+             device: torch.device | str = "cpu", num_threads: int | None = None, seed: int = 0,
+             progress: bool = False) -> float:
+    """Share of `seeds` whose predicted class is their label (eval mode, sampled fanouts, fixed seed); `progress`
+    shows a bar over the batches."""
     if seeds.numel() == 0:
         raise ValueError("accuracy needs at least one seed; this split of the graph is empty")
     device = torch.device(device)
@@ -27,7 +30,8 @@ def accuracy(model: nn.Module, graph, seeds: torch.Tensor, fanouts: Sequence[int
     try:
         with CpuBatcher(graph, fanouts, batch_size, seeds=seeds, shuffle=False, seed=seed, num_threads=num_threads,
                         pin_memory=device.type == "cuda") as batcher:
-            for batch in batcher:
+            for batch in tqdm(batcher, total=len(batcher), desc="evaluating", unit="batch", leave=False,
+                              disable=not progress):
                 batch = batch.to(device, non_blocking=True)
                 logits = model(batch.blocks, batch.x.to(dtype))
                 correct += int((logits.argmax(dim=1) == batch.y).sum())

@@ -221,7 +221,7 @@ class NodeClassification(Task):
             return full_accuracy(model, graph, seeds, device=device, graph_block=block,
                                  progress=settings.progress, log=settings.log)
         return accuracy(model, graph, seeds, settings.fanouts, batch_size=settings.batch_size, device=device,
-                        seed=settings.seed)
+                        seed=settings.seed, progress=settings.progress)
 
     @torch.no_grad()
     def _typed_accuracy(self, model: nn.Module, graph: Any, seeds: torch.Tensor, settings: EvalSettings,

@@ -113,6 +113,11 @@ class CpuBatcher(NativeEpochs, SeedBatcher):
         self.feature_store = getattr(graph, "feature_store", None)
         self._native = native_batcher(graph, self.fanouts, self.num_threads, self.queue_size, self.pin_memory)
 
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes the C++ batch buffer pool holds, batches lent out and idle buffers (flat from epoch to epoch)."""
+        return self._native.pool_bytes
+
 
 def native_batcher(graph: GraphStore, fanouts: list[int], num_threads: int, queue_size: int, pin_memory: bool):
     """The C++ CpuBatcher over `graph`: its feature rows from RAM (or the memory map), or through the graph's feature

@@ -1,10 +1,11 @@
 """Kill -9 and SIGTERM at awkward moments: the resumed run equals an uninterrupted one, nothing is left damaged.
 
 The short form of `scripts/soak_kill.py`: `morphpipe train --checkpoint-dir` on the tiny preset,
-SIGKILLed inside a checkpoint write (held open by the stall hook) and during a training step, then
-resumed to the end, must reach the uninterrupted run's parameters and metrics exactly, with every
-checkpoint readable and no partial file left. This is the one long test here (about 30 s on 2
-cores: four `morphpipe train` processes); the signal path cannot be checked in-process.
+SIGKILLed inside a checkpoint write (held open by the stall hook), during `--auto` profiling, during
+a training step and during evaluation, then resumed to the end, must reach the uninterrupted run's
+parameters and metrics exactly, with every checkpoint readable and no partial file left. This is
+the one long test here (about 40 s on 2 cores: six `morphpipe train` processes); the signal path
+cannot be checked in-process.
 Stale-partial removal and SIGTERM are checked on their own, quickly.
 """
 from __future__ import annotations
@@ -59,8 +60,8 @@ def test_partials_of_dead_writers_are_removed_and_live_ones_and_lookalikes_kept(
     assert not other_target.exists() and (tmp_path / "plan.json").read_text() == "{}"
 
 
-def test_sigkill_in_a_checkpoint_write_and_in_a_step_then_resume_equals_the_uninterrupted_run(dataset,
-                                                                                             tmp_path) -> None:
+def test_sigkill_in_a_checkpoint_write_profiling_a_step_and_evaluation_then_resume_equals_the_uninterrupted_run(
+        dataset, tmp_path) -> None:
     reference_run = soak_kill.SoakRun(dataset, tmp_path / "reference", epochs=2)
     soak_kill.finish(reference_run, 300)
     reference = soak_kill.Outcome.of(reference_run)
@@ -69,12 +70,25 @@ def test_sigkill_in_a_checkpoint_write_and_in_a_step_then_resume_equals_the_unin
     assert code == -signal.SIGKILL and where.startswith("checkpoint write")
     assert load_checkpoint(run.directory / "checkpoint") is None, "the first checkpoint never replaced anything"
     assert len(soak_kill.partials(run)) == 1, "the killed writer's partial checkpoint is left behind"
-    where, code = soak_kill.kill_once(run, "step", 0.0, 300)
-    assert code == -signal.SIGKILL and where.startswith("step"), where
+    for target in ("profiling", "step", "evaluation"):
+        where, code = soak_kill.kill_once(run, target, 0.0, 300)
+        assert code == -signal.SIGKILL and where.startswith(target), (target, where)
+        assert load_checkpoint(run.directory / "checkpoint") is None, "no epoch was completed yet"
     assert soak_kill.partials(run) == [], "the resume removed the dead writer's partial"
     soak_kill.finish(run, 300)
     assert soak_kill.Outcome.of(run).differences(reference) == []
     assert soak_kill.partials(run) == []
+
+
+def test_the_soak_names_where_a_kill_landed_from_the_last_line_printed() -> None:
+    bar = "| 3/10 [00:01<00:02, 4.2batch/s]"
+    assert soak_kill.landing([]) == "start-up"
+    assert soak_kill.landing(["plan:", f"profiling:  30%|###    {bar}"]) == "profiling"
+    assert soak_kill.landing([f"epoch 2/4:  30%|###    {bar}"]) == "step (epoch 2)"
+    assert soak_kill.landing([f"epoch 2/4:  30%|###    {bar}", f"evaluating:  30%|###    {bar}"]) == "evaluation"
+    assert soak_kill.landing(["epoch 1/4: 0.52 s, loss 1.3"]).startswith("after an epoch's line")
+    with pytest.raises(ValueError, match="targets \\['eval'\\]: use one or more of random, checkpoint-write"):
+        soak_kill.soak(Path("unused"), Path("unused"), kills=1, targets=("eval",))
 
 
 def test_sigterm_stops_at_the_next_step_and_says_where_to_resume(dataset, tmp_path) -> None:
