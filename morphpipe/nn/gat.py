@@ -89,6 +89,10 @@ class HeadwiseLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor) -> Tensor:
+        ctx.dtypes = (x.dtype, weight.dtype)
+        if torch.is_autocast_enabled(x.device.type):  # mm(out=) is not autocast: cast the operands here
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, weight = x.to(dtype), weight.to(dtype)
         ctx.save_for_backward(x, weight)
         out = x.new_empty(x.shape[0], weight.shape[0], weight.shape[1])
         for k in range(weight.shape[0]):
@@ -98,9 +102,8 @@ class HeadwiseLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        # Backward runs outside the forward's autocast: under bf16 training the gradient is bfloat16 while the
-        # weight is the float32 master copy, so both products run in the gradient's dtype and each result is
-        # returned in its input's dtype (no-ops in float32).
+        # Backward runs outside the forward's autocast: both products run in the gradient's dtype and each result
+        # is returned in its input's dtype (no-ops in float32).
         x, weight = ctx.saved_tensors
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
@@ -108,10 +111,10 @@ class HeadwiseLinear(torch.autograd.Function):
             weight_g = weight.to(grad.dtype)
             for k in range(weight.shape[0]):
                 torch.mm(grad[:, k], weight_g[k], out=grad_x[:, k])
-            grad_x = grad_x.to(x.dtype)
+            grad_x = grad_x.to(ctx.dtypes[0])
         if ctx.needs_input_grad[1]:
             x_g = x.to(grad.dtype)
-            grad_weight = torch.stack([grad[:, k].t() @ x_g[:, k] for k in range(weight.shape[0])]).to(weight.dtype)
+            grad_weight = torch.stack([grad[:, k].t() @ x_g[:, k] for k in range(weight.shape[0])]).to(ctx.dtypes[1])
         return grad_x, grad_weight
 
 
