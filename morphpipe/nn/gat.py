@@ -61,6 +61,11 @@ class GATConv(nn.Module):
         """The output before the bias is added (models fuse the bias into the activation that follows)."""
         density = self.input_density.measure(h_src)
         weight = self.lin.weight.view(self.heads, self.out_features, self.in_features)
+        if torch.is_autocast_enabled(h_src.device.type):
+            # One cast of the input and the weight serves the scores, the attention and the projection: autocast
+            # would cast a float32 input once per product, and not at all for the attention or HeadwiseLinear.
+            dtype = torch.get_autocast_dtype(h_src.device.type)
+            h_src, weight = h_src.to(dtype), weight.to(dtype)
         attention = torch.stack([self.att_src[0], self.att_dst[0]])  # [2 (source, destination), heads, out]
         scores = h_src @ torch.einsum("hoi,sho->ish", weight, attention).flatten(1)  # [num_src, 2 * heads]
         score_src, score_dst = scores[:, : self.heads], scores[: block.num_dst, self.heads :]
@@ -77,34 +82,39 @@ class GATConv(nn.Module):
 class HeadwiseLinear(torch.autograd.Function):
     """`out[:, k] = x[:, k] @ weight[k]^T` per head k of `x [n, heads, in]`, `weight [heads, out, in]`.
 
-    One GEMM per head on the strided head slices (BLAS takes the row stride), so neither x, its
-    gradient nor the output is ever copied into a head-major layout, as `torch.bmm` would need.
+    One GEMM per head on the strided head slices (BLAS takes the row stride, and writes the output's and
+    the gradient's head slices in place), so neither x, its gradient nor the output is ever copied into or
+    out of a head-major layout, as `torch.bmm` would need.
     """
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor) -> Tensor:
+        ctx.dtypes = (x.dtype, weight.dtype)
+        if torch.is_autocast_enabled(x.device.type):  # mm(out=) is not autocast: cast the operands here
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, weight = x.to(dtype), weight.to(dtype)
         ctx.save_for_backward(x, weight)
         out = x.new_empty(x.shape[0], weight.shape[0], weight.shape[1])
         for k in range(weight.shape[0]):
-            out[:, k] = x[:, k] @ weight[k].t()
+            torch.mm(x[:, k], weight[k].t(), out=out[:, k])  # BLAS writes the strided head slice: no copy
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        # Backward runs outside the forward's autocast: under bf16 training the gradient is bfloat16 while the
-        # weight is the float32 master copy, so both products run in the gradient's dtype and each result is
-        # returned in its input's dtype (no-ops in float32).
+        # Backward runs outside the forward's autocast: both products run in the gradient's dtype and each result
+        # is returned in its input's dtype (no-ops in float32).
         x, weight = ctx.saved_tensors
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_x = x.new_empty(x.shape)
+            grad_x = grad.new_empty(x.shape)
             weight_g = weight.to(grad.dtype)
             for k in range(weight.shape[0]):
-                grad_x[:, k] = grad[:, k] @ weight_g[k]
+                torch.mm(grad[:, k], weight_g[k], out=grad_x[:, k])
+            grad_x = grad_x.to(ctx.dtypes[0])
         if ctx.needs_input_grad[1]:
             x_g = x.to(grad.dtype)
-            grad_weight = torch.stack([grad[:, k].t() @ x_g[:, k] for k in range(weight.shape[0])]).to(weight.dtype)
+            grad_weight = torch.stack([grad[:, k].t() @ x_g[:, k] for k in range(weight.shape[0])]).to(ctx.dtypes[1])
         return grad_x, grad_weight
 
 

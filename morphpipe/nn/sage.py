@@ -6,6 +6,7 @@ from torch.nn import functional as F
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
 from morphpipe.ops import aggregate
+from morphpipe.ops.prefix_split import split_prefix
 from morphpipe.ops.reassociate import PROJECT_FIRST, linear_layer_order
 from morphpipe.ops.sage_projection import sage_projection
 from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear, transform_choice
@@ -60,10 +61,12 @@ class SAGEConv(nn.Module):
         """The output before the bias is added (models fuse the bias into the activation that follows).
 
         With the step's fused projection on and a dense self projection, the two projections run as
-        one step (`morphpipe.ops.sage_projection`), else as two linears and an add.
+        one step (`morphpipe.ops.sage_projection`), else as two linears and an add. The destinations' own rows
+        are split off the sources by `split_prefix`, so their gradient meets the neighbours' without a full-size
+        zero fill.
         """
         density = self.input_density.measure(h_src)
-        h_dst = h_src[: block.num_dst]
+        h_src, h_dst = split_prefix(h_src, block.num_dst)
         project_first = linear_layer_order("sage", block, h_src, self.out_features, density,
                                            self_loops=False) == PROJECT_FIRST
         fused = current_step_variant().fused_projection and transform_choice(h_dst, self.out_features,

@@ -84,3 +84,23 @@ def test_a_short_bf16_run_reaches_the_float32_accuracy(tiny):
         scores[precision] = 100 * accuracy(model, tiny, tiny.test_idx, FANOUTS)
     assert scores["float32"] > 50, scores  # it learned (4 classes)
     assert scores["bf16"] >= scores["float32"] - ACCURACY_MARGIN, scores
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_headwise_linear_under_bf16_autocast_takes_mixed_inputs(x_dtype):
+    # RGAT hands HeadwiseLinear its float32 master weight beside activations in either dtype; mm(out=) is not
+    # autocast, so the function casts both itself and returns each gradient in its input's dtype.
+    from morphpipe.nn.gat import HeadwiseLinear
+
+    torch.manual_seed(0)
+    x = torch.randn(50, 3, 8).to(x_dtype).requires_grad_()
+    weight = torch.randn(3, 5, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = HeadwiseLinear.apply(x, weight)
+    assert out.dtype == torch.bfloat16
+    out.float().square().sum().backward()
+    expected = torch.einsum("nhi,hoi->nho", x.detach().bfloat16().float(), weight.detach().bfloat16().float())
+    assert torch.allclose(out.float(), expected, rtol=1e-2, atol=1e-2)
+    assert x.grad.dtype == x_dtype and weight.grad.dtype == torch.float32
+    expected_grad_w = torch.einsum("nho,nhi->hoi", 2 * out.detach().float(), x.detach().bfloat16().float())
+    assert (weight.grad - expected_grad_w).norm() <= 0.02 * expected_grad_w.norm()
