@@ -166,8 +166,9 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
                         help="edgelist: a third column names each edge's split (train, val/valid, test or 0, 1, 2): "
                              "the topology holds the training edges, the others become a link-prediction edge split")
     parser.add_argument("--negatives", type=arguments.positive_int, default=None,
-                        help=f"with --edge-split-column, or ogbl without per-edge negatives: fixed negatives per "
-                             f"validation and test edge (default {DEFAULT_EVAL_NEGATIVES})")
+                        help=f"with --edge-split-column, or ogbl without its own negatives (citation2's per edge, "
+                             f"collab's shared pairs are kept): fixed negatives per validation and test edge "
+                             f"(default {DEFAULT_EVAL_NEGATIVES})")
     parser.add_argument("--name", help="dataset name (default: from the source)")
     parser.add_argument("--memory-budget", type=arguments.byte_size, help=MEMORY_BUDGET_HELP + " (beside the output)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
@@ -209,7 +210,7 @@ def run_convert(args: argparse.Namespace) -> int:
         elif args.format == "ogbl":
             store = read_input(source, "source", "an OGB link-property-prediction directory",
                                lambda path: from_ogb_link(path, split_scheme=args.split_scheme, options=options,
-                                                          negatives=args.negatives or DEFAULT_EVAL_NEGATIVES, **extra))
+                                                          negatives=args.negatives, **extra))
         elif args.format == "pyg-link":
             store = from_pyg_link(read_input(source, "source", "a torch.save'd (train, val, test) tuple of PyG Data",
                                              load_pyg_data),
