@@ -156,6 +156,7 @@ def test_shared_negative_pairs_are_ranked_by_ogb_hits(small, community_cache):
     """A split with negative pairs shared by its positives (ogbl-collab style) is scored pair by pair and validated
     by Hits@50, per epoch too; the figures equal OGB's Hits@K over the model's own pair scores."""
     graph = with_edge_split(small, fractions=SplitFractions(0.8, 0.1, 0.1), negative_pairs=60, seed=1)
+    graph.validate()
     task = LinkPrediction()
     task.check_graph(graph)
     assert task.metric == "hits@50"
@@ -174,7 +175,8 @@ def test_shared_negative_pairs_are_ranked_by_ogb_hits(small, community_cache):
         assert metrics.hits[k] == pytest.approx(float((positive > kth).double().mean()), abs=1e-6)
     assert metrics.hits[100] == 1.0  # fewer than 100 negative pairs: every positive counts (OGB)
     assert task.evaluate(model, graph, val, settings, device=CPU) == pytest.approx(metrics.hits[50])
-    plan = plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=2, cores=2))
-    with Trainer(graph, model, plan, fanouts=[3, 3], batch_size=256, task=task, progress=False, eval_mode="full",
+    batches = -(-graph.edge_split.train.shape[1] // 512)
+    plan = plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=batches, cores=2))
+    with Trainer(graph, model, plan, fanouts=[3, 3], batch_size=512, task=task, progress=False, eval_mode="full",
                  log=lambda line: None) as trainer:
         assert trainer.fit(1)[0].metric == "hits@50"
