@@ -115,6 +115,9 @@ def test_split_edges_by_time_command(tmp_path, capsys):
     assert split.test.T.tolist() == [[0, 2], [1, 3]]
     record = json.loads((out / "edge_split.json").read_text())
     assert record["negatives"] == "shared-pairs" and record["negative_pairs"] == {"val": 4, "test": 4}
+    assert main(["data", "info", str(out)]) == 0
+    assert "train 4, val 2, test 2 edges; 4 val and 4 test negative pairs shared (undirected, by time)" in \
+        capsys.readouterr().out
     np.save(tmp_path / "short.npy", times[:-1])
     assert main(["data", "split-edges", str(tmp_path / "plain"), "--out", str(tmp_path / "s2"), "--by-time",
                  str(tmp_path / "short.npy")]) == 2
