@@ -64,7 +64,7 @@ indptr = np.load(f"{root}/indptr.npy"); indices = np.load(f"{root}/indices.npy")
 n = indptr.size - 1
 dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
 g = dgl.graph((torch.from_numpy(indices), torch.from_numpy(dst)), num_nodes=n)
-g.ndata["feat"] = torch.from_numpy(np.load(f"{root}/features.npy", mmap_mode="r")[:])  # stored dtype
+g.ndata["feat"] = torch.from_numpy(np.load(f"{root}/features.npy"))  # in the stored dtype: cast per batch
 keys = dst * n + indices  # eid order is CSC order: sorted by (dst, src)
 train = np.load(f"{root}/train_edges.npy")
 train_eids = torch.from_numpy(np.searchsorted(keys, train[1] * n + train[0]))
