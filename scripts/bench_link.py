@@ -8,14 +8,21 @@ reverse-edge exclusion and a uniform negative sampler, single-process loader, OM
 default; 0: all), then validation MRR against the stored negatives by exact full-graph inference.
 morphpipe trains through its Trainer under a CPU-only plan made from this machine's measured
 batch and step times; DGL loads batches and trains them in turn (what its single-process loader
-does). Same graph (the dataset directory's .npy arrays), fanouts, batch size, seed.
+does). Same graph (the dataset directory's .npy arrays), fanouts, batch size, seed; features
+stay in their stored dtype and are cast to float32 per batch on both sides.
 With `--phases N`, also (c) the median seconds of each phase of a training step over N batches made and
 trained in turn on both sides (batch, encoder forward, pair scoring, loss, backward, optimizer), morphpipe's
 with its fused pair scorer and with the dot decoder over gathered rows (the dense scoring it replaced).
 DGL runs as a subprocess of its own interpreter (`--dgl-python`), never imported here. Not a test.
 
+`--split-from DATASET --dataset DIR` benchmarks an edge split of any dataset (bench-1m: 1M nodes,
+20M edges): DIR gets a random split of DATASET (`--split-fractions`, `--split-negatives`) unless it
+already holds one; `--val-edges N` ranks the first N validation edges only (both sides embed every
+node by full-graph inference either way), `--val-edges -1` skips validation.
+
 Usage: python scripts/bench_link.py [--dataset link] [--batches 30] [--epoch-edges 32768] [--phases 0]
        [--out bench_link.json]
+       python scripts/bench_link.py --split-from /work/bench_scratch/bench-1m --dataset DIR --val-edges 2000
 """
 from __future__ import annotations
 
@@ -33,7 +40,10 @@ import torch
 
 from morphpipe.cores import usable_cores
 from morphpipe.data import data_root, load_dataset
+from morphpipe.data.edge_split import with_edge_split
+from morphpipe.data.ondisk import EDGE_SPLIT_FILE, check_graph_output
 from morphpipe.data.presets import PRESETS
+from morphpipe.data.splits import SplitFractions
 from morphpipe.executor import Trainer
 from morphpipe.nn import LinkPrediction, TrainStep, make_optimizer
 from morphpipe.nn.link_model import DotDecoder
@@ -61,7 +71,7 @@ indptr = np.load(f"{root}/indptr.npy"); indices = np.load(f"{root}/indices.npy")
 n = indptr.size - 1
 dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
 g = dgl.graph((torch.from_numpy(indices), torch.from_numpy(dst)), num_nodes=n)
-g.ndata["feat"] = torch.from_numpy(np.load(f"{root}/features.npy")).float()
+g.ndata["feat"] = torch.from_numpy(np.load(f"{root}/features.npy"))  # in the stored dtype: cast per batch
 keys = dst * n + indices  # eid order is CSC order: sorted by (dst, src)
 train = np.load(f"{root}/train_edges.npy")
 train_eids = torch.from_numpy(np.searchsorted(keys, train[1] * n + train[0]))
@@ -137,7 +147,7 @@ for negatives in args["negatives"]:
     start = time.perf_counter()
     for _ in range(args["batches"]):
         input_nodes, pair_graph, negative_graph, blocks = next(it)
-        x = blocks[0].srcdata["feat"]
+        x = blocks[0].srcdata["feat"].float()
     out["batching"][str(negatives)] = args["batches"] / (time.perf_counter() - start)
 
     torch.manual_seed(args["seed"])
@@ -147,22 +157,26 @@ for negatives in args["negatives"]:
     start = time.perf_counter()
     batches = 0
     for input_nodes, pair_graph, negative_graph, blocks in loader(negatives, eids):
-        h = model(blocks, blocks[0].srcdata["feat"])
+        h = model(blocks, blocks[0].srcdata["feat"].float())
         pos, neg = score(h, pair_graph), score(h, negative_graph)
         loss = F.binary_cross_entropy_with_logits(torch.cat([pos, neg]),
                                                   torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
         optimizer.zero_grad(); loss.backward(); optimizer.step()
         batches += 1
     epoch_s = time.perf_counter() - start
+    out["training"][str(negatives)] = {"epoch_s": epoch_s, "batches": batches, "val_mrr": None}
+    if args["val_edges"] < 0:
+        continue
     model.eval()
     with torch.no_grad():
-        h = model.full(g, g.ndata["feat"])
-        val = torch.from_numpy(np.load(f"{root}/val_edges.npy"))
-        val_neg = torch.from_numpy(np.load(f"{root}/val_negatives.npy"))
+        h = model.full(g, g.ndata["feat"].float())
+        rows = args["val_edges"] or None
+        val = torch.from_numpy(np.load(f"{root}/val_edges.npy")[:, :rows])
+        val_neg = torch.from_numpy(np.load(f"{root}/val_negatives.npy")[:rows])
         pos = (h[val[0]] * h[val[1]]).sum(-1)
         neg = (h[val[0]][:, None] * h[val_neg]).sum(-1)
         rank = 1 + (neg > pos[:, None]).sum(1).double() + 0.5 * (neg == pos[:, None]).sum(1).double()
-    out["training"][str(negatives)] = {"epoch_s": epoch_s, "batches": batches, "val_mrr": float((1 / rank).mean())}
+    out["training"][str(negatives)]["val_mrr"] = float((1 / rank).mean())
 print(json.dumps(out))
 '''
 
@@ -256,11 +270,13 @@ def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[
     subset = Subset(negatives)
     torch.manual_seed(args.seed)
     model = subset.build_model("sage", graph, num_layers=len(fanouts), hidden=args.hidden, dropout=0.0)
+    val = subset.seeds(graph, "val")
     with Trainer(graph, model, plan, fanouts=fanouts, batch_size=args.batch_size, task=subset, lr=args.lr,
                  seed=args.seed, progress=False, eval_mode="full", log=lambda line: None) as trainer:
         history = trainer.fit(1, validate=False)
-        mrr = subset.evaluate(trainer.model, graph, subset.seeds(graph, "val"),
-                              EvalSettings(fanouts, mode="full", progress=False), device=torch.device("cpu"))
+        mrr = None if args.val_edges < 0 else \
+            subset.evaluate(trainer.model, graph, val[:args.val_edges] if args.val_edges else val,
+                            EvalSettings(fanouts, mode="full", progress=False), device=torch.device("cpu"))
     return {"epoch_s": history[0].epoch_s, "batches": history[0].batches, "val_mrr": mrr, "plan": plan.kind,
             "shares_cores": plan.shares_cores}
 
@@ -268,13 +284,32 @@ def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[
 def run_dgl(dataset: Path, args: argparse.Namespace) -> dict:
     settings = {"dataset": str(dataset), "fanouts": args.fanouts, "batch_size": args.batch_size,
                 "negatives": args.negatives, "threads": args.threads, "batches": args.batches, "seed": args.seed,
-                "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges, "phases": args.phases}
+                "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges, "phases": args.phases,
+                "val_edges": args.val_edges}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DGLBACKEND": "pytorch"}
     done = subprocess.run([args.dgl_python, "-c", DGL_SCRIPT, json.dumps(settings)], capture_output=True, text=True,
                           env=env, check=False)
     if done.returncode != 0:
         raise SystemExit(f"DGL's run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def mrr(training: dict) -> str:
+    """A row's val MRR as printed ("-" when validation was skipped)."""
+    return "-" if training["val_mrr"] is None else f"{training['val_mrr']:.4f}"
+
+
+def make_split(args: argparse.Namespace) -> None:
+    """Writes a random edge split of `--split-from` to the directory `--dataset` unless it holds one already."""
+    out = Path(args.dataset)
+    if (out / EDGE_SPLIT_FILE).is_file():
+        print(f"{out} holds an edge split: benchmarking it as it is")
+        return
+    start = time.perf_counter()
+    split = with_edge_split(load_dataset(args.split_from), fractions=args.split_fractions,
+                            negatives=args.split_negatives, seed=args.seed)
+    split.save(check_graph_output(out, overwrite=False))
+    print(f"split {args.split_from} into {out} ({split.edge_split!r}) in {time.perf_counter() - start:.0f} s")
 
 
 def main() -> None:
@@ -292,6 +327,15 @@ def main() -> None:
                              "minutes on 2 cores; 0: all)")
     parser.add_argument("--phases", type=int, default=0,
                         help="also time each phase of a training step over this many batches per side (0: not)")
+    parser.add_argument("--val-edges", type=int, default=0,
+                        help="validation edges ranked for the MRR (default 0: all; -1: no validation, which "
+                             "saves both sides' full-graph inference on a large graph)")
+    parser.add_argument("--split-from", help="a preset or graph directory to split into --dataset (a directory) "
+                                             "when that holds no edge split yet")
+    parser.add_argument("--split-fractions", type=SplitFractions.parse, default=SplitFractions(0.98, 0.01, 0.01),
+                        help="with --split-from: train,val,test shares of the edges (default 0.98,0.01,0.01)")
+    parser.add_argument("--split-negatives", type=int, default=100,
+                        help="with --split-from: fixed negatives per held-out edge (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dgl-python", default=DGL_PYTHON)
     parser.add_argument("--out", default="bench_link.json")
@@ -299,6 +343,8 @@ def main() -> None:
     args.fanouts = [int(f) for f in args.fanouts.split(",")]
     args.negatives = [int(k) for k in args.negatives.split(",")]
 
+    if args.split_from:
+        make_split(args)
     graph = load_dataset(args.dataset)
     dataset = data_root() / args.dataset if args.dataset in PRESETS else Path(args.dataset)
     torch.set_num_threads(args.threads)
@@ -322,8 +368,7 @@ def main() -> None:
         b_ours, b_dgl = ours["batching"][negatives], dgl["batching"][negatives]
         t_ours, t_dgl = ours["training"][negatives], dgl["training"][negatives]
         print(f"{negatives:>9} | {b_ours:>14.2f} {b_dgl:>8.2f} {b_ours / b_dgl:>6.2f} | {t_ours['epoch_s']:>12.2f} "
-              f"{t_dgl['epoch_s']:>8.2f} {t_dgl['epoch_s'] / t_ours['epoch_s']:>6.2f} | {t_ours['val_mrr']:>12.4f} "
-              f"{t_dgl['val_mrr']:>7.4f}")
+              f"{t_dgl['epoch_s']:>8.2f} {t_dgl['epoch_s'] / t_ours['epoch_s']:>6.2f} | {mrr(t_ours):>12} {mrr(t_dgl):>7}")
     if args.phases:
         print_phases(args, ours, dgl)
     report = {"date": date.today().isoformat(), "load_average": load,

@@ -22,6 +22,7 @@ from morphpipe.commands import arguments, tiering
 from morphpipe.data.converters import ConvertOptions, from_edge_list, from_ogb, from_pyg, from_scipy, load_npy
 from morphpipe.data.dtypes import FEATURE_DTYPES, dtype_name
 from morphpipe.data.edge_split import DEFAULT_EDGE_FRACTIONS, DEFAULT_EVAL_NEGATIVES, with_edge_split
+from morphpipe.data.edge_times import edge_times
 from morphpipe.data.generators import KINDS, GeneratorSpec, generate
 from morphpipe.data.hetero_convert import from_igbh, from_ogb_mag
 from morphpipe.data.hetero_generator import MagSpec, generate_hetero
@@ -165,8 +166,9 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
                         help="edgelist: a third column names each edge's split (train, val/valid, test or 0, 1, 2): "
                              "the topology holds the training edges, the others become a link-prediction edge split")
     parser.add_argument("--negatives", type=arguments.positive_int, default=None,
-                        help=f"with --edge-split-column, or ogbl without per-edge negatives: fixed negatives per "
-                             f"validation and test edge (default {DEFAULT_EVAL_NEGATIVES})")
+                        help=f"with --edge-split-column, or ogbl without its own negatives (citation2's per edge, "
+                             f"collab's shared pairs are kept): fixed negatives per validation and test edge "
+                             f"(default {DEFAULT_EVAL_NEGATIVES})")
     parser.add_argument("--name", help="dataset name (default: from the source)")
     parser.add_argument("--memory-budget", type=arguments.byte_size, help=MEMORY_BUDGET_HELP + " (beside the output)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing graph")
@@ -208,7 +210,7 @@ def run_convert(args: argparse.Namespace) -> int:
         elif args.format == "ogbl":
             store = read_input(source, "source", "an OGB link-property-prediction directory",
                                lambda path: from_ogb_link(path, split_scheme=args.split_scheme, options=options,
-                                                          negatives=args.negatives or DEFAULT_EVAL_NEGATIVES, **extra))
+                                                          negatives=args.negatives, **extra))
         elif args.format == "pyg-link":
             store = from_pyg_link(read_input(source, "source", "a torch.save'd (train, val, test) tuple of PyG Data",
                                              load_pyg_data),
@@ -267,18 +269,30 @@ def load_pyg_data(path: Path):
 
 
 def add_split_edges(commands: argparse._SubParsersAction) -> None:
-    """`data split-edges DATASET --out DIR [--fractions ...] [--negatives K]`."""
+    """`data split-edges DATASET --out DIR [--fractions ...] [--by-time TIMES] [--negatives K | --negative-pairs M]`."""
     parser = commands.add_parser(
         "split-edges", help="split a graph's edges into train/val/test pairs for link prediction",
-        description="Hold out a random share of a graph's edges as validation and test positives (removed from the "
-                    "topology, with their reverses when the graph is undirected), draw K fixed negatives per "
-                    "held-out positive, and write the graph with its edge split to --out (train with --task link).")
+        description="Hold out a random share of a graph's edges (or with --by-time its latest edges) as validation "
+                    "and test positives (removed from the topology, with their reverses when the graph is "
+                    "undirected), draw K fixed negatives per held-out positive (or M negative pairs shared by each "
+                    "held-out split), and write the graph with its edge split to --out (train with --task link).")
     parser.add_argument("dataset", help="preset name or dataset directory")
     parser.add_argument("--out", required=True, help="output directory of the split graph")
     parser.add_argument("--fractions", type=arguments.split_fractions, default=DEFAULT_EDGE_FRACTIONS,
                         help="train,val,test shares of the edges (default 0.9,0.05,0.05; train takes the rest)")
-    parser.add_argument("--negatives", type=arguments.positive_int, default=DEFAULT_EVAL_NEGATIVES,
-                        help=f"fixed negatives per validation and test edge (default {DEFAULT_EVAL_NEGATIVES})")
+    negatives = parser.add_mutually_exclusive_group()
+    negatives.add_argument("--negatives", type=arguments.positive_int, default=DEFAULT_EVAL_NEGATIVES,
+                           help=f"fixed negatives per validation and test edge (default {DEFAULT_EVAL_NEGATIVES}; "
+                                "ranked by MRR)")
+    negatives.add_argument("--negative-pairs", type=arguments.positive_int, metavar="M",
+                           help="instead: M negative pairs per held-out split, shared by all its positives "
+                                "(ogbl-collab style; ranked by Hits@K)")
+    parser.add_argument("--by-time", metavar="TIMES",
+                        help="split by time: a .npy of one number per edge (in the order of the dataset's "
+                             "indices.npy), or an edge list of 'source destination time' rows; the latest edges are "
+                             "held out (test latest), ties broken by (destination, source)")
+    parser.add_argument("--time-column", type=arguments.integer(2),
+                        help="with --by-time and an edge list: the column holding the time (default 2)")
     parser.add_argument("--seed", type=arguments.seed, default=0, help="random seed (default 0)")
     direction = parser.add_mutually_exclusive_group()
     direction.add_argument("--undirected", dest="undirected", action="store_true", default=None,
@@ -290,16 +304,25 @@ def add_split_edges(commands: argparse._SubParsersAction) -> None:
 
 def run_split_edges(args: argparse.Namespace) -> int:
     """Checks the output, splits the dataset's edges and writes the split graph there atomically."""
+    if args.time_column is not None and args.by_time is None:
+        raise ValueError("--time-column names the time column of --by-time's edge list: add --by-time FILE")
     out = check_graph_output(args.out, overwrite=args.force)
     graph = load_dataset(args.dataset)
+    times = None if args.by_time is None else \
+        edge_times(args.by_time, graph.indptr.numpy(), graph.indices.numpy(), graph.num_nodes,
+                   column=args.time_column or 2, undirected=args.undirected)
     split = with_edge_split(graph, fractions=args.fractions, negatives=args.negatives, seed=args.seed,
-                            undirected=args.undirected)
+                            undirected=args.undirected, timestamps=times, negative_pairs=args.negative_pairs)
     split.save(out)
     edges = split.edge_split
+    negatives = f"{args.negative_pairs} negative pairs per held-out split" if edges.shared_negatives else \
+        f"{args.negatives} negatives per held-out edge"
+    cuts = "".join(f", {name} from time {edges.source[f'{name}_from']}" for name in ("val", "test")
+                   if f"{name}_from" in edges.source)
     print(f"{graph.name}: {edges.train.shape[1]:,} training, {edges.val.shape[1]:,} validation and "
-          f"{edges.test.shape[1]:,} test edges ({'undirected' if edges.undirected else 'directed'}; "
-          f"{args.negatives} negatives per held-out edge); topology {graph.num_edges:,} -> {split.num_edges:,} "
-          f"edges -> {out}")
+          f"{edges.test.shape[1]:,} test edges ({'by time' if times is not None else 'random'}{cuts}; "
+          f"{'undirected' if edges.undirected else 'directed'}; {negatives}); topology {graph.num_edges:,} -> "
+          f"{split.num_edges:,} edges -> {out}")
     return 0
 
 

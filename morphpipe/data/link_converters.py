@@ -131,16 +131,43 @@ def _ogb_pairs(record: dict, path: Path) -> np.ndarray:
                                "target_node, or edge", "point at an OGB link-property-prediction directory (ogbl-*)")
 
 
+def _ogb_edge_values(path: Path, num_edges: int, field: str) -> np.ndarray | None:
+    """One number per raw edge (raw/edge_year.csv.gz, raw/edge_weight.csv.gz of ogbl-collab), checked; None when
+    the file is absent."""
+    if not path.is_file():
+        return None
+    values = np.loadtxt(path, dtype=np.float64, delimiter=",", ndmin=1)
+    fix = "convert the unmodified OGB download (one value per line of raw/edge.csv.gz)"
+    if values.ndim != 1 or values.size != num_edges:
+        raise GraphValidationError(field, f"{path} holds {values.size:,} values for {num_edges:,} edges of "
+                                   "raw/edge.csv.gz", fix)
+    bad = np.flatnonzero(~np.isfinite(values) | ((values <= 0) if field == "edge weight" else False))
+    if bad.size:
+        raise GraphValidationError(field, f"{path}: edge {bad[0]} has {field} {values[bad[0]]}", fix)
+    return values
+
+
+def _value_range(values: Any) -> list[float] | None:
+    """[min, max] of an array of values as plain numbers (None when absent or empty)."""
+    if values is None or len(values) == 0:
+        return None
+    values = np.asarray(values)
+    return [values.min().item(), values.max().item()]
+
+
 def from_ogb_link(directory: str | os.PathLike, *, split_scheme: str | None = None,
                   features: ArrayLike | None = None, labels: ArrayLike | None = None, splits: Splits | None = None,
-                  options: ConvertOptions | None = None, negatives: int = DEFAULT_EVAL_NEGATIVES) -> GraphStore:
+                  options: ConvertOptions | None = None, negatives: int | None = None) -> GraphStore:
     """A link dataset from an OGB link-property-prediction directory (ogbl-*, as downloaded by ogb).
 
     The topology is raw/edge.csv.gz (OGB's training graph; `make_undirected` adds the reverses, as
     OGB's loaders do for ogbl-collab, -ddi, -ppa), features raw/node-feat.csv.gz when present; the
-    positives are split/<scheme>/{train,valid,test}.pt. ogbl-citation2's per-positive negatives
-    (target_node_neg, [E, 1000]) are kept as they are; where OGB gives negatives as pairs shared by
-    every positive (edge_neg, Hits@K style), `negatives` per positive are drawn instead, with a warning.
+    positives are split/<scheme>/{train,valid,test}.pt. OGB's fixed negatives are kept as they are:
+    ogbl-citation2's per-positive target_node_neg ([E, 1000], ranked by MRR), or ogbl-collab's edge_neg
+    pairs shared by every positive of the split ([M, 2], ranked by Hits@K). Only a split without either
+    gets `negatives` (default DEFAULT_EVAL_NEGATIVES) drawn per positive, with a warning. ogbl-collab's
+    per-edge years and weights (raw/edge_year.csv.gz, raw/edge_weight.csv.gz and the splits' year and
+    weight) are checked and their ranges recorded in the split's source; the topology is unweighted.
     Split files are read with torch.load(weights_only=True): tensors and plain containers only.
     """
     options = options or ConvertOptions()
@@ -151,6 +178,8 @@ def from_ogb_link(directory: str | os.PathLike, *, split_scheme: str | None = No
         raise FileNotFoundError(f"{root} is not an OGB link-property-prediction directory (expected raw/edge.csv.gz "
                                 "and split/<scheme>/{train,valid,test}.pt)")
     edges = read_edge_file(raw / "edge.csv.gz")
+    years = _ogb_edge_values(raw / "edge_year.csv.gz", edges.shape[1], "edge year")
+    weights = _ogb_edge_values(raw / "edge_weight.csv.gz", edges.shape[1], "edge weight")
     num_nodes = int(np.loadtxt(raw / "num-node-list.csv.gz", dtype=np.int64, delimiter=",", ndmin=1)[0]) \
         if (raw / "num-node-list.csv.gz").is_file() else None
     parts = GraphParts(src=edges[0], dst=edges[1], num_nodes=num_nodes)
@@ -162,6 +191,15 @@ def from_ogb_link(directory: str | os.PathLike, *, split_scheme: str | None = No
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: an OGB link split has train.pt, valid.pt and test.pt")
         records[name] = (torch.load(path, weights_only=True), path)
+    shared = {name for name, (record, _) in records.items() if "edge_neg" in record}
+    kept = {name for name, (record, _) in records.items() if "target_node_neg" in record}
+    if shared and shared != {"val", "test"}:
+        raise GraphValidationError("edge split", f"edge_neg (negative pairs shared by a split) is in "
+                                   f"{sorted(shared)} only, expected in valid.pt and test.pt",
+                                   "convert the unmodified OGB download")
+    if negatives is not None and (shared or kept):
+        raise ValueError(f"--negatives {negatives}: {root.name} gives its own fixed negatives "
+                         f"({'edge_neg pairs' if shared else 'target_node_neg'}); drop --negatives")
     store = assemble(parts, options, root.name, {"kind": "converted", "converter": "ogb-link", "input": str(root),
                                                  "split_scheme": scheme_dir.name},
                      features=features, labels=labels, splits=splits)
@@ -179,16 +217,28 @@ def from_ogb_link(directory: str | os.PathLike, *, split_scheme: str | None = No
         if np.isin(edge_keys(pairs[name][0], pairs[name][1], num_nodes), topology_keys).any():
             raise GraphValidationError("edge split", f"{path}: some {name} edges are edges of raw/edge.csv.gz, so a "
                                        "model would read them", "convert the unmodified OGB download")
-        if "target_node_neg" in record:
+        if name in shared:
+            negative_pairs = np.asarray(record["edge_neg"]).astype(np.int64)
+            if negative_pairs.ndim != 2 or negative_pairs.shape[1] != 2:
+                raise GraphValidationError("edge split", f"{path}: edge_neg has shape {negative_pairs.shape}, "
+                                           "expected (M, 2)", "convert the unmodified OGB download")
+            fixed[name] = negative_pairs.T.copy()
+        elif name in kept:
             fixed[name] = np.asarray(record["target_node_neg"]).astype(np.int64)
         else:
-            warnings.warn(f"{path}: OGB's negatives are pairs shared by every positive (edge_neg); drew {negatives} "
-                          f"negative destinations per {name} positive instead (seed {options.seed})", stacklevel=2)
-            fixed[name] = draw_negatives(rng, pairs[name][0], negatives, num_nodes, true_keys)
+            count = negatives or DEFAULT_EVAL_NEGATIVES
+            warnings.warn(f"{path}: no fixed negatives (target_node_neg or edge_neg); drew {count} negative "
+                          f"destinations per {name} positive (seed {options.seed})", stacklevel=2)
+            fixed[name] = draw_negatives(rng, pairs[name][0], count, num_nodes, true_keys)
+    source: dict[str, Any] = {"kind": "ogb", "input": str(root), "split_scheme": scheme_dir.name}
+    year_ranges = {name: _value_range(record.get("year")) for name, (record, _) in records.items()}
+    if years is not None or any(year_ranges.values()):
+        source["edge_year"] = {"raw": _value_range(years), **year_ranges}
+    if weights is not None:
+        source["edge_weight"] = {"raw": _value_range(weights), "stored": False}
     store.edge_split = EdgeSplit(*(torch.from_numpy(pairs[name]) for name in ("train", "val", "test")),
                                  torch.from_numpy(fixed["val"]), torch.from_numpy(fixed["test"]),
-                                 bool(options.make_undirected),
-                                 {"kind": "ogb", "input": str(root), "split_scheme": scheme_dir.name})
+                                 bool(options.make_undirected), source, shared_negatives=bool(shared))
     store.validate()
     return store
 

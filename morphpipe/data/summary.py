@@ -112,9 +112,12 @@ def summarize(store: GraphStore) -> GraphSummary:
 
 
 def _describe_edge_split(split) -> str | None:
-    """"train 16,000, val 900, test 900 edges; 100 negatives each (undirected)", or None without a split."""
+    """"train 16,000, val 900, test 900 edges; 100 negatives each (undirected)" (or "...; 3,000 val and 3,000 test
+    negative pairs shared (undirected, by time)"), or None without a split."""
     if split is None:
         return None
     sizes = ", ".join(f"{name} {split.pairs(name).shape[1]:,}" for name in ("train", "val", "test"))
-    return (f"{sizes} edges; {split.val_negatives.shape[1]} negatives each "
-            f"({'undirected' if split.undirected else 'directed'})")
+    negatives = f"{split.val_negatives.shape[1]} val and {split.test_negatives.shape[1]} test negative pairs shared" \
+        if split.shared_negatives else f"{split.val_negatives.shape[1]} negatives each"
+    timing = ", by time" if split.source.get("kind") == "time" else ""
+    return f"{sizes} edges; {negatives} ({'undirected' if split.undirected else 'directed'}{timing})"

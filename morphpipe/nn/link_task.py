@@ -1,11 +1,12 @@
 """Link prediction as a `Task`: training edges as the epoch's units, edge batches with negatives, BCE or BPR over
-pair scores, and MRR against the stored negatives as the metric.
+pair scores, and MRR against the stored negatives as the metric (OGB's Hits@50 when the split's negatives are pairs
+shared by all its positives, ogbl-collab style).
 
 Edge ids are one id space over the graph's edge split: training edges 0..E_train-1 (the units an
 epoch visits, split between routes and ranks), then the validation edges, then the test edges, so a
 set of ids names its split. Evaluation embeds every node the split's pairs touch once (exactly by
 layer-wise inference, or by sampled mini-batches), then scores positives and their stored negatives
-in chunks.
+(per positive, or the split's shared negative pairs) in chunks.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from torch.nn import functional
 
 from morphpipe.data import GraphStore
 from morphpipe.nn.layerwise import layerwise_inference
-from morphpipe.nn.link_metrics import LinkMetrics
+from morphpipe.nn.link_metrics import SHARED_HITS_K, LinkMetrics
 from morphpipe.nn.link_model import DECODERS, LinkModel, build_link_model
 from morphpipe.nn.task import (SPLITS, EvalSettings, Task, TaskLoss, cast_features, check_eval_mode, check_split,
                                register_task)
@@ -67,7 +68,8 @@ class LinkPrediction(Task):
     """Predicts whether an edge joins two nodes: a GNN encoder embeds the endpoints, a decoder ("dot" or "mlp")
     scores pairs; trained on edge batches with `negatives` corrupted destinations per positive ("uniform" or
     in-degree^0.75 "degree" corruption) with `loss` "bce" or "bpr"; `exclude` keeps each batch's own positives
-    out of its message passing. The metric is validation MRR against the stored negatives."""
+    out of its message passing. The metric is validation MRR against the stored negatives, or OGB's Hits@50 when
+    they are pairs shared by the split's positives (`metric` is set by `check_graph`)."""
 
     name = "link"
     metric = "mrr"
@@ -87,7 +89,7 @@ class LinkPrediction(Task):
         self.embedding_dim = embedding_dim
 
     def check_graph(self, graph: GraphStore) -> None:
-        graph.require_edge_split(self.name)
+        self.metric = headline_metric(graph.require_edge_split(self.name).shared_negatives)
 
     def seeds(self, graph: GraphStore, split: str = "train") -> torch.Tensor:
         edges = graph.require_edge_split(self.name)
@@ -129,35 +131,57 @@ class LinkPrediction(Task):
 
     def evaluate(self, model: nn.Module, graph: GraphStore, seeds: torch.Tensor, settings: EvalSettings, *,
                  device: torch.device, graph_block: Callable[[], GraphBlock] | None = None) -> float:
-        return self.metrics(model, graph, seeds, settings, device=device, graph_block=graph_block).mrr
+        metrics = self.metrics(model, graph, seeds, settings, device=device, graph_block=graph_block)
+        return metrics.mrr if metrics.mrr is not None else metrics.hits[SHARED_HITS_K]
 
     @torch.no_grad()
     def metrics(self, model: nn.Module, graph: GraphStore, seeds: torch.Tensor, settings: EvalSettings, *,
                 device: torch.device, graph_block: Callable[[], GraphBlock] | None = None) -> LinkMetrics:
-        """MRR, Hits@K and AUC of the held-out edges `seeds` (ids of one split: `seeds(graph, "val")`)."""
+        """MRR, Hits@K and AUC of the held-out edges `seeds` (ids of one split: `seeds(graph, "val")`); against
+        negatives shared by the split's positives, OGB's Hits@K and AUC."""
         split, rows = split_of_edges(graph, seeds)
         edges = graph.require_edge_split(self.name)
-        positives, negatives = edges.pairs(split)[:, rows], edges.negatives(split)[rows]
+        positives, negatives = edges.pairs(split)[:, rows], edges.negatives(split)
+        if not edges.shared_negatives:
+            negatives = negatives[rows]
         nodes = torch.unique(torch.cat([positives.reshape(-1), negatives.reshape(-1)]))
         was_training = model.training
         model.eval()
         try:
             h = node_embeddings(model, graph, nodes, settings, device=device, graph_block=graph_block).to(device)
             position = lambda ids: torch.searchsorted(nodes, ids).to(device)  # noqa: E731 (nodes are sorted)
-            chunk = max(1, SCORE_CHUNK_VALUES // ((1 + negatives.shape[1]) * max(h.shape[1], 1)))
-            positive_scores, negative_scores = [], []
-            for start in range(0, rows.numel(), chunk):
-                h_src = h[position(positives[0, start:start + chunk])]
-                positive_scores.append(model.score(h_src, h[position(positives[1, start:start + chunk])]).float().cpu())
-                negative_scores.append(model.score(h_src[:, None, :], h[position(negatives[start:start + chunk])])
-                                       .float().cpu())
+            positive_scores = pair_scores(model, h, position, positives[0], positives[1])
+            if edges.shared_negatives:
+                return LinkMetrics.of_shared(positive_scores, pair_scores(model, h, position, negatives[0],
+                                                                          negatives[1]))
+            negative_scores = pair_scores(model, h, position, positives[0], negatives)
         finally:
             model.train(was_training)
-        return LinkMetrics.of(torch.cat(positive_scores), torch.cat(negative_scores))
+        return LinkMetrics.of(positive_scores, negative_scores)
 
     def meta(self) -> dict[str, Any]:
         return {"task": self.name, "negatives": self.sampling.k, "negative_kind": self.sampling.kind,
                 "decoder": self.decoder, "loss": self.loss_name, "exclude": self.exclude}
+
+
+def headline_metric(shared_negatives: bool) -> str:
+    """The validation metric of an edge split: MRR against per-positive negatives, Hits@50 against shared ones."""
+    return f"hits@{SHARED_HITS_K}" if shared_negatives else "mrr"
+
+
+def pair_scores(model: LinkModel, h: torch.Tensor, position: Callable[[torch.Tensor], torch.Tensor],
+                src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """float32 CPU scores of the pairs (src[i], dst[i]) for dst [E], or of each src[i] with every dst[i, :] for
+    dst [E, K]; `h` holds the embeddings of the nodes `position` maps to; scored in chunks of about
+    SCORE_CHUNK_VALUES values."""
+    per_source = 1 if dst.dim() == 1 else dst.shape[1]
+    chunk = max(1, SCORE_CHUNK_VALUES // (per_source * max(h.shape[1], 1)))
+    scores = []
+    for start in range(0, src.numel(), chunk):
+        h_src = h[position(src[start:start + chunk])]
+        scores.append(model.score(h_src if dst.dim() == 1 else h_src[:, None, :],
+                                  h[position(dst[start:start + chunk])]).float().cpu())
+    return torch.cat(scores) if scores else torch.zeros(tuple(dst.shape), dtype=torch.float32)
 
 
 def node_embeddings(model: LinkModel, graph: GraphStore, nodes: torch.Tensor, settings: EvalSettings, *,

@@ -40,6 +40,16 @@ def test_train_and_evaluate_a_link_model(split_graph, tmp_path, capsys, communit
     assert set(result["test"]["hits"]) == {"10", "20", "50", "100"}
     assert main(["evaluate", str(split_graph), "--checkpoint", str(checkpoint), "--split", "train"]) == 2
     assert "no stored negatives" in capsys.readouterr().err
+    # the same model on a split whose negatives are pairs shared by each held-out split: OGB's Hits@K, no MRR
+    shared = tmp_path / "tiny-shared"
+    assert main(["data", "split-edges", "tiny", "--out", str(shared), "--negative-pairs", "300"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(shared), "--checkpoint", str(checkpoint), "--json", str(tmp_path / "s.json"),
+                 "--no-progress"]) == 0
+    assert re.search(r"val hits@10 [0-9.]+, hits@20 [0-9.]+, hits@50 [0-9.]+, hits@100 [0-9.]+, auc",
+                     capsys.readouterr().out)
+    result = json.loads((tmp_path / "s.json").read_text())["link"]
+    assert result["test"]["mrr"] is None and 0 <= result["test"]["hits"]["50"] <= 1
 
 
 @pytest.mark.parametrize("argv, message", [

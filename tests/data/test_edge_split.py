@@ -149,7 +149,8 @@ def test_an_edge_list_with_a_split_column_converts_to_a_link_dataset(tmp_path, c
 
 
 def write_ogb_link(root, *, citation_style: bool) -> None:
-    """A miniature ogbl-* download: raw/edge.csv.gz (the training graph, each edge once) and split/time/*.pt."""
+    """A miniature ogbl-* download: raw/edge.csv.gz (the training graph, each edge once; collab style with its
+    edge_year and edge_weight files) and split/time/*.pt (collab: edge, year, weight, and shared edge_neg pairs)."""
     import gzip
 
     (root / "raw").mkdir(parents=True)
@@ -159,17 +160,22 @@ def write_ogb_link(root, *, citation_style: bool) -> None:
         handle.write("".join(f"{u},{v}\n" for u, v in train))
     with gzip.open(root / "raw" / "num-node-list.csv.gz", "wt") as handle:
         handle.write("8\n")
+    if not citation_style:
+        with gzip.open(root / "raw" / "edge_year.csv.gz", "wt") as handle:
+            handle.write("".join(f"{2010 + i}\n" for i in range(len(train))))
+        with gzip.open(root / "raw" / "edge_weight.csv.gz", "wt") as handle:
+            handle.write("1\n" * len(train))
     held = {"train": train, "valid": [(0, 2), (1, 3)], "test": [(2, 4), (6, 7)]}
-    for file, pairs in held.items():
+    for number, (file, pairs) in enumerate(held.items()):
         pairs = torch.tensor(pairs)
         if citation_style:
             record = {"source_node": pairs[:, 0], "target_node": pairs[:, 1]}
             if file != "train":
                 record["target_node_neg"] = torch.tensor([[5, 6, 7]] * len(pairs))
         else:
-            record = {"edge": pairs}
+            record = {"edge": pairs, "year": torch.full((len(pairs),), 2016 + number), "weight": torch.ones(len(pairs))}
             if file != "train":
-                record["edge_neg"] = torch.tensor([[0, 7], [3, 7]])
+                record["edge_neg"] = torch.tensor([[0, 7], [3, 7], [1, 6]])
         torch.save(record, root / "split" / "time" / f"{file}.pt")
 
 
@@ -178,14 +184,30 @@ def test_ogb_link_directories_convert_with_their_split(tmp_path, capsys):
     assert main(["data", "convert", "ogbl", str(tmp_path / "ogbl-citation"), "-o", str(tmp_path / "c")]) == 0
     graph = GraphStore.load(tmp_path / "c")
     split = graph.edge_split
-    assert not split.undirected and graph.num_nodes == 8 and graph.num_edges == 6
+    assert not split.undirected and graph.num_nodes == 8 and graph.num_edges == 6 and not split.shared_negatives
     assert split.val.tolist() == [[0, 1], [2, 3]] and split.test_negatives.tolist() == [[5, 6, 7]] * 2
     write_ogb_link(tmp_path / "ogbl-collab", citation_style=False)
-    assert main(["data", "convert", "ogbl", str(tmp_path / "ogbl-collab"), "-o", str(tmp_path / "u"), "--undirected",
-                 "--negatives", "4"]) == 0
-    assert "drew 4 negative destinations per val positive" in capsys.readouterr().err
+    assert main(["data", "convert", "ogbl", str(tmp_path / "ogbl-collab"), "-o", str(tmp_path / "u"),
+                 "--undirected"]) == 0
     graph = GraphStore.load(tmp_path / "u")
-    assert graph.edge_split.undirected and graph.num_edges == 12 and graph.edge_split.val_negatives.shape == (2, 4)
+    split = graph.edge_split
+    # collab's edge_neg pairs are kept as they are, shared by every positive of the split (ranked by Hits@K)
+    assert split.undirected and graph.num_edges == 12 and split.shared_negatives
+    assert split.val_negatives.tolist() == [[0, 3, 1], [7, 7, 6]] and torch.equal(split.test_negatives,
+                                                                                  split.val_negatives)
+    assert split.source["edge_year"] == {"raw": [2010, 2015], "train": [2016, 2016], "val": [2017, 2017],
+                                         "test": [2018, 2018]}
+    assert split.source["edge_weight"] == {"raw": [1.0, 1.0], "stored": False}
+    # its own negatives make --negatives meaningless: refused by name
+    assert main(["data", "convert", "ogbl", str(tmp_path / "ogbl-collab"), "-o", str(tmp_path / "n"),
+                 "--negatives", "4"]) == 2
+    assert "gives its own fixed negatives (edge_neg pairs); drop --negatives" in capsys.readouterr().err
+    import gzip
+
+    with gzip.open(tmp_path / "ogbl-collab" / "raw" / "edge_year.csv.gz", "wt") as handle:
+        handle.write("2010\n2011\n")
+    assert main(["data", "convert", "ogbl", str(tmp_path / "ogbl-collab"), "-o", str(tmp_path / "y")]) == 2
+    assert "edge year: " in capsys.readouterr().err
 
 
 def test_data_info_describes_the_edge_split(link_graph, tmp_path, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from morphpipe.nn.link_metrics import LinkMetrics, auc, ranks
+from morphpipe.nn.link_metrics import LinkMetrics, auc, ranks, shared_hits
 
 
 def test_ranks_count_ties_as_half():
@@ -42,3 +42,24 @@ def test_auc_matches_pairwise_count_on_random_scores():
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="negative scores \\[E, K\\]"):
         ranks(torch.zeros(3), torch.zeros(2, 4))
+
+
+def test_shared_hits_follow_ogb_by_hand_with_ties():
+    # OGB (ogbl-collab): a positive hits@K when scored strictly above the K-th highest of the shared negatives
+    negatives = torch.tensor([0.1, 0.9, 0.5, 0.5, 0.3])          # sorted: 0.9, 0.5, 0.5, 0.3, 0.1
+    positive = torch.tensor([1.0, 0.5, 0.6, 0.3, 0.2, 0.0])
+    # K=1: K-th 0.9 -> only 1.0 above: 1/6; K=2 and K=3: K-th 0.5 -> 1.0 and 0.6 (0.5 ties: a miss): 2/6;
+    # K=4: K-th 0.3 -> 1.0, 0.5, 0.6 (0.3 ties): 3/6; K=5: K-th 0.1 -> all but 0.0: 5/6; K=6 > 5 negatives: 1
+    expected = {1: 1 / 6, 2: 2 / 6, 3: 2 / 6, 4: 3 / 6, 5: 5 / 6, 6: 1.0}
+    assert {k: shared_hits(positive, negatives, k) for k in expected} == pytest.approx(expected)
+    metrics = LinkMetrics.of_shared(positive, negatives, hits_at=(2, 5))
+    assert metrics.mrr is None and metrics.hits == pytest.approx({2: 2 / 6, 5: 5 / 6})
+    # AUC over all (positive, negative) pairs, ties 1/2: wins per positive 5, 2 + 1 (two 0.5 ties), 4, 1.5, 1, 0
+    assert metrics.auc == pytest.approx((5 + 3 + 4 + 1.5 + 1 + 0) / 30)
+    assert metrics.line() == f"hits@2 {2 / 6:.4f}, hits@5 {5 / 6:.4f}, auc {metrics.auc:.4f}"
+    assert metrics.to_dict()["mrr"] is None
+
+
+def test_shared_hits_refuse_per_positive_shapes():
+    with pytest.raises(ValueError, match="shared negative scores \\[M\\]"):
+        shared_hits(torch.zeros(3), torch.zeros(3, 4), 2)

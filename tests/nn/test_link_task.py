@@ -1,5 +1,6 @@
 """The link task on the seam: edge ids per split, BCE and BPR over pair scores, exact and sampled evaluation that
-agree, the guard naming edges, and end to end: SAGE + dot beats common neighbours on validation MRR."""
+agree, the guard naming edges, shared negative pairs ranked by OGB's Hits@K, and end to end: SAGE + dot beats
+common neighbours on validation MRR."""
 from __future__ import annotations
 
 import re
@@ -11,6 +12,7 @@ import torch
 from torch.nn import functional
 
 from morphpipe.data import GraphStore, GraphValidationError
+from morphpipe.data.edge_split import with_edge_split
 from morphpipe.data.generators import COMMUNITY, GeneratorSpec
 from morphpipe.data.link_generator import EdgeSplitSpec, generate_link
 from morphpipe.data.splits import SplitFractions
@@ -18,7 +20,7 @@ from morphpipe.executor import Trainer
 from morphpipe.nn import LinkModel, LinkPrediction, TrainStep, make_task
 from morphpipe.nn.finite_guard import NonFiniteError
 from morphpipe.nn.link_metrics import LinkMetrics
-from morphpipe.nn.link_task import split_of_edges
+from morphpipe.nn.link_task import node_embeddings, split_of_edges
 from morphpipe.nn.task import EvalSettings
 from morphpipe.profiler.profile import Profile
 from morphpipe.scheduler import plan_from_profile
@@ -172,3 +174,33 @@ def test_sage_with_dot_decoder_beats_common_neighbours(tmp_path, community_cache
         trainer.fit(5, validate=False)
         mrr = trainer.evaluate("val")
     assert mrr > 1.5 * baseline.mrr and mrr > 0.25, (mrr, baseline.line())
+
+
+def test_shared_negative_pairs_are_ranked_by_ogb_hits(small, community_cache):
+    """A split with negative pairs shared by its positives (ogbl-collab style) is scored pair by pair and validated
+    by Hits@50, per epoch too; the figures equal OGB's Hits@K over the model's own pair scores."""
+    graph = with_edge_split(small, fractions=SplitFractions(0.8, 0.1, 0.1), negative_pairs=60, seed=1)
+    graph.validate()
+    task = LinkPrediction()
+    task.check_graph(graph)
+    assert task.metric == "hits@50"
+    torch.manual_seed(0)
+    model = task.build_model("sage", graph, num_layers=2, hidden=16, dropout=0.0)
+    settings = EvalSettings([-1, -1], mode="full", progress=False)
+    val = task.seeds(graph, "val")
+    metrics = task.metrics(model, graph, val, settings, device=CPU)
+    assert metrics.mrr is None and sorted(metrics.hits) == [10, 20, 50, 100]
+    with torch.no_grad():
+        h = node_embeddings(model, graph, torch.arange(graph.num_nodes), settings, device=CPU)
+        positive = model.score(h[graph.edge_split.val[0]], h[graph.edge_split.val[1]])
+        negative = model.score(h[graph.edge_split.val_negatives[0]], h[graph.edge_split.val_negatives[1]])
+    for k in (10, 20, 50):
+        kth = torch.sort(negative, descending=True).values[k - 1]
+        assert metrics.hits[k] == pytest.approx(float((positive > kth).double().mean()), abs=1e-6)
+    assert metrics.hits[100] == 1.0  # fewer than 100 negative pairs: every positive counts (OGB)
+    assert task.evaluate(model, graph, val, settings, device=CPU) == pytest.approx(metrics.hits[50])
+    batches = -(-graph.edge_split.train.shape[1] // 512)
+    plan = plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=batches, cores=2))
+    with Trainer(graph, model, plan, fanouts=[3, 3], batch_size=512, task=task, progress=False, eval_mode="full",
+                 log=lambda line: None) as trainer:
+        assert trainer.fit(1)[0].metric == "hits@50"
