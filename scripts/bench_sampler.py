@@ -1,26 +1,90 @@
-"""Benchmark: the C++ CPU batcher versus a plain PyTorch reference sampler, 1..N threads.
+"""Benchmark: the C++ CPU batcher versus a plain PyTorch reference sampler and DGL 2.1, 1..N threads.
 
 Default graph: the `bench-1m` preset (power law, 1M nodes, average degree 20, 128 float16
 features); fanouts 15,10,5; batch 1024. Prints a table and writes JSON. Not a test. Each row's feature rows
 gathered per second is shown as a share of the random row-gather ceiling of the features' row size measured here
 with all threads (`morphpipe.profiler.ceiling`).
-Usage: python scripts/bench_sampler.py [--dataset bench-1m] [--batches 40] [--out bench_sampler.json]
+DGL's side (`--dgl-python`, skipped with `--no-dgl`) runs as a subprocess of DGL's own interpreter on the same
+graph directory's .npy arrays and the same seeds: `NeighborSampler` (single-process `DataLoader`, OMP and torch
+threads = `--max-threads`) plus the feature and label gather of each batch. DGL is never imported here.
+Usage: python scripts/bench_sampler.py [--dataset bench-1m] [--batches 40] [--no-dgl] [--out bench_sampler.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
+import tempfile
 from datetime import date
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from morphpipe.cores import usable_cores
-from morphpipe.data import load_dataset
+from morphpipe.data import data_root, load_dataset
+from morphpipe.data.presets import PRESETS
 from morphpipe.profiler.ceiling import measure_memory_ceiling, share
 from morphpipe.sampling import MiniBatch
 from morphpipe.sampling.cpu_batcher import blocks_from_native
 from morphpipe.sampling.throughput import cpu_batcher_by_threads, measure_throughput, measurement_seeds
+
+DGL_PYTHON = "/work/dglvenv/bin/python"
+
+# DGL's side: reads the graph directory's arrays and the seeds file, times one epoch of batches after a warm-up
+# epoch (sampling plus the feature and label gather), prints one JSON line.
+DGL_SCRIPT = r'''
+import json, sys, time
+import numpy as np, torch, dgl
+
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args["threads"])
+root = args["dataset"]
+indptr = torch.from_numpy(np.load(f"{root}/indptr.npy")).long()
+indices = torch.from_numpy(np.load(f"{root}/indices.npy")).long()
+graph = dgl.graph(("csc", (indptr, indices, torch.tensor([], dtype=torch.long))), num_nodes=indptr.numel() - 1)
+features = torch.from_numpy(np.load(f"{root}/features.npy"))
+labels = torch.from_numpy(np.load(f"{root}/labels.npy"))
+seeds = torch.from_numpy(np.load(args["seeds"]))
+sampler = dgl.dataloading.NeighborSampler(list(reversed(args["fanouts"])))  # DGL lists the input layer first
+loader = dgl.dataloading.DataLoader(graph, seeds, sampler, batch_size=args["batch_size"], shuffle=False,
+                                    drop_last=False, num_workers=0)
+
+def epoch():
+    count = rows = edges = 0
+    for input_nodes, output_nodes, blocks in loader:
+        features[input_nodes], labels[output_nodes]
+        count += 1
+        rows += input_nodes.numel()
+        edges += sum(block.num_edges() for block in blocks)
+    return count, rows, edges
+
+epoch()
+start = time.perf_counter()
+count, rows, edges = epoch()
+seconds = time.perf_counter() - start
+print(json.dumps({"dgl": dgl.__version__, "torch": torch.__version__, "batches": count, "seconds": seconds,
+                  "batches_per_s": count / seconds, "edges_per_s": edges / seconds,
+                  "input_nodes_per_batch": rows / count, "edges_per_batch": edges / count}))
+'''
+
+
+def run_dgl(dataset: Path, seeds: torch.Tensor, fanouts: list[int], batch_size: int, threads: int,
+            dgl_python: str) -> dict:
+    """DGL's batches per second on `dataset`'s arrays over `seeds` (in this order), from its own interpreter."""
+    with tempfile.TemporaryDirectory() as scratch:
+        seeds_path = Path(scratch) / "seeds.npy"
+        np.save(seeds_path, seeds.numpy())
+        settings = {"dataset": str(dataset), "seeds": str(seeds_path), "fanouts": fanouts, "batch_size": batch_size,
+                    "threads": threads}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch"}
+        done = subprocess.run([dgl_python, "-c", DGL_SCRIPT, json.dumps(settings)], capture_output=True, text=True,
+                              env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"DGL's run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def reference_sample(graph, seeds: torch.Tensor, fanouts: list[int], generator: torch.Generator,
@@ -68,6 +132,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=40, help="batches per measurement")
     parser.add_argument("--max-threads", type=int, default=usable_cores())
+    parser.add_argument("--dgl-python", default=DGL_PYTHON)
+    parser.add_argument("--no-dgl", action="store_true", help="skip DGL's side")
     parser.add_argument("--out", default="bench_sampler.json")
     args = parser.parse_args()
 
@@ -87,6 +153,9 @@ def main() -> None:
     reference = measure_throughput(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks)
 
     results = cpu_batcher_by_threads(graph, fanouts, args.batch_size, seeds, args.max_threads, pin_memory=False)
+    directory = data_root() / args.dataset if args.dataset in PRESETS else Path(args.dataset)
+    dgl = None if args.no_dgl else run_dgl(directory, seeds, fanouts, args.batch_size, args.max_threads,
+                                           args.dgl_python)
     row_bytes = graph.features.shape[1] * graph.features.element_size()
     torch.set_num_threads(args.max_threads)
     ceiling = measure_memory_ceiling(row_bytes=(row_bytes,))
@@ -94,6 +163,8 @@ def main() -> None:
         row["speedup_vs_reference_1_thread"] = row["batches_per_s"] / reference.batches_per_s
         row["scaling_vs_1_thread"] = row["batches_per_s"] / results[0]["batches_per_s"]
         row["rows_per_s"] = row["input_nodes_per_batch"] * row["batches_per_s"]
+        if dgl is not None:
+            row["speedup_vs_dgl"] = row["batches_per_s"] / dgl["batches_per_s"]
 
     print(f"graph {args.dataset}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.features.shape[1]} x {graph.features.dtype}; fanouts {fanouts}, batch {args.batch_size}, "
@@ -102,22 +173,29 @@ def main() -> None:
     print(f"ceiling ({args.max_threads} threads): random {row_bytes}-byte row gather "
           f"{gather_ceiling / 1e6:.1f} M rows/s, copy {ceiling.copy_gb_per_s:.1f} GB/s (morphpipe.profiler.ceiling)")
     print(f"{'sampler':<22}{'batches/s':>11}{'Medges/s':>10}{'GB/s feat':>11}{'Mrows/s':>9}{'of ceil':>9}"
-          f"{'vs ref':>8}{'vs 1 thr':>10}")
+          f"{'vs ref':>8}{'vs 1 thr':>10}{'vs DGL':>8}")
     reference_rows = reference.input_nodes_per_batch * reference.batches_per_s
     print(f"{'pytorch reference, 1':<22}{reference.batches_per_s:>11.2f}{reference.edges_per_s / 1e6:>10.2f}"
           f"{reference.feature_bytes_per_s / 1e9:>11.3f}{reference_rows / 1e6:>9.2f}"
           f"{share(reference_rows, gather_ceiling):>9}{1.0:>8.2f}{'':>10}")
+    if dgl is not None:
+        dgl_rows = dgl["input_nodes_per_batch"] * dgl["batches_per_s"]
+        print(f"{'DGL ' + dgl['dgl'] + ', ' + str(args.max_threads):<22}{dgl['batches_per_s']:>11.2f}"
+              f"{dgl['edges_per_s'] / 1e6:>10.2f}{dgl_rows * row_bytes / 1e9:>11.3f}{dgl_rows / 1e6:>9.2f}"
+              f"{share(dgl_rows, gather_ceiling):>9}{dgl['batches_per_s'] / reference.batches_per_s:>8.2f}{'':>10}"
+              f"{1.0:>8.2f}")
     for row in results:
         print(f"{'morphpipe C++, ' + str(row['threads']):<22}{row['batches_per_s']:>11.2f}"
               f"{row['edges_per_s'] / 1e6:>10.2f}{row['feature_bytes_per_s'] / 1e9:>11.3f}"
               f"{row['rows_per_s'] / 1e6:>9.2f}{share(row['rows_per_s'], gather_ceiling):>9}"
-              f"{row['speedup_vs_reference_1_thread']:>8.2f}{row['scaling_vs_1_thread']:>10.2f}")
+              f"{row['speedup_vs_reference_1_thread']:>8.2f}{row['scaling_vs_1_thread']:>10.2f}"
+              f"{row['speedup_vs_dgl'] if dgl is not None else float('nan'):>8.2f}")
     report = {
         "date": date.today().isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),
                     "torch": torch.__version__},
         "dataset": args.dataset, "fanouts": fanouts, "batch_size": args.batch_size,
-        "reference_1_thread": reference.to_dict(), "morphpipe": results, "ceiling": ceiling.to_dict(),
+        "reference_1_thread": reference.to_dict(), "morphpipe": results, "dgl": dgl, "ceiling": ceiling.to_dict(),
     }
     with open(args.out, "w") as handle:
         json.dump(report, handle, indent=2)

@@ -28,13 +28,7 @@ NeighborSampler::NeighborSampler(at::Tensor indptr, at::Tensor indices, std::vec
   indptr_data_ = indptr_.data_ptr<int64_t>();
   num_nodes_ = indptr_.numel() - 1;
   num_edges_ = indices_.numel();
-}
-
-int64_t NeighborSampler::local_id(int64_t node) {
-  bool inserted;
-  const int64_t local = node_map_.insert(node, static_cast<int64_t>(nodes_.size()), inserted);
-  if (inserted) nodes_.push_back(node);
-  return local;
+  if (num_nodes_ <= DenseNodeMap::kMaxNodes) dense_map_.emplace(num_nodes_);
 }
 
 template <typename index_t>
@@ -45,8 +39,8 @@ void NeighborSampler::allowed_offsets(const index_t* neighbours, int64_t degree,
   }
 }
 
-template <typename index_t>
-void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
+template <typename index_t, typename Map>
+void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
                                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices) {
   // Pass 1: how many neighbours each destination takes. indptr reads are random, so they
   // are prefetched a few destinations ahead; the list starts are kept for pass 2.
@@ -89,7 +83,9 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
       TORCH_CHECK(neighbour >= 0 && neighbour < num_nodes_, "graph topology: indices[", begin,
                   "..] holds node id ", neighbour, " outside [0, ", num_nodes_,
                   "); validate the graph (GraphStore.validate) before sampling");
-      *out++ = local_id(neighbour);
+      bool inserted;
+      *out++ = map.insert(neighbour, static_cast<int64_t>(nodes_.size()), inserted);
+      if (inserted) nodes_.push_back(neighbour);
     };
     // Map slots are random accesses too: request them all before the first insert.
     if (dst < static_cast<int64_t>(filtered_.size()) && filtered_[dst]) {
@@ -102,11 +98,11 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
         for (const int64_t pick : chosen_) emit(neighbours[allowed_[pick]]);
       }
     } else if (taken == degree) {
-      for (int64_t offset = 0; offset < degree; ++offset) node_map_.prefetch(neighbours[offset]);
+      for (int64_t offset = 0; offset < degree; ++offset) map.prefetch(neighbours[offset]);
       for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
     } else {
       choose_offsets(degree, taken, rng, chosen_, shuffle_);
-      for (const int64_t offset : chosen_) node_map_.prefetch(neighbours[offset]);
+      for (const int64_t offset : chosen_) map.prefetch(neighbours[offset]);
       for (const int64_t offset : chosen_) emit(neighbours[offset]);
     }
   }
@@ -114,17 +110,27 @@ void NeighborSampler::sample_hop(const index_t* indices, int64_t fanout, int64_t
 
 SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
                                       BufferPool& pool, const EdgeExclusion* exclusion) {
-  Xoshiro256 rng(rng_seed);
-  node_map_.clear();
-  nodes_.clear();
-  node_map_.reserve(num_seeds * 8);
   exclusion_ = (exclusion != nullptr && !exclusion->empty()) ? exclusion : nullptr;
+  if (dense_map_) {
+    dense_map_->clear();
+    return sample_with(*dense_map_, seeds, num_seeds, rng_seed, pool);
+  }
+  node_map_.clear();
+  node_map_.reserve(num_seeds * 8);
+  return sample_with(node_map_, seeds, num_seeds, rng_seed, pool);
+}
+
+template <typename Map>
+SampledBlocks NeighborSampler::sample_with(Map& map, const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
+                                           BufferPool& pool) {
+  Xoshiro256 rng(rng_seed);
+  nodes_.clear();
   filtered_.assign(exclusion_ != nullptr ? num_seeds : 0, 0);
   for (int64_t i = 0; i < num_seeds; ++i) {
     const int64_t seed = seeds[i];
     check_seed_id(i, seed, num_nodes_);
     bool inserted;
-    node_map_.insert(seed, i, inserted);
+    map.insert(seed, i, inserted);
     check_seed_first(i, seed, inserted);
     nodes_.push_back(seed);
     if (exclusion_ != nullptr) filtered_[i] = exclusion_->targets(seed);
@@ -139,10 +145,10 @@ SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, u
     const int64_t num_dst = static_cast<int64_t>(nodes_.size());
     at::Tensor indptr = pool.empty({num_dst + 1}, at::kLong);
     if (indices_.scalar_type() == at::kInt) {
-      sample_hop(indices_.data_ptr<int32_t>(), fanouts_[hop], num_dst, rng, indptr.data_ptr<int64_t>(),
+      sample_hop(indices_.data_ptr<int32_t>(), map, fanouts_[hop], num_dst, rng, indptr.data_ptr<int64_t>(),
                  pool, result.block_indices[layer]);
     } else {
-      sample_hop(indices_.data_ptr<int64_t>(), fanouts_[hop], num_dst, rng, indptr.data_ptr<int64_t>(),
+      sample_hop(indices_.data_ptr<int64_t>(), map, fanouts_[hop], num_dst, rng, indptr.data_ptr<int64_t>(),
                  pool, result.block_indices[layer]);
     }
     result.num_sampled_edges += result.block_indices[layer].numel();

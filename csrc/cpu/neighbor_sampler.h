@@ -6,10 +6,12 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/random.h"
 #include "cpu/buffer_pool.h"
+#include "cpu/dense_node_map.h"
 #include "cpu/node_map.h"
 
 namespace morphpipe {
@@ -62,11 +64,13 @@ class NeighborSampler {
   int64_t num_nodes() const { return num_nodes_; }
 
  private:
-  template <typename index_t>
-  void sample_hop(const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
-                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices);
+  // `sample` over one cleared relabelling map (DenseNodeMap or NodeMap: the same local ids either way).
+  template <typename Map>
+  SampledBlocks sample_with(Map& map, const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed, BufferPool& pool);
 
-  int64_t local_id(int64_t node);
+  template <typename index_t, typename Map>
+  void sample_hop(const index_t* indices, Map& map, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
+                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices);
 
   // Offsets in [0, degree) of `node`'s neighbours whose edge to it is not excluded, into allowed_.
   template <typename index_t>
@@ -79,7 +83,8 @@ class NeighborSampler {
   int64_t num_edges_;  // every neighbour range must lie in [0, num_edges_]
   std::vector<int64_t> fanouts_;
 
-  NodeMap node_map_;
+  std::optional<DenseNodeMap> dense_map_;  // the relabelling map when the graph has at most kMaxNodes nodes
+  NodeMap node_map_;                       // the relabelling map otherwise
   std::vector<int64_t> nodes_;    // global id of every local id, in order of discovery
   std::vector<int64_t> chosen_;   // offsets picked for the current destination
   std::vector<int64_t> shuffle_;  // partial Fisher-Yates scratch for large fanouts
