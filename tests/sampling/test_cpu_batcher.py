@@ -227,3 +227,23 @@ def test_batcher_on_a_memory_mapped_preset():
     assert sum(b.num_seeds for b in batches) == graph.train_idx.numel()
     for batch in batches[:3]:
         check_batch(graph, batch, fanouts)
+
+
+def test_graphs_past_the_dense_relabelling_limit_give_the_same_batches():
+    """The sampler relabels through a dense per-node array up to 2**24 nodes and through a hash map beyond: the same
+    edges padded with isolated nodes past that limit must give the same batch, node for node."""
+    from morphpipe.data import build_csc
+
+    generator = torch.Generator().manual_seed(0)
+    num_nodes, num_edges = 500, 6000
+    src = torch.randint(0, num_nodes, (num_edges,), generator=generator)
+    dst = torch.randint(0, num_nodes, (num_edges,), generator=generator)
+    indptr, indices = build_csc(src, dst, num_nodes)
+    padded = torch.cat([indptr, indptr[-1:].expand((1 << 24) + 1 - num_nodes)])  # 2**24 + 1 nodes
+    seeds = torch.randperm(num_nodes, generator=generator)[:64]
+    dense = native.ops().sample_neighbors(indptr, indices, seeds, [5, 3], 7)
+    hashed = native.ops().sample_neighbors(padded, indices, seeds, [5, 3], 7)
+    assert torch.equal(dense[0], hashed[0])
+    for dense_part, hashed_part in zip(dense[1:], hashed[1:]):
+        assert len(dense_part) == len(hashed_part) == 2
+        assert all(torch.equal(a, b) for a, b in zip(dense_part, hashed_part))
