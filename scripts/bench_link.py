@@ -376,7 +376,7 @@ def main() -> None:
                           "torch": torch.__version__, "python": sys.version.split()[0]},
               "settings": {key: value for key, value in vars(args).items() if key != "out"},
               "morphpipe": ours, "dgl": dgl}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")  # SplitFractions as text
     print(f"wrote {args.out}")
 
 

@@ -189,7 +189,7 @@ def main() -> None:
               f"{row['edges_per_s'] / 1e6:>10.2f}{row['feature_bytes_per_s'] / 1e9:>11.3f}"
               f"{row['rows_per_s'] / 1e6:>9.2f}{share(row['rows_per_s'], gather_ceiling):>9}"
               f"{row['speedup_vs_reference_1_thread']:>8.2f}{row['scaling_vs_1_thread']:>10.2f}"
-              f"{row['speedup_vs_dgl'] if dgl is not None else float('nan'):>8.2f}")
+              + (f"{row['speedup_vs_dgl']:>8.2f}" if dgl is not None else f"{'-':>8}"))
     report = {
         "date": date.today().isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),
