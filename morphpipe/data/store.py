@@ -198,7 +198,7 @@ class GraphStore:
         store = cls(**tensors, num_classes=meta.num_classes, name=meta.name, source=meta.source,
                     edge_split=EdgeSplit.load(path, meta.num_nodes), mapped_files=_mapped_files(path, arrays))
         validate_graph(**store._arrays(), num_classes=store.num_classes, num_nodes=meta.num_nodes,
-                       scan_values=validate)
+                       scan_values=validate, features_freshly_mapped=isinstance(arrays["features"], np.memmap))
         if validate:
             store.validated_signature = store._signature()
         if features_on_disk:

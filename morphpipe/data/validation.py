@@ -6,6 +6,11 @@ Value scans run in chunks, so a memory-mapped multi-GB feature file is never loa
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
+import sys
+
 import numpy as np
 import torch
 
@@ -14,6 +19,8 @@ from morphpipe.data.dtypes import FEATURE_DTYPES, INDEX_DTYPES, INT32_LIMIT, dty
 UNLABELLED = -1
 SPLIT_FIELDS = ("train_idx", "val_idx", "test_idx")
 SCAN_CHUNK_BYTES = 64 << 20
+PAGE_BYTES = mmap.PAGESIZE
+MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 # Exponent bits of the 16-bit float formats: all ones means Inf or NaN.
 NONFINITE_EXPONENT = {torch.float16: 0x7C00, torch.bfloat16: 0x7F80}
 
@@ -43,10 +50,13 @@ def validate_graph(
     num_classes: int,
     num_nodes: int | None = None,
     scan_values: bool = True,
+    features_freshly_mapped: bool = False,
 ) -> None:
     """Checks dtypes and shapes (cheap), then every value (one pass over each array) when `scan_values`.
 
     `num_nodes` defaults to `len(indptr) - 1`; pass the recorded count to check the topology against it.
+    `features_freshly_mapped`: the features are a file mapping nothing has written to yet (GraphStore.load), whose
+    scanned pages may be unmapped again (see `check_finite_features`).
     """
     tensors = {"indptr": indptr, "indices": indices, "features": features, "labels": labels,
                "train_idx": train_idx, "val_idx": val_idx, "test_idx": test_idx}
@@ -57,7 +67,7 @@ def validate_graph(
     check_shapes(tensors, num_nodes, num_classes)
     if scan_values:
         check_topology_values(indptr, indices, num_nodes)
-        check_finite_features(features)
+        check_finite_features(features, drop_scanned_pages=features_freshly_mapped)
         check_labels(labels, num_classes)
         check_splits({name: tensors[name] for name in SPLIT_FIELDS}, labels, num_nodes)
 
@@ -146,8 +156,12 @@ def check_topology_values(indptr: torch.Tensor, indices: torch.Tensor, num_nodes
             "remap node ids to 0..num_nodes-1 (or raise num_nodes) before building the CSC")
 
 
-def check_finite_features(features: torch.Tensor) -> None:
-    """No NaN or Inf anywhere in the features, scanned chunk by chunk."""
+def check_finite_features(features: torch.Tensor, drop_scanned_pages: bool = False) -> None:
+    """No NaN or Inf anywhere in the features, scanned chunk by chunk.
+
+    `drop_scanned_pages` (only for a file mapping without private writes): each scanned chunk's pages are unmapped
+    from this process again (they stay in the page cache), so that scanning a feature file larger than RAM does not
+    leave it all in the resident set: the batcher reads only the rows it needs later."""
     values = tensor_to_numpy(features)
     rows_per_chunk = max(1, SCAN_CHUNK_BYTES // max(1, values.shape[1] * values.itemsize))
     mask = NONFINITE_EXPONENT.get(features.dtype)
@@ -157,6 +171,8 @@ def check_finite_features(features: torch.Tensor) -> None:
             bad = ~np.isfinite(chunk)
         else:
             bad = (chunk.view(np.uint16) & mask) == mask
+        if drop_scanned_pages:
+            _unmap_pages(chunk)
         if bad.any():
             row, column = np.argwhere(bad)[0]
             value = features[start + row, column].item()
@@ -207,6 +223,23 @@ def check_splits(splits: dict[str, torch.Tensor], labels: torch.Tensor, num_node
             raise GraphValidationError(field, f"node {int(unlabelled[0])} has label {UNLABELLED} (unlabelled) "
                                        f"({unlabelled.size} such nodes)",
                                        "remove unlabelled nodes from the splits or give them a label")
+
+
+def _unmap_pages(chunk: np.ndarray) -> None:
+    """madvise(MADV_DONTNEED) over the whole pages inside a contiguous chunk of a clean file mapping: the next read
+    faults them in again from the page cache (or the file). Linux only; elsewhere the pages stay."""
+    libc = _libc()
+    if libc is None or not chunk.flags.c_contiguous or chunk.nbytes == 0:
+        return
+    begin = -(-chunk.ctypes.data // PAGE_BYTES) * PAGE_BYTES
+    end = (chunk.ctypes.data + chunk.nbytes) // PAGE_BYTES * PAGE_BYTES
+    if end > begin:
+        libc.madvise(ctypes.c_void_p(begin), ctypes.c_size_t(end - begin), MADV_DONTNEED)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 def _first_index_outside(values: np.ndarray, low: int, high: int) -> int:
