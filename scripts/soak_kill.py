@@ -14,7 +14,7 @@ the process printed (start-up, profiling, a training step, evaluation, after an 
 Deterministic mode: every op choice is forced (MORPHPIPE_FORCE_CHOICE) because the ops' cost model
 is calibrated per process, and a choice made differently after a resume changes floating-point sums.
 
-usage: python scripts/soak_kill.py [--kills 20] [--epochs 4] [--batch-size 128] [--eval-batch-size 64] [--seed 0]
+usage: python scripts/soak_kill.py [--kills 20] [--epochs 4] [--batch-size 128] [--eval-batch-size 8] [--seed 0]
                                    [--targets random,checkpoint-write,step,evaluation,profiling] [--workdir DIR]
                                    [--dataset DIR] [--json out.json]
 """
@@ -59,7 +59,7 @@ class SoakRun:
     batch_size: int = 128
     seed: int = 0
     extra: tuple[str, ...] = ()
-    eval_batch_size: int = 64  # several evaluation batches even on the tiny preset: a window to kill in
+    eval_batch_size: int = 8  # many evaluation batches even on the tiny preset (75 of its 600): a window to kill in
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "morphpipe", "train", str(self.dataset), "--auto", "--epochs", str(self.epochs),
@@ -257,7 +257,7 @@ def finish(run: SoakRun, timeout_s: float) -> None:
 
 
 def soak(dataset: Path, workdir: Path, *, kills: int, kills_per_trial: int = 4, epochs: int = 4,
-         batch_size: int = 128, eval_batch_size: int = 64, seed: int = 0, targets: tuple[str, ...] = TARGETS,
+         batch_size: int = 128, eval_batch_size: int = 8, seed: int = 0, targets: tuple[str, ...] = TARGETS,
          rng_seed: int = 0, timeout_s: float = 300.0, log=print) -> SoakReport:
     """Kills and resumes until `kills` kills have landed, taking `targets` in turn; every trial's end is compared
     with the reference."""
@@ -304,7 +304,7 @@ def main() -> int:
     parser.add_argument("--kills-per-trial", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--eval-batch-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--targets", default=",".join(TARGETS),
                         help=f"where kills aim, taken in turn (default: all of {','.join(TARGETS)})")

@@ -52,11 +52,11 @@ def test_a_cpu_batcher_thread_that_raises(no_leaked_threads) -> None:
     raised_at: list[float] = []
 
     class BrokenEpoch(_VirtualCpuEpoch):
-        def build(self, index: int, lane: int):
+        def build(self, index: int, lane: int, disk_turn: int | None = None):
             if index == 7:
                 raised_at.append(time.perf_counter())
                 raise BatcherBroke("batch 7 could not be built")
-            return super().build(index, lane)
+            return super().build(index, lane, disk_turn)
 
     executor, _ = virtual()
     executor.cpu_batcher.make_epoch = lambda order: BrokenEpoch(executor.cpu_batcher.machine, order, 2, 2)
