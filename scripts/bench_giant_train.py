@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_rss import resident  # this script's folder is on sys.path when it runs
 
 from morphpipe import native
 from morphpipe.data import load_dataset
@@ -35,12 +36,12 @@ GIB = 1 << 30
 
 
 class RssSampler:
-    """Peak resident memory of this process, split into anonymous and file-backed pages (/proc/self/status),
+    """Peak resident memory of this process, split into anonymous and file-backed pages (`bench_rss.resident`),
     sampled every `interval_s` in a thread: the file-backed part is the memory-mapped topology and is reclaimable."""
 
     def __init__(self, interval_s: float = 0.2) -> None:
         self.interval_s = interval_s
-        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+        self.peak = {"rss": 0, "anon": 0, "file": 0, "shmem": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -50,11 +51,8 @@ class RssSampler:
             self._stop.wait(self.interval_s)
 
     def sample(self) -> None:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                key, _, value = line.partition(":")
-                if key in self.peak:
-                    self.peak[key] = max(self.peak[key], int(value.split()[0]) * 1024)
+        for key, value in resident(os.getpid()).items():
+            self.peak[key] = max(self.peak[key], value)
 
     def __enter__(self) -> RssSampler:
         self._thread.start()
@@ -155,8 +153,8 @@ def main() -> int:
         "hit_ratio": counters.hit_ratio, "store_counters": dataclasses.asdict(counters),
         "process_read_gib": read_bytes / GIB, "process_read_gb_per_s": read_bytes / stats.epoch_s / 1e9,
         "device_reads": reads, "device_read_gib": sectors * 512 / GIB, "device_iops": reads / stats.epoch_s,
-        "peak_rss_gib": peak_rss / GIB, "peak_rss_anon_gib": rss.peak["RssAnon"] / GIB,
-        "peak_rss_file_gib": rss.peak["RssFile"] / GIB,
+        "peak_rss_gib": peak_rss / GIB, "peak_rss_anon_gib": rss.peak["anon"] / GIB,
+        "peak_rss_file_gib": rss.peak["file"] / GIB,
     }
     print(json.dumps(result, indent=2))
     if args.json is not None:
