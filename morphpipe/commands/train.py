@@ -90,10 +90,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="after SIGTERM mid epoch, finish and checkpoint the epoch if it ends within this many "
                              f"seconds, else stop at the next step (default {DEFAULT_GRACE_S:g}; the scheduler's "
                              "SIGTERM-to-SIGKILL wait, less the time a checkpoint takes)")
-    parser.add_argument("--precision", default="float32", choices=["float32", "bf16", "auto"],
-                        help="the training step's arithmetic: float32, bf16 (bfloat16 autocast, float32 master "
-                             "weights) or auto (bf16 where the CPU has AVX512-BF16 or AMX and a timed step is faster; "
-                             "mini-batch training in one process; default float32)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     train_distributed.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -106,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     next step (see
     `morphpipe.executor.stopping`): the message says where to resume from; the exit status is 143.
     """
-    if args.precision != "float32" and (args.full_graph or train_distributed.wants_distributed(args)):
+    if args.precision not in (None, "float32") and (args.full_graph or train_distributed.wants_distributed(args)):
         raise ValueError(f"--precision {args.precision} applies to mini-batch training in one process; drop it for "
                          "--full-graph and distributed runs, which train in float32")
     if train_distributed.wants_distributed(args):
@@ -138,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                                   reprofile=lambda: workload_profiler(graph, args, settings, progress=False).run(),
                                   cache_bytes=tiering.planned_cache_bytes(args))
     spec = model_spec(graph, args, settings)
-    precision = choose_precision(args.precision, graph, spec, settings)  # auto times throwaway models' steps
+    precision = str(settings["precision"])
     torch.manual_seed(args.seed)
     model = model_from_spec(spec)
     stop = StopRequest(args.stop_grace)
@@ -173,25 +169,6 @@ def run(args: argparse.Namespace) -> int:
                                                                 "precision": precision},
                     [stats.to_dict() for stats in history], test_acc)
     return 0
-
-
-def choose_precision(requested: str, graph, spec: dict[str, object], settings: dict[str, object]) -> str:
-    """The step's precision: `requested`, or for "auto" bf16 when the CPU has bfloat16 instructions (AVX512-BF16,
-    AMX) and a bf16 step of this model on a batch of this graph times faster than a float32 one; says why."""
-    from morphpipe.profiler.ceiling import BF16_FLAGS, isa_flags, step_seconds
-
-    if requested != "auto":
-        return requested
-    present = [flag for flag in isa_flags() if flag in BF16_FLAGS]
-    if not present:
-        print("precision float32 (auto: this CPU reports no AVX512-BF16 or AMX)")
-        return "float32"
-    timed = {precision: step_seconds(graph, lambda: model_from_spec(spec), settings["fanouts"],
-                                     int(settings["batch_size"]), precision) for precision in ("float32", "bf16")}
-    chosen = "bf16" if timed["bf16"] < timed["float32"] else "float32"
-    print(f"precision {chosen} (auto: {' '.join(present)}; a step takes {timed['float32'] * 1e3:.0f} ms in float32, "
-          f"{timed['bf16'] * 1e3:.0f} ms in bf16)")
-    return chosen
 
 
 def describe_dataset(graph, task) -> list[str]:
@@ -298,10 +275,12 @@ def saved_profile(path: Path, plan: Plan) -> Profile | None:
 
 
 def auto_plan(graph, args: argparse.Namespace, settings: dict[str, object]) -> tuple[Plan, Profile]:
-    """Profiles this machine on the workload and plans it (what `morphpipe tune` does, without its files)."""
+    """Profiles this machine on the workload and plans it (what `morphpipe tune` does, without its files); the
+    precision in `settings` becomes the one profiled (precision "auto" settled)."""
     profiler = workload_profiler(graph, args, settings, progress=not args.no_progress)
     native.prepare()
     profile = profiler.run()
+    settings["precision"] = profile.workload["precision"]  # "auto" settled by the profiler
     print(format_profile(profile))
     return plan_from_profile(profile, gbs=args.gbs, seed=args.seed,
                              cache_bytes=tiering.planned_cache_bytes(args)), profile

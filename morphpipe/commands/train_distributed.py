@@ -89,6 +89,9 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     graph = load_dataset(args.dataset, progress=False, **arguments.feature_tier(args))
     given = Profile.load(args.profile) if args.profile is not None else None
     settings = workload_settings(args, given.workload if given is not None else None)
+    if settings["precision"] != "float32":
+        raise ValueError(f"{args.profile}: the profile was taken with {settings['precision']} training steps, and "
+                         "distributed runs train in float32; profile with --precision float32 (or pass no --profile)")
     task = workload_task(settings)
     task.check_graph(graph)
     say(f"dataset {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, {len(task.seeds(graph)):,} "

@@ -13,13 +13,15 @@ from morphpipe.nn.hetero import HETERO_MODELS, build_hetero_model
 from morphpipe.nn.link_model import DECODERS, build_link_model
 from morphpipe.nn.link_task import LOSSES, LinkPrediction
 from morphpipe.nn.task import TASKS, NodeClassification, Task, is_hetero, make_task
+from morphpipe.nn.train_step import PRECISIONS
 from morphpipe.numeric import format_bytes
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.profiler.profiler import Profiler
 from morphpipe.sampling.edge_batcher import NEGATIVE_KINDS
 
 DEFAULTS = {"task": "node", "model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None,
-            "relation_fanouts": None}
+            "relation_fanouts": None, "precision": "float32"}
+PRECISION_CHOICES = (*PRECISIONS, "auto")
 # The link task's options (--task link): flag defaults; a plan made for link prediction records its own.
 LINK_DEFAULTS = {"negatives": 1, "negative_kind": "uniform", "decoder": "dot", "loss": "bce"}
 
@@ -65,17 +67,26 @@ def add_workload_arguments(parser: argparse.ArgumentParser, from_plan: bool) -> 
                              "--fanouts for every relation")
     parser.add_argument("--batch-size", type=arguments.positive_int, default=default("batch_size"),
                         help=f"seeds per batch ({says('1024')})")
+    parser.add_argument("--precision", default=default("precision"), choices=PRECISION_CHOICES,
+                        help="the training step's arithmetic, profiled as it will run: float32, bf16 (bfloat16 "
+                             "autocast, float32 master weights) or auto (bf16 where the hardware has bfloat16 "
+                             "arithmetic, AVX512-BF16 or AMX on a CPU, and the profiled step is faster; a plan's own "
+                             f"precision when training from a plan) ({says('float32')})")
     arguments.add_feature_tier_arguments(parser)
 
 
 def workload_settings(args: argparse.Namespace, workload: dict[str, object] | None = None) -> dict[str, object]:
-    """Model, fanouts, batch size and hidden width: the command line's, else `workload`'s (what a plan or profile
-    records it was made for), else the defaults."""
+    """Model, fanouts, batch size, hidden width and precision: the command line's, else `workload`'s (what a plan or
+    profile records it was made for), else the defaults. Precision "auto" stays for the profiler to settle, but with a
+    `workload` it is the one that workload was profiled in (float32 when it does not say)."""
+    profiled = workload is not None
     workload = workload or {}
     chosen = {}
     for key, default in DEFAULTS.items():
         given = getattr(args, key)
         chosen[key] = given if given is not None else workload.get(key, default)
+    if chosen["precision"] == "auto" and profiled:
+        chosen["precision"] = workload.get("precision") or "float32"
     chosen["fanouts"] = parse_int_list(str(chosen["fanouts"]), "--fanouts")
     if chosen["relation_fanouts"] is not None:
         chosen["relation_fanouts"] = parse_relation_fanouts(chosen["relation_fanouts"])
@@ -130,7 +141,7 @@ def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, objec
         hidden=settings["hidden"], device=args.device,
         thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
         seed=args.seed, progress=progress, task=workload_task(settings),
-        memory_budget=getattr(args, "memory_budget", None), **options,
+        memory_budget=getattr(args, "memory_budget", None), precision=str(settings["precision"]), **options,
     )
 
 

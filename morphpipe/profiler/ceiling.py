@@ -131,20 +131,6 @@ def training_step_gemm_shapes(graph, model: str = "sage", batch_size: int = 1024
     return recorded_gemm_shapes(lambda: step(batch))
 
 
-def step_seconds(graph, build: Callable[[], torch.nn.Module], fanouts: Sequence[int], batch_size: int,
-                 precision: str, steps: int = 3) -> float:
-    """The best of `steps` timed training steps (after one untimed) of a model from `build` in `precision` on
-    `graph`'s first batch: what `train --precision auto` compares."""
-    from morphpipe.nn.train_step import TrainStep, make_optimizer
-    from morphpipe.sampling import CpuBatcher
-
-    with CpuBatcher(graph, list(fanouts), batch_size, num_threads=1, seed=0) as batcher:
-        batch = next(iter(batcher))
-    model = build()
-    step = TrainStep(model, make_optimizer(model.parameters(), 1e-3, "cpu"), precision=precision)
-    return best_seconds(lambda: step(batch), steps)
-
-
 def recorded_gemm_shapes(run: Callable[[], object]) -> list[GemmShape]:
     """The mm/addmm products `run()` executes (forward and backward alike), recorded by torch.profiler."""
     from torch.profiler import ProfilerActivity, profile

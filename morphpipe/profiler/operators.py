@@ -38,18 +38,21 @@ class ProfilingSession:
     seed: int
     progress: tqdm
     task: Task
+    precision: str = "float32"
     sample_batches: list[MiniBatch] = field(default_factory=list)
 
     def cycled_batches(self) -> Iterator[MiniBatch]:
         """The pre-sampled batches, repeated as often as a measurement needs."""
         return itertools.cycle(self.sample_batches)
 
-    def new_train_step(self, device: torch.device) -> TrainStep:
-        """A freshly initialised model and optimizer on `device`, as training would start."""
+    def new_train_step(self, device: torch.device, precision: str | None = None) -> TrainStep:
+        """A freshly initialised model and optimizer on `device`, as training would start, stepping in
+        `precision` (default: the session's, the one training will run)."""
         torch.manual_seed(self.seed)
         model = self.task.build_model(self.model_name, self.graph, num_layers=len(self.fanouts),
                                       hidden=self.hidden).to(device)
-        return TrainStep(model, make_optimizer(model.parameters(), 1e-3, device), self.task)
+        return TrainStep(model, make_optimizer(model.parameters(), 1e-3, device), self.task,
+                         precision=precision or self.precision)
 
 
 Operator = Callable[[ProfilingSession], PhaseTiming | ThreadScaling]

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from morphpipe.documents import FieldReader, JsonDocument
+from morphpipe.nn.train_step import PRECISIONS
 from morphpipe.profiler.disk import DiskProfile
 from morphpipe.profiler.hardware import HardwareFacts
 
@@ -390,6 +391,8 @@ def read_workload(reader: FieldReader) -> dict[str, str | int | float | bool | N
     for name in WORKLOAD_STRINGS:
         if workload.get(name) is not None:
             section.string(name)
+    if workload.get("precision") is not None:
+        section.string("precision", choices=PRECISIONS)
     fanouts = workload.get("fanouts")
     if fanouts is not None and not all(part.strip().lstrip("-").isdigit() for part in str(fanouts).split(",")):
         raise section.error("fanouts", "must be comma-separated integers such as '15,10,5'", fanouts)

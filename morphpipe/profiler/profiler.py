@@ -11,10 +11,12 @@ from tqdm import tqdm
 from morphpipe.data.feature_store import FeatureStore
 from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.nn.task import NodeClassification, Task
+from morphpipe.nn.train_step import PRECISIONS
+from morphpipe.profiler.ceiling import BF16_FLAGS, best_seconds, isa_flags
 from morphpipe.profiler.contention import ContentionMonitor
 from morphpipe.profiler.disk import cache_budget, measure_disk_profile, resident_bytes
 from morphpipe.profiler.hardware import HardwareFacts
-from morphpipe.profiler.operators import OPERATORS, ProfilingSession
+from morphpipe.profiler.operators import MIN_TIMED_STEPS, OPERATORS, ProfilingSession
 from morphpipe.profiler.profile import Profile
 from morphpipe.sampling.validation import check_fanouts, check_positive
 
@@ -50,7 +52,9 @@ class Profiler:
     stopping after `budget_s` seconds once a few steps are timed. A `monitor` watches the
     machine meanwhile: when other processes took our cores, the whole measurement is repeated
     (up to `attempts` times) and the least contended one is kept; the profile records it.
-    `task` (default: node classification) says what is batched and trained.
+    `task` (default: node classification) says what is batched and trained, and `precision` (float32, bf16, or
+    auto: the faster of the two where the hardware has bfloat16 arithmetic) the arithmetic of the timed training
+    steps, so that a plan is made for the step training will run; the profile's workload records it.
 
     With features on disk (the graph has a feature store) the disk is profiled too (profiler/disk.py): its
     read rate at the store's queue depth, and the hit ratio of a host cache of hot rows up to what
@@ -80,6 +84,7 @@ class Profiler:
         task: Task | None = None,
         memory_budget: int | None = None,
         disk_seconds: float = 1.0,
+        precision: str = "float32",
     ) -> None:
         self.task = task or NodeClassification()
         self.task.check_graph(graph)
@@ -104,6 +109,9 @@ class Profiler:
         self.log = log
         self.memory_budget = memory_budget
         self.disk_seconds = disk_seconds
+        if precision not in (*PRECISIONS, "auto"):
+            raise ValueError(f"precision={precision!r}: choose one of {(*PRECISIONS, 'auto')}")
+        self.precision = precision
 
     def phases(self) -> list[tuple[str, str]]:
         """The (phase, hardware) operators this profile needs, in the order they run."""
@@ -148,6 +156,7 @@ class Profiler:
                 graph=self.graph, fanouts=self.fanouts, batch_size=self.batch_size, model_name=self.model,
                 hidden=self.hidden, thread_counts=self.thread_counts, warmup=self.warmup, steps=self.steps,
                 budget_s=self.budget_s, seed=self.seed, progress=bar, task=self.task,
+                precision="float32" if self.precision == "auto" else self.precision,
             )
             bar.set_postfix_str("sampling batches")
             store = getattr(self.graph, "feature_store", None)
@@ -161,6 +170,9 @@ class Profiler:
                     if len(session.sample_batches) == per_measurement:
                         break
             misses = store.counters() if store is not None else None
+            if self.precision == "auto":
+                bar.set_postfix_str("choosing the precision")
+                session.precision = self.faster_precision(session)
             timings = {}
             for phase, hardware in phases:
                 bar.set_postfix_str(f"{phase} on {hardware}")
@@ -184,9 +196,40 @@ class Profiler:
             dma=timings.get("dma"),
             training=timings["training"] if self.device == "cuda" else None,
             cpu_training=timings["training"] if self.device == "cpu" else None,
-            workload=self.workload(),
+            workload=self.workload(session.precision),
             disk=disk,
         )
+
+    def faster_precision(self, session: ProfilingSession) -> str:
+        """For `precision="auto"`: bf16 when the training hardware has bfloat16 arithmetic and a bf16 step on the
+        sampled batches times faster than a float32 one, else float32; says which and why."""
+        device = torch.device("cuda" if self.device == "cuda" else "cpu")
+        if device.type == "cpu":
+            present = [flag for flag in isa_flags() if flag in BF16_FLAGS]
+            if not present:
+                self.log("precision float32 (auto: this CPU reports no AVX512-BF16 or AMX)")
+                return "float32"
+            hardware = " ".join(present)
+        elif not torch.cuda.is_bf16_supported():
+            self.log("precision float32 (auto: this GPU has no bfloat16 arithmetic)")
+            return "float32"
+        else:
+            hardware = torch.cuda.get_device_name(device)
+        synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        seconds = {}
+        for precision in PRECISIONS:
+            step = session.new_train_step(device, precision)
+            batches = session.cycled_batches()
+
+            def timed_step() -> None:
+                step(next(batches).to(device))
+                synchronize()
+
+            seconds[precision] = best_seconds(timed_step, MIN_TIMED_STEPS)
+        chosen = min(PRECISIONS, key=lambda precision: seconds[precision])
+        self.log(f"precision {chosen} (auto: {hardware}; a training step takes "
+                 + ", ".join(f"{seconds[p] * 1e3:.0f} ms in {p}" for p in PRECISIONS) + ")")
+        return chosen
 
     @contextmanager
     def rows_of_the_timed_batches_cached(self, session: ProfilingSession, phase: str) -> Iterator[None]:
@@ -213,8 +256,9 @@ class Profiler:
                      "batches gathered were not among the sampled batches' rows; their reads are in the CPU batching "
                      "time as well as in the disk's")
 
-    def workload(self) -> dict[str, str | int | float | bool | None]:
-        """What was profiled, stored in the Profile so a plan can say what it is for."""
+    def workload(self, precision: str) -> dict[str, str | int | float | bool | None]:
+        """What was profiled (in `precision`, the one `auto` settled on), stored in the Profile so a plan can say what
+        it is for."""
         return {
             **self.task.meta(),
             "dataset": getattr(self.graph, "name", "graph"),
@@ -226,4 +270,5 @@ class Profiler:
             "fanouts": ",".join(str(f) for f in self.fanouts),
             "batch_size": self.batch_size,
             "seed": self.seed,
+            "precision": precision,
         }

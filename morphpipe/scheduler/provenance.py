@@ -16,7 +16,7 @@ from morphpipe.data.fingerprint import dataset_fingerprint
 
 
 def plan_mismatches(made_for: Mapping[str, Any], graph, settings: Mapping[str, Any]) -> list[str]:
-    """How the run (`graph`, workload `settings`: model, fanouts, batch_size, hidden) differs from a plan's workload.
+    """How the run (`graph`, workload `settings`: model, fanouts, batch_size, hidden, precision) differs from a plan's workload.
 
     Fields the plan does not record (plans from older versions, synthetic profiles) are not compared.
     """
@@ -31,6 +31,7 @@ def plan_mismatches(made_for: Mapping[str, Any], graph, settings: Mapping[str, A
         "hidden": settings.get("hidden"),
         "task": settings.get("task"),
         "negatives": settings.get("negatives"),  # link prediction: negatives per edge set the batching cost
+        "precision": settings.get("precision"),  # the training step was timed in it
     }
     differences = []
     for key, value in now.items():

@@ -25,10 +25,12 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 class SyntheticProfiler:
     """Stands in for the Profiler of `tune` and `train --auto` (what is tested is how they write files): a CPU-only
-    profile of the small graph's 3 batches per epoch (180 training seeds, batches of 64)."""
+    profile of the small graph's 3 batches per epoch (180 training seeds, batches of 64), recording the precision
+    it was asked for as the Profiler does ("auto" settles on float32 here)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        pass
+    def __init__(self, *args, precision: str = "float32", **kwargs) -> None:
+        self.precision = "float32" if precision == "auto" else precision
 
     def run(self) -> Profile:
-        return Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=3, cores=2)
+        return Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=3, cores=2).replaced(
+            workload={"precision": self.precision})

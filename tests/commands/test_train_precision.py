@@ -1,4 +1,5 @@
-"""`morphpipe train --precision`: bf16 training reaches the Trainer, auto decides from the CPU and a timed step."""
+"""`--precision` of `tune` and `train`: the profiler is asked for it, the plan records it, training runs the precision
+its plan was profiled in, and a plan profiled in another precision is not used silently."""
 from __future__ import annotations
 
 import json
@@ -6,35 +7,58 @@ import json
 import pytest
 
 from morphpipe.commands.cli import main
-from morphpipe.profiler.ceiling import BF16_FLAGS, isa_flags
 from tests.commands.conftest import SyntheticProfiler
 
-RUN = ["train", "--fanouts", "4,3", "--batch-size", "64", "--epochs", "1", "--no-progress", "--auto", "--replan",
-       "off"]
+WORKLOAD = ["--fanouts", "4,3", "--batch-size", "64"]
+RUN = ["train", *WORKLOAD, "--epochs", "1", "--no-progress", "--replan", "off"]
+
+
+class SettlingProfiler(SyntheticProfiler):
+    """A stand-in profiler that, like the real one on a CPU where bf16 steps are faster, settles "auto" on bf16; it
+    records what it was asked."""
+
+    asked: list[str] = []
+
+    def __init__(self, *args, precision: str = "float32", **kwargs) -> None:
+        SettlingProfiler.asked.append(precision)
+        super().__init__(precision="bf16" if precision == "auto" else precision)
 
 
 @pytest.fixture
-def planned(monkeypatch, tmp_path):
-    """`train --auto` with a stand-in profiler (what is tested is the step's precision, not the plan)."""
-    monkeypatch.setattr("morphpipe.commands.workload.Profiler", SyntheticProfiler)
+def profiler(monkeypatch, tmp_path):
+    """The stand-in profiler (what is tested is which precision flows where, not the plan), in a fresh directory."""
+    SettlingProfiler.asked = []
+    monkeypatch.setattr("morphpipe.commands.workload.Profiler", SettlingProfiler)
     monkeypatch.chdir(tmp_path)
+    return SettlingProfiler.asked
 
 
-@pytest.mark.parametrize("precision", ["bf16", "auto"])
-def test_the_chosen_precision_trains_and_is_recorded(graph_dir, planned, tmp_path, capsys, precision):
-    assert main([*RUN, str(graph_dir), "--precision", precision, "--stats-json", "stats.json"]) == 0
-    recorded = json.loads((tmp_path / "stats.json").read_text())["settings"]["precision"]
-    out = capsys.readouterr().out
-    if precision == "bf16":
-        assert recorded == "bf16"
-        return
-    if not any(flag in BF16_FLAGS for flag in isa_flags()):
-        assert "precision float32 (auto: this CPU reports no AVX512-BF16 or AMX)" in out and recorded == "float32"
-    else:
-        assert f"precision {recorded} (auto: " in out and "ms in bf16)" in out
+def trained_precision(tmp_path) -> str:
+    return json.loads((tmp_path / "stats.json").read_text())["settings"]["precision"]
 
 
-def test_precision_is_refused_where_it_does_not_apply(graph_dir, planned, capsys):
+@pytest.mark.parametrize("given, profiled", [("bf16", "bf16"), ("auto", "bf16"), ("float32", "float32")])
+def test_train_auto_profiles_the_precision_and_trains_the_one_profiled(graph_dir, profiler, tmp_path, given,
+                                                                       profiled):
+    assert main([*RUN, str(graph_dir), "--auto", "--precision", given, "--stats-json", "stats.json"]) == 0
+    assert profiler == [given]
+    assert trained_precision(tmp_path) == profiled
+
+
+def test_a_plan_tuned_in_bf16_trains_in_bf16_and_is_refused_for_float32(graph_dir, profiler, tmp_path, capsys):
+    assert main(["tune", str(graph_dir), *WORKLOAD, "--precision", "bf16"]) == 0
+    assert json.loads((tmp_path / "plan.json").read_text())["profile"]["workload"]["precision"] == "bf16"
+    for flags in ([], ["--precision", "auto"]):  # the plan's precision, unless another is asked for
+        assert main([*RUN, str(graph_dir), "--plan", "plan.json", *flags, "--stats-json", "stats.json"]) == 0
+        assert trained_precision(tmp_path) == "bf16"
+    capsys.readouterr()
+    assert main([*RUN, str(graph_dir), "--plan", "plan.json", "--precision", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert "plan.json: the plan was made for another run (precision: plan 'bf16', now 'float32')" in err
+    assert profiler == ["bf16"], "refused before any profiling"
+
+
+def test_precision_is_refused_where_it_does_not_apply(graph_dir, profiler, capsys):
     assert main(["train", str(graph_dir), "--full-graph", "--precision", "bf16", "--epochs", "1"]) == 2
     assert capsys.readouterr().err.strip() == (
         "morphpipe train: error: --precision bf16 applies to mini-batch training in one process; drop it for "
