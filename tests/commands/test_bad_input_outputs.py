@@ -112,7 +112,8 @@ class SyntheticProfiler:
         pass
 
     def run(self):
-        return Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=3, cores=2)
+        return Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=3, cores=2).replaced(
+            workload={"precision": "float32"})
 
 morphpipe.commands.workload.Profiler = SyntheticProfiler
 
