@@ -506,8 +506,8 @@ MUTANTS: list[dict] = [
          tests=[f"{FEATURE_STORE}::test_a_file_truncated_in_use_is_an_error_naming_it"], ci=False),
     # --- issue 25: mid-epoch checkpoints (SIGTERM) ----------------------------------------------------
     dict(name="partial-resume-repeats-the-last-applied-batch", file="morphpipe/executor/executor.py",
-         find="batches, count = iter(self.cpu_batcher.epoch_from(epoch, first_cpu)), self.split.n_cpu - first_cpu",
-         replace="batches, count = (iter(self.cpu_batcher.epoch_from(epoch, max(first_cpu - 1, 0))), "
+         find="batches, count = _batches(self.cpu_batcher, epoch, first_cpu), self.split.n_cpu - first_cpu",
+         replace="batches, count = (_batches(self.cpu_batcher, epoch, max(first_cpu - 1, 0)), "
                  "self.split.n_cpu - first_cpu)",
          tests=[f"{PARTIAL}::test_a_stopped_epoch_continues_with_exactly_the_batches_it_did_not_apply"], ci=True),
     dict(name="partial-epoch-loss-forgets-the-stopped-steps", file="morphpipe/executor/executor.py",

@@ -5,10 +5,11 @@ checkpoint directory, kills it some times at a random moment (anywhere from star
 in a targeted window: inside a checkpoint write, held open by the MORPHPIPE_TEST_STALL_BEFORE_REPLACE
 hook; during a step, on the epoch bar's first partial count; during evaluation, on the evaluation bar
 (validation after an epoch, or the final test); during profiling, on the `--auto` profiler's bar
-partly done), resumes the same command, and finally lets it finish. The `sigterm` target sends SIGTERM
-instead, during a step: with no grace period (`--stop-grace 0`) the run must stop at the next step with
-status 143 and a mid-epoch checkpoint, which the next run continues from the step after. After every kill the checkpoint must be readable (or absent before the
-first epoch); after each completed resume the parameters, each epoch's loss and validation
+partly done), resumes the same command, and finally lets it finish. The `sigterm` target sends
+SIGTERM instead, during a step: with no grace period (`--stop-grace 0`) the run must stop at the
+next step with status 143 and a mid-epoch checkpoint, which the next run continues from the step
+after. After every kill the checkpoint must be readable (or absent before the first epoch); after
+each completed resume the parameters, each epoch's loss and validation
 accuracy and the test accuracy must equal the reference's exactly, and no `.partial` entry may be
 left beside the checkpoint or the stats file. Where each kill landed is read from the last line
 the process printed (start-up, profiling, a training step, evaluation, after an epoch's line).

@@ -120,10 +120,10 @@ class Executor:
             self.devices.start_epoch(group, trace)
             cpu: CpuBuffer | InlineCpuSource | None = None
             if self.cpu_batcher is not None:
-                batches, count = iter(self.cpu_batcher.epoch_from(epoch, first_cpu)), self.split.n_cpu - first_cpu
+                batches, count = _batches(self.cpu_batcher, epoch, first_cpu), self.split.n_cpu - first_cpu
                 cpu = (InlineCpuSource(batches, count, trace, CPU_ONLY_DEVICES[0]) if self.shares_cores
                        else CpuBuffer(batches, self.split.cbs, count, group, trace))
-            gpu_batches = iter(self.gpu_batcher.epoch_from(epoch, first_gpu)) if self.gpu_batcher is not None else None
+            gpu_batches = _batches(self.gpu_batcher, epoch, first_gpu) if self.gpu_batcher is not None else None
             loop = _EpochLoop(self.split, self.devices, self.step, cpu, gpu_batches, trace, group, on_step, done)
             loop.run()
             epoch_s = trace.now()
@@ -154,6 +154,11 @@ class Executor:
             raise ValueError(f"the stopped epoch is epoch {done.epoch + 1} with {done.n_cpu} Route 0 batches; this "
                              f"executor runs epoch {epoch + 1} with {self.split.n_cpu}: continue it under its split")
         return done.first_batches(self.split.n_cpu + self.split.n_gpu)
+
+
+def _batches(batcher: Batcher, epoch: int, first: int) -> Iterator[MiniBatch]:
+    """Epoch `epoch`'s batches of `batcher` from batch `first` on (a whole epoch: `epoch`, which any batcher has)."""
+    return iter(batcher.epoch(epoch) if first == 0 else batcher.epoch_from(epoch, first))
 
 
 def _close_after(closer: Batcher | Devices, error: BaseException) -> None:

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import io
-import json
 
 import pytest
 import torch
@@ -28,6 +25,7 @@ from morphpipe.partitioner import Split
 from morphpipe.profiler import Profile
 from morphpipe.sampling import CpuBatcher, SerialBatcher
 from morphpipe.scheduler import plan_from_profile
+from tests.conftest import checkpoint_bytes
 
 FANOUTS = [5, 5]
 BATCH = 128  # the tiny preset's 1800 training seeds make 15 batches, the last one short
@@ -200,24 +198,14 @@ def test_a_malformed_partial_epoch_is_refused_naming_the_file_and_the_field(tmp_
     assert good.first_batches(15) == (2, 0) and good.steps == 2
 
 
-def write_version_2(directory, document: dict) -> None:
-    """A checkpoint file as morphpipe wrote it before partial epochs (version 2: no 'partial_epoch' field)."""
-    buffer = io.BytesIO()
-    torch.save(document, buffer)
-    payload = buffer.getvalue()
-    header = {"format": "morphpipe-checkpoint", "version": 2, "payload_bytes": len(payload),
-              "sha256": hashlib.sha256(payload).hexdigest()}
-    (directory / CHECKPOINT_FILE).write_bytes(json.dumps(header).encode() + b"\n" + payload)
-
-
 def test_a_version_2_checkpoint_loads_as_an_epoch_boundary_one_and_cannot_hold_a_partial_epoch(tmp_path) -> None:
     state = mid_epoch_state(None)
     document = {"epoch": 1, "model": state.model, "optimizer": state.optimizer, "rng": state.rng, "history": [],
                 "meta": state.meta}
-    write_version_2(tmp_path, document)
+    (tmp_path / CHECKPOINT_FILE).write_bytes(checkpoint_bytes(document, version=2))
     loaded = load_checkpoint(tmp_path)
     assert loaded.epoch == 1 and loaded.partial_epoch is None and loaded.model["w"].tolist() == [1.0, 1.0]
-    write_version_2(tmp_path, {**document, "partial_epoch": GOOD})
+    (tmp_path / CHECKPOINT_FILE).write_bytes(checkpoint_bytes({**document, "partial_epoch": GOOD}, version=2))
     with pytest.raises(CheckpointError, match="field 'partial_epoch' is in a version 2 checkpoint, which holds none"):
         load_checkpoint(tmp_path)
     save_checkpoint(tmp_path, mid_epoch_state([1, 2]))
