@@ -92,8 +92,8 @@ MUTANTS: list[dict] = [
          tests=[f"{GUARDS}::test_accuracy_is_correct_seeds_over_all_seeds"], ci=False),
     # --- sampling ------------------------------------------------------------------------------------
     dict(name="cpu-batcher-same-neighbourhoods-every-epoch", file="morphpipe/sampling/cpu_batcher.py",
-         find="self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))",
-         replace="self.batch_size, self.drop_last, epoch_seed(self.seed, 0))",
+         find="self.batch_size, self.drop_last, epoch_seed(self.seed, epoch),",
+         replace="self.batch_size, self.drop_last, epoch_seed(self.seed, 0),",
          tests=[RANDOM], ci=True),
     dict(name="serial-batcher-same-neighbourhoods-every-epoch", file="morphpipe/sampling/serial_batcher.py",
          find="seed=epoch_seed(sampling_seed, index)",
