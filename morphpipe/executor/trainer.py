@@ -307,7 +307,8 @@ class Trainer:
         cbs, gbs = buffer_sizes(done.n_cpu, n_gpu, max(planned.gbs, 1))
         self.log(f"continuing epoch {done.epoch + 1} under the split it was stopped in ({done.n_cpu} of "
                  f"{planned.num_batches} batches on Route 0; the plan now has {planned.n_cpu})")
-        self.use_plan(dataclasses.replace(planned, n_cpu=done.n_cpu, n_gpu=n_gpu, cbs=cbs, gbs=gbs))
+        kind = "all-cpu" if not n_gpu else "all-gpu" if not done.n_cpu else "adaptive"
+        self.use_plan(dataclasses.replace(planned, kind=kind, n_cpu=done.n_cpu, n_gpu=n_gpu, cbs=cbs, gbs=gbs))
         try:
             yield
         finally:

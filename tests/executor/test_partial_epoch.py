@@ -165,6 +165,18 @@ def test_a_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_run(tiny, 
     assert load_checkpoint(tmp_path).partial_epoch is None, "the epoch's end replaces the mid-epoch checkpoint"
 
 
+def test_a_stopped_epoch_split_for_a_gpu_is_not_continued_on_the_cpu(tiny, tmp_path) -> None:
+    plan = plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=15, cores=2), gbs=3)
+    settings = dict(fanouts=FANOUTS, batch_size=BATCH, progress=False, log=lambda line: None, checkpoint_dir=tmp_path)
+    with torch_threads(1), Trainer(tiny, sage(tiny), plan, **settings) as trainer:
+        trainer.fit(1, validate=False)
+        trainer.save(1, EpochProgress(1, 10, [(0, 0), (1, 10)], torch.ones(2), [128, 128], 0.5))
+    with Trainer(tiny, sage(tiny), plan, **settings) as resumed, pytest.raises(
+            ValueError, match="the checkpoint's stopped epoch 2 puts 5 batches on Route 1 \\(GPU batching\\), but "
+                              "this run trains on the CPU: resume it on a GPU machine"):
+        resumed.fit(2, validate=False)
+
+
 def mid_epoch_state(partial: dict) -> TrainingState:
     return TrainingState(epoch=1, model={"w": torch.ones(2)}, optimizer={"state": {}, "param_groups": []},
                          rng=capture_rng(), meta={"dataset": "x"}, partial_epoch=partial)
