@@ -297,8 +297,14 @@ class Checkpointing:
         return load_checkpoint(self.directory)
 
     def resume(self, meta: dict[str, Any]) -> TrainingState | None:
-        """Continues from the checkpoint in the directory, if any (see `restore`); None: start afresh."""
-        return self.restore(self.load(), meta)
+        """Continues from the epoch-boundary checkpoint in the directory, if any (see `restore`); None: start afresh.
+        A mid-epoch checkpoint is refused: only the mini-batch `Trainer` continues one (it loads and restores)."""
+        state = self.load()
+        if state is not None and state.partial_epoch is not None:
+            raise CheckpointError(self.path, f"holds epoch {state.epoch + 1} stopped mid epoch, which only "
+                                  "`morphpipe train` (mini-batch, one process) continues",
+                                  "resume it with the command that wrote it, or use another checkpoint directory")
+        return self.restore(state, meta)
 
     def restore(self, state: TrainingState | None, meta: dict[str, Any], *, rng: bool = True,
                 announce: bool = True) -> TrainingState | None:

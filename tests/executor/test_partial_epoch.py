@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from morphpipe.executor import CpuDevices, Executor, Trainer, load_checkpoint, route_seeds
-from morphpipe.executor.checkpoint import CHECKPOINT_FILE, CheckpointError, TrainingState, capture_rng, save_checkpoint
+from morphpipe.executor.checkpoint import (CHECKPOINT_FILE, CheckpointError, Checkpointing, TrainingState, capture_rng,
+                                          save_checkpoint)
 from morphpipe.executor.partial_epoch import EpochProgress
 from morphpipe.executor.stopping import StepStop, StopRequest, TrainingStopped
 from morphpipe.executor.trainer import torch_threads
@@ -175,6 +176,15 @@ def test_a_stopped_epoch_split_for_a_gpu_is_not_continued_on_the_cpu(tiny, tmp_p
             ValueError, match="the checkpoint's stopped epoch 2 puts 5 batches on Route 1 \\(GPU batching\\), but "
                               "this run trains on the CPU: resume it on a GPU machine"):
         resumed.fit(2, validate=False)
+
+
+def test_trainers_that_cannot_continue_a_stopped_epoch_refuse_its_checkpoint(tmp_path) -> None:
+    save_checkpoint(tmp_path, mid_epoch_state(GOOD))
+    model = torch.nn.Linear(2, 2)
+    checkpoints = Checkpointing(tmp_path, model, torch.optim.Adam(model.parameters()), log=lambda line: None)
+    with pytest.raises(CheckpointError, match="holds epoch 2 stopped mid epoch, which only `morphpipe train` "
+                                              "\\(mini-batch, one process\\) continues"):
+        checkpoints.resume({})
 
 
 def mid_epoch_state(partial: dict) -> TrainingState:
