@@ -297,21 +297,20 @@ class Checkpointing:
         return load_checkpoint(self.directory)
 
     def resume(self, meta: dict[str, Any]) -> TrainingState | None:
-        """Continues from the epoch-boundary checkpoint in the directory, if any (see `restore`); None: start afresh.
-        A mid-epoch checkpoint is refused: only the mini-batch `Trainer` continues one (it loads and restores)."""
-        state = self.load()
-        if state is not None and state.partial_epoch is not None:
+        """Continues from the checkpoint in the directory, if any (see `restore`); None: start afresh."""
+        return self.restore(self.load(), meta)
+
+    def restore(self, state: TrainingState | None, meta: dict[str, Any], *, rng: bool = True,
+                announce: bool = True, mid_epoch: bool = False) -> TrainingState | None:
+        """Checks `state` is of this run (`meta`), loads its model and optimizer state and, with `rng`, its RNG
+        states; with `announce`, logs where it resumed. Returns `state`, whose history the trainer takes back.
+        A checkpoint of an epoch stopped mid way is refused unless the trainer continues one (`mid_epoch`)."""
+        if state is None:
+            return None
+        if state.partial_epoch is not None and not mid_epoch:
             raise CheckpointError(self.path, f"holds epoch {state.epoch + 1} stopped mid epoch, which only "
                                   "`morphpipe train` (mini-batch, one process) continues",
                                   "resume it with the command that wrote it, or use another checkpoint directory")
-        return self.restore(state, meta)
-
-    def restore(self, state: TrainingState | None, meta: dict[str, Any], *, rng: bool = True,
-                announce: bool = True) -> TrainingState | None:
-        """Checks `state` is of this run (`meta`), loads its model and optimizer state and, with `rng`, its RNG
-        states; with `announce`, logs where it resumed. Returns `state`, whose history the trainer takes back."""
-        if state is None:
-            return None
         check_same_run(state, meta, self.directory)
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)

@@ -396,7 +396,8 @@ class Trainer:
         """Continues from the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from and, when
         that epoch was stopped between steps, what of it was applied."""
         state = self.checkpoints.load() if self.checkpoints is not None else None
-        state = self.checkpoints.restore(state, self.meta(), announce=False) if state is not None else None
+        if state is not None:
+            state = self.checkpoints.restore(state, self.meta(), announce=False, mid_epoch=True)
         if state is None:
             return len(self.history), None
         self.history = self.checkpoints.history(state, EpochStats)

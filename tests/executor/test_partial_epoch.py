@@ -185,6 +185,8 @@ def test_trainers_that_cannot_continue_a_stopped_epoch_refuse_its_checkpoint(tmp
     with pytest.raises(CheckpointError, match="holds epoch 2 stopped mid epoch, which only `morphpipe train` "
                                               "\\(mini-batch, one process\\) continues"):
         checkpoints.resume({})
+    with pytest.raises(CheckpointError, match="stopped mid epoch"):
+        checkpoints.restore(load_checkpoint(tmp_path), {}, rng=False)  # the distributed trainer's way
 
 
 def mid_epoch_state(partial: dict) -> TrainingState:
