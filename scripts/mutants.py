@@ -509,7 +509,7 @@ MUTANTS: list[dict] = [
          find="batches, count = _batches(self.cpu_batcher, epoch, first_cpu), self.split.n_cpu - first_cpu",
          replace="batches, count = (_batches(self.cpu_batcher, epoch, max(first_cpu - 1, 0)), "
                  "self.split.n_cpu - first_cpu)",
-         tests=[f"{PARTIAL}::test_a_stopped_epoch_continues_with_exactly_the_batches_it_did_not_apply"], ci=True),
+         tests=[f"{PARTIAL}::test_a_stopped_epoch_continues_with_exactly_the_batches_it_did_not_apply"], ci=False),
     dict(name="partial-epoch-loss-forgets-the-stopped-steps", file="morphpipe/executor/executor.py",
          find="        return torch.cat([self.done_losses, losses])\n",
          replace="        return torch.cat([self.done_losses[:0], losses])\n",

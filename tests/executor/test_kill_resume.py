@@ -106,14 +106,14 @@ def test_sigterm_mid_epoch_checkpoints_the_steps_applied_and_the_resume_equals_t
     run = soak_kill.SoakRun(dataset, tmp_path, epochs=2, batch_size=8)  # --stop-grace 0: stop at the next step
     watched = soak_kill.Watched(run.command(), run.environment())
     assert watched.wait_for(watched.in_step, 300), watched.lines[-10:]
-    watched.process.send_signal(signal.SIGTERM)
-    assert watched.finish(60) == STOP_EXIT_STATUS
+    where, code = soak_kill.sigterm(watched, 60)  # the soak's sigterm target
     text = "\n".join(watched.lines)
     state = load_checkpoint(run.directory / "checkpoint")
     assert state is not None and state.partial_epoch is not None, text[-2000:]
     steps, total = len(state.partial_epoch["order"]), 225
     epoch = state.epoch + 1
     assert 0 < steps < total and state.partial_epoch["epoch"] == state.epoch
+    assert code == STOP_EXIT_STATUS and where == f"SIGTERM, stopped mid epoch (checkpoint at step {steps} of {total})"
     assert (f"morphpipe train: stopped by SIGTERM during epoch {epoch} after {steps} of {total} steps; the checkpoint "
             f"in {run.directory / 'checkpoint'} holds epoch {epoch} up to step {steps} of {total}: run the same "
             "command again to resume from it") in text
