@@ -130,12 +130,13 @@ class Executor:
             self.devices.finish_epoch()
             loop.check_complete()
         except BaseException as error:
-            if isinstance(error, StepStop) and loop is not None:
-                error.progress = loop.progress(epoch, trace.now())
+            stopped_at = trace.now()
             group.stopping.set()
             for closer in (self.cpu_batcher, self.gpu_batcher, self.devices):
                 if closer is not None:
                     _close_after(closer, error)
+            if isinstance(error, StepStop) and loop is not None:  # after the batchers stopped, whatever it raises
+                error.progress = loop.progress(epoch, stopped_at)
             if not isinstance(error, Stopped) or group.failure is None:
                 raise
             failure = group.failure  # this thread was only told to stop: report why
