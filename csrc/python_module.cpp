@@ -159,7 +159,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("exclude"), py::arg("undirected"), py::arg("reject_positives"),
           "batches of training edge ids from now on (order = edge ids); see csrc/cpu/edge_batch.h")
       .def("start_epoch", &CpuBatcher::start_epoch, py::arg("order"), py::arg("batch_size"), py::arg("drop_last"),
-           py::arg("epoch_seed"), py::call_guard<py::gil_scoped_release>())
+           py::arg("epoch_seed"), py::arg("first_batch") = 0, py::call_guard<py::gil_scoped_release>())
       .def(
           "next",
           [](CpuBatcher& self) {
@@ -185,7 +185,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("features"), py::arg("labels"), py::arg("fanouts"), py::arg("num_threads"), py::arg("queue_size"),
            py::arg("pin_memory"))
       .def("start_epoch", &HeteroCpuBatcher::start_epoch, py::arg("order"), py::arg("batch_size"),
-           py::arg("drop_last"), py::arg("epoch_seed"), py::call_guard<py::gil_scoped_release>())
+           py::arg("drop_last"), py::arg("epoch_seed"), py::arg("first_batch") = 0,
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "next",
           [](HeteroCpuBatcher& self) {

@@ -26,6 +26,7 @@ OUTPUTS = "tests/commands/test_bad_input_outputs.py"
 FEATURE_STORE = "tests/data/test_feature_store.py"
 UNIFORM = "tests/sampling/test_torch_path_uniform.py"
 CAPABILITY = "tests/ops/test_cpu_capability.py"
+PARTIAL = "tests/executor/test_partial_epoch.py"
 
 MUTANTS: list[dict] = [
     # --- executor ------------------------------------------------------------------------------------
@@ -91,8 +92,8 @@ MUTANTS: list[dict] = [
          tests=[f"{GUARDS}::test_accuracy_is_correct_seeds_over_all_seeds"], ci=False),
     # --- sampling ------------------------------------------------------------------------------------
     dict(name="cpu-batcher-same-neighbourhoods-every-epoch", file="morphpipe/sampling/cpu_batcher.py",
-         find="self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))",
-         replace="self.batch_size, self.drop_last, epoch_seed(self.seed, 0))",
+         find="self.batch_size, self.drop_last, epoch_seed(self.seed, epoch),",
+         replace="self.batch_size, self.drop_last, epoch_seed(self.seed, 0),",
          tests=[RANDOM], ci=True),
     dict(name="serial-batcher-same-neighbourhoods-every-epoch", file="morphpipe/sampling/serial_batcher.py",
          find="seed=epoch_seed(sampling_seed, index)",
@@ -515,4 +516,30 @@ MUTANTS: list[dict] = [
          find="TORCH_CHECK(info.st_size >= file_size_,",
          replace="TORCH_CHECK(true || info.st_size >= file_size_,",
          tests=[f"{FEATURE_STORE}::test_a_file_truncated_in_use_is_an_error_naming_it"], ci=False),
+    # --- issue 25: mid-epoch checkpoints (SIGTERM) ----------------------------------------------------
+    dict(name="partial-resume-repeats-the-last-applied-batch", file="morphpipe/executor/executor.py",
+         find="batches, count = _batches(self.cpu_batcher, epoch, first_cpu), self.split.n_cpu - first_cpu",
+         replace="batches, count = (_batches(self.cpu_batcher, epoch, max(first_cpu - 1, 0)), "
+                 "self.split.n_cpu - first_cpu)",
+         tests=[f"{PARTIAL}::test_a_stopped_epoch_continues_with_exactly_the_batches_it_did_not_apply"], ci=False),
+    dict(name="partial-epoch-loss-forgets-the-stopped-steps", file="morphpipe/executor/executor.py",
+         find="        return torch.cat([self.done_losses, losses])\n",
+         replace="        return torch.cat([self.done_losses[:0], losses])\n",
+         tests=[f"{PARTIAL}::test_a_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_run"], ci=False),
+    dict(name="partial-serial-batcher-restarts-the-epoch", file="morphpipe/sampling/serial_batcher.py",
+         find="for index in range(first, len(self)):",
+         replace="for index in range(len(self)):",
+         tests=[f"{PARTIAL}::test_a_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_run"], ci=False),
+    dict(name="partial-applied-set-not-checked-for-a-prefix", file="morphpipe/executor/partial_epoch.py",
+         find="if sorted(applied) != list(range(len(applied))) or len(applied) > count:",
+         replace="if len(applied) > count:",
+         tests=[f"{PARTIAL}::test_a_malformed_partial_epoch_is_refused_naming_the_file_and_the_field"], ci=False),
+    dict(name="partial-stop-drops-the-epoch-despite-a-checkpoint-dir", file="morphpipe/executor/trainer.py",
+         find="if self.checkpoints is None or stopped.progress is None:",
+         replace="if True:",
+         tests=[f"{PARTIAL}::test_a_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_run"], ci=False),
+    dict(name="cpp-first-batch-ignored", file="csrc/cpu/ordered_window.h",
+         find="    next_to_claim_ = first_batch;\n    next_to_deliver_ = first_batch;\n",
+         replace="    next_to_claim_ = 0;\n    next_to_deliver_ = 0;\n",
+         tests=[f"{PARTIAL}::test_a_stopped_epoch_continues_with_exactly_the_batches_it_did_not_apply"], ci=False),
 ]

@@ -5,8 +5,11 @@ checkpoint directory, kills it some times at a random moment (anywhere from star
 in a targeted window: inside a checkpoint write, held open by the MORPHPIPE_TEST_STALL_BEFORE_REPLACE
 hook; during a step, on the epoch bar's first partial count; during evaluation, on the evaluation bar
 (validation after an epoch, or the final test); during profiling, on the `--auto` profiler's bar
-partly done), resumes the same command, and finally lets it finish. After every kill the checkpoint must be readable (or absent before the
-first epoch); after each completed resume the parameters, each epoch's loss and validation
+partly done), resumes the same command, and finally lets it finish. The `sigterm` target sends
+SIGTERM instead, during a step: with no grace period (`--stop-grace 0`) the run must stop at the
+next step with status 143 and a mid-epoch checkpoint, which the next run continues from the step
+after. After every kill the checkpoint must be readable (or absent before the first epoch); after
+each completed resume the parameters, each epoch's loss and validation
 accuracy and the test accuracy must equal the reference's exactly, and no `.partial` entry may be
 left beside the checkpoint or the stats file. Where each kill landed is read from the last line
 the process printed (start-up, profiling, a training step, evaluation, after an epoch's line).
@@ -15,7 +18,8 @@ Deterministic mode: every op choice is forced (MORPHPIPE_FORCE_CHOICE) because t
 is calibrated per process, and a choice made differently after a resume changes floating-point sums.
 
 usage: python scripts/soak_kill.py [--kills 20] [--epochs 4] [--batch-size 128] [--eval-batch-size 8] [--seed 0]
-                                   [--targets random,checkpoint-write,step,evaluation,profiling] [--workdir DIR]
+                                   [--targets random,checkpoint-write,step,evaluation,profiling,sigterm]
+                                   [--workdir DIR]
                                    [--dataset DIR] [--json out.json]
 """
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 
 from morphpipe.data import PRESETS, generate
 from morphpipe.executor.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from morphpipe.executor.stopping import STOP_EXIT_STATUS
 from morphpipe.ops.choice import DECISIONS, FORCE_ENV
 from morphpipe.outputs import STALL_BEFORE_REPLACE_ENV, STALL_ONLY_ENV
 
@@ -46,7 +51,9 @@ PROGRESS = re.compile(r"epoch (\d+)/\d+:\s+\d+%\|.*\| (\d+)/(\d+)")
 EVALUATING = re.compile(r"^evaluating:\s+\d+%\|.*\| (\d+)/(\d+)")  # sampled evaluation's bar
 PROFILING = re.compile(r"^profiling:\s+\d+%\|.*\| (\d+)/(\d+)")  # the --auto profiler's bar
 STATS_FILE = "stats.json"
-TARGETS = ("random", "checkpoint-write", "step", "evaluation", "profiling")
+TARGETS = ("random", "checkpoint-write", "step", "evaluation", "profiling", "sigterm")
+STOPPED = re.compile(r"morphpipe train: stopped by SIGTERM ([^;]*);")  # the stop message, and where it stopped
+MID_EPOCH = re.compile(r"holds epoch (\d+) up to step (\d+) of (\d+)")
 
 
 @dataclass
@@ -60,11 +67,12 @@ class SoakRun:
     seed: int = 0
     extra: tuple[str, ...] = ()
     eval_batch_size: int = 8  # many evaluation batches even on the tiny preset (75 of its 600): a window to kill in
+    stop_grace: float = 0.0  # SIGTERM stops at the next step (a mid-epoch checkpoint); SIGKILL does not care
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "morphpipe", "train", str(self.dataset), "--auto", "--epochs", str(self.epochs),
                 "--batch-size", str(self.batch_size), "--eval-batch-size", str(self.eval_batch_size),
-                "--seed", str(self.seed), "--threads", "1",
+                "--seed", str(self.seed), "--threads", "1", "--stop-grace", f"{self.stop_grace:g}",
                 "--checkpoint-dir", str(self.directory / "checkpoint"), "--stats-json",
                 str(self.directory / STATS_FILE), *self.extra]
 
@@ -213,7 +221,8 @@ class SoakReport:
         return not (self.unreadable or self.differences or self.stray_partials)
 
 
-WATCHED_TARGETS = {"step": "in_step", "evaluation": "in_evaluation", "profiling": "in_profiling"}
+WATCHED_TARGETS = {"step": "in_step", "evaluation": "in_evaluation", "profiling": "in_profiling",
+                   "sigterm": "in_step"}
 
 
 def kill_once(run: SoakRun, target: str, delay_s: float, timeout_s: float) -> tuple[str, int] | None:
@@ -232,10 +241,26 @@ def kill_once(run: SoakRun, target: str, delay_s: float, timeout_s: float) -> tu
         if code != 0:
             raise RuntimeError(f"run ended with status {code}:\n" + "\n".join(watched.lines[-20:]))
         return None
+    if target == "sigterm":
+        return sigterm(watched, timeout_s)
     where = "checkpoint write (stalled before the rename)" if target == "checkpoint-write" else watched.kill()
     if target == "checkpoint-write":
         watched.kill()
     return where, watched.process.returncode
+
+
+def sigterm(watched: Watched, timeout_s: float) -> tuple[str, int]:
+    """SIGTERM now; the run must stop with status 143 and say where it stopped, which is returned."""
+    watched.process.send_signal(signal.SIGTERM)
+    code = watched.finish(timeout_s)
+    stopped = next((match for line in watched.lines if (match := STOPPED.search(line))), None)
+    if code != STOP_EXIT_STATUS or stopped is None:
+        raise RuntimeError(f"after SIGTERM the run ended with status {code}, not {STOP_EXIT_STATUS} with a stop "
+                           "message:\n" + "\n".join(watched.lines[-20:]))
+    mid_epoch = MID_EPOCH.search(stopped.string)
+    if mid_epoch is None:
+        return f"SIGTERM, stopped {stopped.group(1)}", code
+    return f"SIGTERM, stopped mid epoch (checkpoint at step {mid_epoch.group(2)} of {mid_epoch.group(3)})", code
 
 
 def check_checkpoint(run: SoakRun, report: SoakReport) -> int:

@@ -6,6 +6,9 @@ import ...`; `tests` is a package, so no test module imports another one.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,3 +54,14 @@ def community_cache(tmp_path, monkeypatch):
     with force_choices({"graph.kernel": "csr"}):
         yield
     torch.set_num_threads(threads)
+
+
+def checkpoint_bytes(document, version: int = 2) -> bytes:
+    """A well-formed checkpoint file around `document` (correct header and checksum) of format `version`: 2 is what
+    morphpipe wrote before mid-epoch checkpoints, and still reads."""
+    buffer = io.BytesIO()
+    torch.save(document, buffer)
+    payload = buffer.getvalue()
+    header = {"format": "morphpipe-checkpoint", "version": version, "payload_bytes": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    return json.dumps(header).encode() + b"\n" + payload

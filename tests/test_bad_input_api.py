@@ -5,9 +5,6 @@ test_bad_input_native.py), so the cases run in-process.
 """
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import warnings
 
 import numpy as np
@@ -21,6 +18,7 @@ from morphpipe.executor.checkpoint import (CHECKPOINT_FILE, CheckpointError, Tra
                                            load_checkpoint, save_checkpoint)
 from morphpipe.outputs import OutputPathError, check_output_dir, check_output_file
 from morphpipe.sampling.cpu_batcher import CpuBatcher, sample_neighbors
+from tests.conftest import checkpoint_bytes
 
 
 def store(**changes) -> GraphStore:
@@ -110,16 +108,6 @@ def test_loaded_store_is_validated_unless_asked_not_to(tmp_path):
     assert not GraphStore.load(tmp_path, validate=False).is_validated()
 
 
-def checkpoint_bytes(document: dict) -> bytes:
-    """A well-formed checkpoint file around `document` (correct header and checksum)."""
-    buffer = io.BytesIO()
-    torch.save(document, buffer)
-    payload = buffer.getvalue()
-    header = {"format": "morphpipe-checkpoint", "version": 2, "payload_bytes": len(payload),
-              "sha256": hashlib.sha256(payload).hexdigest()}
-    return json.dumps(header).encode() + b"\n" + payload
-
-
 def good_document(**changes) -> dict:
     document = {"epoch": 1, "model": {"w": torch.ones(2)}, "optimizer": {"state": {}, "param_groups": []},
                 "rng": capture_rng(), "history": [], "meta": {}}
@@ -131,7 +119,7 @@ def good_document(**changes) -> dict:
     (lambda data: data[:-10], "truncated"),
     (lambda data: data[:-200] + bytes([data[-200] ^ 0x01]) + data[-199:], "checksum"),
     (lambda data: b"garbage" + data, "header"),
-    (lambda data: data.replace(b'"version": 2', b'"version": 9'), "version 9"),
+    (lambda data: data.replace(b'"version": 3', b'"version": 9'), "version 9"),
     (lambda data: checkpoint_bytes(good_document(epoch=-1)), "'epoch' is -1"),
     (lambda data: checkpoint_bytes(good_document(epoch=True)), "'epoch' is bool"),
     (lambda data: checkpoint_bytes(good_document(model={"w": "not a tensor"})), "model entry 'w'"),

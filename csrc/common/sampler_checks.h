@@ -39,6 +39,12 @@ inline int64_t epoch_batch_count(const at::Tensor& order, int64_t batch_size, bo
   return drop_last ? num_seeds / batch_size : (num_seeds + batch_size - 1) / batch_size;
 }
 
+// Where a resumed epoch starts: a batch index in [0, num_batches] (num_batches: nothing left to build).
+inline void check_first_batch(int64_t first_batch, int64_t num_batches) {
+  TORCH_CHECK(first_batch >= 0 && first_batch <= num_batches, "first_batch: ", first_batch, " is outside [0, ",
+              num_batches, "], the epoch's batches; give the index of the first batch to build");
+}
+
 inline void check_fanouts(at::IntArrayRef fanouts) {
   TORCH_CHECK(!fanouts.empty(), "fanouts: need at least one hop, e.g. [15, 10, 5]");
   for (size_t hop = 0; hop < fanouts.size(); ++hop) {

@@ -52,9 +52,11 @@ CpuBatcher::CpuBatcher(at::Tensor indptr, at::Tensor indices, std::optional<at::
 
 CpuBatcher::~CpuBatcher() { stop(); }
 
-void CpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed) {
+void CpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed,
+                             int64_t first_batch) {
   stop();
   const int64_t num_batches = epoch_batch_count(order, batch_size, drop_last);
+  check_first_batch(first_batch, num_batches);
   order_ = order.contiguous();
   batch_size_ = batch_size;
   epoch_seed_ = splitmix64(static_cast<uint64_t>(epoch_seed));
@@ -65,7 +67,7 @@ void CpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool d
     }
     auto sampler = std::make_shared<NeighborSampler>(indptr_, indices_, fanouts_);
     return [this, sampler](int64_t batch_index) { return build_batch(*sampler, batch_index); };
-  });
+  }, first_batch);
 }
 
 void CpuBatcher::set_edge_task(EdgeTask task) {

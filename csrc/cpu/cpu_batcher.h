@@ -47,8 +47,10 @@ class CpuBatcher {
 
   // Starts producing the batches of one epoch: `order` (int64 seed ids, already shuffled)
   // is cut into consecutive batches of `batch_size`; `epoch_seed` fixes all random choices.
-  // Any epoch still running is stopped first.
-  void start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed);
+  // Any epoch still running is stopped first. Batches before `first_batch` are skipped (a resumed epoch): the
+  // others are the same as in a full epoch.
+  void start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed,
+                   int64_t first_batch = 0);
 
   // Blocks until the next batch in order is ready; std::nullopt once the epoch is exhausted.
   // Re-throws, on the caller's thread, the first exception raised by any worker.

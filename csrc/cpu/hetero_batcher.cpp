@@ -52,9 +52,11 @@ std::shared_ptr<HeteroNeighborSampler> HeteroCpuBatcher::make_sampler() const {
   return std::make_shared<HeteroNeighborSampler>(type_offsets_, src_types_, dst_types_, indptrs_, indices_, fanouts_);
 }
 
-void HeteroCpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed) {
+void HeteroCpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed,
+                                   int64_t first_batch) {
   stop();
   const int64_t num_batches = epoch_batch_count(order, batch_size, drop_last);
+  check_first_batch(first_batch, num_batches);
   order_ = order.contiguous();
   batch_size_ = batch_size;
   epoch_seed_ = splitmix64(static_cast<uint64_t>(epoch_seed));
@@ -65,7 +67,7 @@ void HeteroCpuBatcher::start_epoch(const at::Tensor& order, int64_t batch_size, 
       const int64_t count = std::min(batch_size_, order_.numel() - begin);
       return build_batch(*sampler, order_.data_ptr<int64_t>() + begin, count, batch_index, epoch_seed_);
     };
-  });
+  }, first_batch);
 }
 
 HeteroCpuBatch HeteroCpuBatcher::build(const at::Tensor& seeds, int64_t batch_index, int64_t epoch_seed) {

@@ -40,8 +40,10 @@ class HeteroCpuBatcher {
   HeteroCpuBatcher(const HeteroCpuBatcher&) = delete;
   HeteroCpuBatcher& operator=(const HeteroCpuBatcher&) = delete;
 
-  // As CpuBatcher::start_epoch: `order` cut into batches of `batch_size`, `epoch_seed` fixes every choice.
-  void start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed);
+  // As CpuBatcher::start_epoch: `order` cut into batches of `batch_size`, `epoch_seed` fixes every choice,
+  // batches before `first_batch` skipped.
+  void start_epoch(const at::Tensor& order, int64_t batch_size, bool drop_last, int64_t epoch_seed,
+                   int64_t first_batch = 0);
   std::optional<HeteroCpuBatch> next() { return window_.next(); }
   void stop() { window_.stop(); }
 

@@ -32,16 +32,17 @@ class OrderedWindow {
   OrderedWindow(const OrderedWindow&) = delete;
   OrderedWindow& operator=(const OrderedWindow&) = delete;
 
-  // Starts `num_threads` workers over batches [0, num_batches); call stop() first if a run is in progress.
-  void start(int64_t num_batches, int64_t num_threads, MakeBuilder make_builder) {
+  // Starts `num_threads` workers over batches [first_batch, num_batches) (a resumed epoch skips the batches it
+  // already trained); call stop() first if a run is in progress.
+  void start(int64_t num_batches, int64_t num_threads, MakeBuilder make_builder, int64_t first_batch = 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     num_batches_ = num_batches;
-    next_to_claim_ = 0;
-    next_to_deliver_ = 0;
+    next_to_claim_ = first_batch;
+    next_to_deliver_ = first_batch;
     for (auto& slot : window_) slot.reset();
     error_ = nullptr;
     stopping_ = false;
-    const int64_t useful_threads = std::min(num_threads, std::max<int64_t>(num_batches, 1));
+    const int64_t useful_threads = std::min(num_threads, std::max<int64_t>(num_batches - first_batch, 1));
     for (int64_t t = 0; t < useful_threads; ++t) workers_.emplace_back(&OrderedWindow::worker_loop, this, make_builder);
   }
 

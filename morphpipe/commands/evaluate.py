@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     budget = None if args.memory_mb is None else args.memory_mb * MIB
     typed = getattr(graph, "is_hetero", False)
     block = GraphBlock.of(graph.indptr, graph.indices) if args.mode == "full" and not typed else None
-    print(f"model {spec['name']} from {args.checkpoint} after {state.epoch} epochs; {args.mode} inference on "
+    stopped = f" (and part of epoch {state.epoch + 1}: stopped mid epoch)" if state.partial_epoch is not None else ""
+    print(f"model {spec['name']} from {args.checkpoint} after {state.epoch} epochs{stopped}; {args.mode} inference on "
           f"{graph.name} ({graph.num_nodes:,} nodes)")
     said: set[str] = set()
 

@@ -88,8 +88,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "skips are counted per epoch)")
     parser.add_argument("--stop-grace", type=arguments.number(0.0), default=DEFAULT_GRACE_S, metavar="SECONDS",
                         help="after SIGTERM mid epoch, finish and checkpoint the epoch if it ends within this many "
-                             f"seconds, else stop at the next step (default {DEFAULT_GRACE_S:g}; the scheduler's "
-                             "SIGTERM-to-SIGKILL wait, less the time a checkpoint takes)")
+                             "seconds, else stop at the next step and checkpoint the steps applied so far (with "
+                             "--checkpoint-dir; a rerun trains only the rest of that epoch) "
+                             f"(default {DEFAULT_GRACE_S:g}; the scheduler's SIGTERM-to-SIGKILL wait, less the time a "
+                             "checkpoint takes)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     train_distributed.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -99,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     """Loads the data, gets a plan, trains, reports test accuracy (as one rank when a launcher started us).
 
     During mini-batch training SIGTERM stops at the epoch's end when it comes within `--stop-grace`, else at the
-    next step (see
-    `morphpipe.executor.stopping`): the message says where to resume from; the exit status is 143.
+    next step with a mid-epoch checkpoint (see `morphpipe.executor.stopping`): the message says where to resume
+    from; the exit status is 143.
     """
     if args.precision not in (None, "float32") and (args.full_graph or train_distributed.wants_distributed(args)):
         raise ValueError(f"--precision {args.precision} applies to mini-batch training in one process; drop it for "

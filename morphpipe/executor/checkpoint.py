@@ -1,6 +1,8 @@
 """Checkpoints: model, optimizer, epochs done, every RNG state and the history, written atomically.
 
-A run killed at any moment continues from its last completed epoch: the file is written to a
+A run killed at any moment continues from its last completed epoch; a run stopped mid epoch on
+request (SIGTERM) continues from the step it stopped after (`partial_epoch`, see
+`morphpipe.executor.partial_epoch`; version 3, version 2 files load as epoch-boundary ones). The file is written to a
 temporary name in the same directory, flushed to disk and renamed over the previous one, so a
 kill leaves either the old checkpoint or the new one, never half of one. A JSON header line
 (format, version, size and SHA-256 of the rest) comes first: a damaged file is refused, not
@@ -32,14 +34,16 @@ from morphpipe.outputs import check_output_dir, remove_stale_partials, replacing
 
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = "morphpipe-checkpoint"
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3
+READABLE_VERSIONS = (2, 3)  # version 2: the same fields, never a partial epoch
 
 Entry = TypeVar("Entry")
 
 
 @dataclass
 class TrainingState:
-    """Everything needed to continue a run: `epoch` is the number of completed epochs (the next to run)."""
+    """Everything needed to continue a run: `epoch` is the number of completed epochs (the next to run);
+    `partial_epoch`, when that epoch was stopped between steps, what of it was applied (EpochProgress.to_dict)."""
 
     epoch: int
     model: dict[str, Any]
@@ -47,6 +51,7 @@ class TrainingState:
     rng: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    partial_epoch: dict[str, Any] | None = None
 
 
 def capture_rng() -> dict[str, Any]:
@@ -86,7 +91,7 @@ def save_checkpoint(directory: str | os.PathLike, state: TrainingState) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / CHECKPOINT_FILE
     document = {"epoch": state.epoch, "model": state.model, "optimizer": state.optimizer, "rng": state.rng,
-                "history": state.history, "meta": state.meta}
+                "history": state.history, "meta": state.meta, "partial_epoch": state.partial_epoch}
     buffer = io.BytesIO()
     torch.save(document, buffer)
     payload = buffer.getvalue()
@@ -118,9 +123,9 @@ def load_checkpoint(directory: str | os.PathLike) -> TrainingState | None:
         header = None
     if not isinstance(header, dict) or header.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(path, "is not a morphpipe checkpoint (its header is missing or damaged)")
-    if header.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(path, f"has checkpoint version {header.get('version')!r}, this morphpipe reads version "
-                              f"{CHECKPOINT_VERSION}")
+    if header.get("version") not in READABLE_VERSIONS:
+        raise CheckpointError(path, f"has checkpoint version {header.get('version')!r}, this morphpipe reads versions "
+                              f"{', '.join(map(str, READABLE_VERSIONS))}")
     if header.get("payload_bytes") != len(payload):
         raise CheckpointError(path, f"holds {len(payload):,} bytes of data, its header says "
                               f"{header.get('payload_bytes')!r} (truncated or appended to)")
@@ -130,11 +135,12 @@ def load_checkpoint(directory: str | os.PathLike) -> TrainingState | None:
         document = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for unreadable data; all mean the same here
         raise CheckpointError(path, f"could not be read ({type(error).__name__}: {error})") from error
-    return TrainingState(**_checked_fields(document, path))
+    return TrainingState(**_checked_fields(document, path, header["version"]))
 
 
-def _checked_fields(document: Any, path: Path) -> dict[str, Any]:
-    """The checkpoint's fields, each checked for its type and range."""
+def _checked_fields(document: Any, path: Path, version: int) -> dict[str, Any]:
+    """The checkpoint's fields, each checked for its type and range (a partial epoch's in detail where the run's
+    batch count is known: `EpochProgress.from_checkpoint`)."""
     if not isinstance(document, dict):
         raise CheckpointError(path, f"holds {type(document).__name__}, expected a dict of fields")
     expected = {"epoch": int, "model": dict, "optimizer": dict, "rng": dict, "history": list, "meta": dict}
@@ -156,7 +162,13 @@ def _checked_fields(document: Any, path: Path) -> dict[str, Any]:
     for index, entry in enumerate(document["history"]):
         if not isinstance(entry, dict) or not all(isinstance(key, str) for key in entry):
             raise CheckpointError(path, f"field 'history[{index}]' is {_show(entry)}, expected a dict of named values")
-    return {name: document[name] for name in expected}
+    partial = document.get("partial_epoch")
+    if partial is not None and version < 3:
+        raise CheckpointError(path, f"field 'partial_epoch' is in a version {version} checkpoint, which holds none "
+                              "(mid-epoch checkpoints are version 3)")
+    if partial is not None and not isinstance(partial, dict):
+        raise CheckpointError(path, f"field 'partial_epoch' is {type(partial).__name__}, expected a dict or none")
+    return {**{name: document[name] for name in expected}, "partial_epoch": partial}
 
 
 def _rng_problem(rng: dict[str, Any]) -> str | None:
@@ -244,18 +256,25 @@ class Checkpointing:
         self.log = log
         self.model_spec = model_spec
 
-    def save(self, epochs_done: int, history: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
-        """Writes a checkpoint after `epochs_done` completed epochs (atomically); returns its path."""
+    @property
+    def path(self) -> Path:
+        """The checkpoint file."""
+        return self.directory / CHECKPOINT_FILE
+
+    def save(self, epochs_done: int, history: list[dict[str, Any]], meta: dict[str, Any],
+             partial_epoch: dict[str, Any] | None = None) -> Path:
+        """Writes a checkpoint after `epochs_done` completed epochs and, mid epoch, the `partial_epoch` applied of
+        the next (atomically); returns its path."""
         if self.model_spec is not None:
             meta = {**meta, "model_spec": self.model_spec}
         state = TrainingState(epoch=epochs_done, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                              rng=capture_rng(), history=history, meta=meta)
+                              rng=capture_rng(), history=history, meta=meta, partial_epoch=partial_epoch)
         return save_checkpoint(self.directory, state)
 
     def history(self, state: TrainingState, entry: type[Entry]) -> list[Entry]:
         """The checkpoint's history as `entry` dataclasses (unknown keys, e.g. derived rates, are dropped); an entry
         lacking a field or holding a value of another type than the field's is a CheckpointError naming it."""
-        path = self.directory / CHECKPOINT_FILE
+        path = self.path
         hints = typing.get_type_hints(entry)
         required = {f.name for f in fields(entry) if f.default is MISSING and f.default_factory is MISSING}
         entries = []
@@ -273,7 +292,7 @@ class Checkpointing:
     def load(self) -> TrainingState | None:
         """The checkpoint in the directory, or None when there is none yet; first removes the partial
         checkpoint files that killed writers left there (`remove_stale_partials`)."""
-        for stale in remove_stale_partials(self.directory / CHECKPOINT_FILE):
+        for stale in remove_stale_partials(self.path):
             self.log(f"removed {stale}, a partial checkpoint left by a process that was killed while writing it")
         return load_checkpoint(self.directory)
 
@@ -282,11 +301,16 @@ class Checkpointing:
         return self.restore(self.load(), meta)
 
     def restore(self, state: TrainingState | None, meta: dict[str, Any], *, rng: bool = True,
-                announce: bool = True) -> TrainingState | None:
+                announce: bool = True, mid_epoch: bool = False) -> TrainingState | None:
         """Checks `state` is of this run (`meta`), loads its model and optimizer state and, with `rng`, its RNG
-        states; with `announce`, logs where it resumed. Returns `state`, whose history the trainer takes back."""
+        states; with `announce`, logs where it resumed. Returns `state`, whose history the trainer takes back.
+        A checkpoint of an epoch stopped mid way is refused unless the trainer continues one (`mid_epoch`)."""
         if state is None:
             return None
+        if state.partial_epoch is not None and not mid_epoch:
+            raise CheckpointError(self.path, f"holds epoch {state.epoch + 1} stopped mid epoch, which only "
+                                  "`morphpipe train` (mini-batch, one process) continues",
+                                  "resume it with the command that wrote it, or use another checkpoint directory")
         check_same_run(state, meta, self.directory)
         self.model.load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)

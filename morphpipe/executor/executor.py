@@ -18,6 +18,8 @@ so a plan's predicted epoch is what this loop should measure:
 
 Training is launched at most one step ahead of the training device. `Devices` decides what
 launching, transferring and waiting mean (CUDA streams and events, the CPU, virtual devices).
+An `on_step` that raises StepStop leaves the epoch after that step; the exception then carries the
+epoch's `EpochProgress`, from which `run_epoch(..., done=)` continues it with the batches not applied.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ import torch
 from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.executor.cpu_buffer import CpuBuffer, InlineCpuSource
 from morphpipe.executor.devices import Devices, InFlight, Launched, Step
+from morphpipe.executor.partial_epoch import EpochProgress
+from morphpipe.executor.stopping import StepStop
 from morphpipe.executor.threads import Stopped, ThreadGroup
 from morphpipe.executor.trace import Trace
 from morphpipe.partitioner.partitioner import Split
@@ -103,30 +107,36 @@ class Executor:
             if batcher is not None:
                 batcher.close()
 
-    def run_epoch(self, epoch: int, on_step: Callable[[InFlight], None] | None = None) -> EpochResult:
-        """Trains one epoch (batchers replay epoch `epoch`); `on_step` is called after each step ends."""
+    def run_epoch(self, epoch: int, on_step: Callable[[InFlight], None] | None = None,
+                  done: EpochProgress | None = None) -> EpochResult:
+        """Trains one epoch (batchers replay epoch `epoch`); `on_step` is called after each step ends. With `done`
+        (a stopped run of this epoch under this split), only the batches it did not apply are trained."""
         group = ThreadGroup(f"executor-epoch{epoch}")
         trace = Trace()
         failure: BaseException | None = None
+        loop: _EpochLoop | None = None
+        first_cpu, first_gpu = self._first_batches(epoch, done)
         try:
             self.devices.start_epoch(group, trace)
             cpu: CpuBuffer | InlineCpuSource | None = None
-            if self.cpu_batcher is not None and self.shares_cores:
-                cpu = InlineCpuSource(iter(self.cpu_batcher.epoch(epoch)), self.split.n_cpu, trace,
-                                      CPU_ONLY_DEVICES[0])
-            elif self.cpu_batcher is not None:
-                cpu = CpuBuffer(iter(self.cpu_batcher.epoch(epoch)), self.split.cbs, self.split.n_cpu, group, trace)
-            gpu_batches = iter(self.gpu_batcher.epoch(epoch)) if self.gpu_batcher is not None else None
-            loop = _EpochLoop(self.split, self.devices, self.step, cpu, gpu_batches, trace, group, on_step)
+            if self.cpu_batcher is not None:
+                batches, count = _batches(self.cpu_batcher, epoch, first_cpu), self.split.n_cpu - first_cpu
+                cpu = (InlineCpuSource(batches, count, trace, CPU_ONLY_DEVICES[0]) if self.shares_cores
+                       else CpuBuffer(batches, self.split.cbs, count, group, trace))
+            gpu_batches = _batches(self.gpu_batcher, epoch, first_gpu) if self.gpu_batcher is not None else None
+            loop = _EpochLoop(self.split, self.devices, self.step, cpu, gpu_batches, trace, group, on_step, done)
             loop.run()
             epoch_s = trace.now()
             self.devices.finish_epoch()
             loop.check_complete()
         except BaseException as error:
+            stopped_at = trace.now()
             group.stopping.set()
             for closer in (self.cpu_batcher, self.gpu_batcher, self.devices):
                 if closer is not None:
                     _close_after(closer, error)
+            if isinstance(error, StepStop) and loop is not None:  # after the batchers stopped, whatever it raises
+                error.progress = loop.progress(epoch, stopped_at)
             if not isinstance(error, Stopped) or group.failure is None:
                 raise
             failure = group.failure  # this thread was only told to stop: report why
@@ -135,6 +145,21 @@ class Executor:
         if failure is not None:
             raise failure
         return loop.result(epoch, epoch_s, {**self.devices.lanes, **(cpu.lanes if cpu is not None else {})})
+
+    def _first_batches(self, epoch: int, done: EpochProgress | None) -> tuple[int, int]:
+        """Where each route's batches start: 0, or after the ones `done` applied (which must be of this epoch and
+        split)."""
+        if done is None:
+            return 0, 0
+        if done.epoch != epoch or done.n_cpu != self.split.n_cpu:
+            raise ValueError(f"the stopped epoch is epoch {done.epoch + 1} with {done.n_cpu} Route 0 batches; this "
+                             f"executor runs epoch {epoch + 1} with {self.split.n_cpu}: continue it under its split")
+        return done.first_batches(self.split.n_cpu + self.split.n_gpu)
+
+
+def _batches(batcher: Batcher, epoch: int, first: int) -> Iterator[MiniBatch]:
+    """Epoch `epoch`'s batches of `batcher` from batch `first` on (a whole epoch: `epoch`, which any batcher has)."""
+    return iter(batcher.epoch(epoch) if first == 0 else batcher.epoch_from(epoch, first))
 
 
 def _close_after(closer: Batcher | Devices, error: BaseException) -> None:
@@ -152,7 +177,7 @@ class _EpochLoop:
 
     def __init__(self, split: Split, devices: Devices, step: Step, cpu: CpuBuffer | InlineCpuSource | None,
                  gpu_batches: Iterator[MiniBatch] | None, trace: Trace, group: ThreadGroup,
-                 on_step: Callable[[InFlight], None] | None) -> None:
+                 on_step: Callable[[InFlight], None] | None, done: EpochProgress | None = None) -> None:
         self.split = split
         self.devices = devices
         self.step = step
@@ -162,12 +187,17 @@ class _EpochLoop:
         self.group = group
         self.on_step = on_step
         self.gpu_buffer: deque[InFlight] = deque()
-        self.gpu_made = 0
-        self.transferred = 0
+        first_cpu, first_gpu = done.first_batches(split.n_cpu + split.n_gpu) if done is not None else (0, 0)
+        self.gpu_made = first_gpu  # Route 1 batches made (or applied before a stop), and Route 0 ones transferred
+        self.transferred = first_cpu
         self.last: Launched | None = None
         self.last_uva_end = 0.0
-        self.order: list[tuple[int, int]] = []
+        self.order: list[tuple[int, int]] = list(done.order) if done is not None else []
         self.losses: list[tuple[torch.Tensor, int]] = []
+        # The stopped run's step losses (float32, on the CPU) and seed counts, before this run's.
+        self.done_losses = done.losses if done is not None else torch.zeros(0)
+        self.done_seeds = list(done.seeds) if done is not None else []
+        self.done_s = done.elapsed_s if done is not None else 0.0
 
     @property
     def gpu_left(self) -> int:
@@ -272,15 +302,29 @@ class _EpochLoop:
             raise RuntimeError(f"the GPU batcher yields more than the plan's {self.split.n_gpu} Route 1 batches; "
                                "build it over the Route 1 seeds of this plan (route_seeds)")
 
-    def result(self, epoch: int, epoch_s: float, lanes: dict[str, int]) -> EpochResult:
-        """The measured epoch."""
-        seeds = sum(count for _, count in self.losses)
+    def progress(self, epoch: int, elapsed_s: float) -> EpochProgress:
+        """The steps of this epoch applied so far (with those of a run it continues), after a step ended."""
+        if len(self.losses) + len(self.done_seeds) != len(self.order):
+            raise RuntimeError(f"{len(self.order)} steps launched but {len(self.losses) + len(self.done_seeds)} "
+                               "ended: an epoch stops only between steps; this is a bug in the executor")
+        return EpochProgress(epoch, self.split.n_cpu, list(self.order), self.step_losses(),
+                             self.done_seeds + [count for _, count in self.losses], self.done_s + elapsed_s)
+
+    def step_losses(self) -> torch.Tensor:
+        """Every applied step's loss in training order, float32 on the CPU (NaN: skipped for non-finite values)."""
         losses = torch.stack([loss.float() for loss, _ in self.losses]).cpu() if self.losses else torch.zeros(0)
-        weights = torch.tensor([count for _, count in self.losses], dtype=torch.float32)
+        return torch.cat([self.done_losses, losses])
+
+    def result(self, epoch: int, epoch_s: float, lanes: dict[str, int]) -> EpochResult:
+        """The measured epoch (a continued one: its time includes the stopped run's; the trace is this run's)."""
+        counts = self.done_seeds + [count for _, count in self.losses]
+        seeds = sum(counts)
+        losses = self.step_losses()
+        weights = torch.tensor(counts, dtype=torch.float32)
         trained = torch.isfinite(losses)  # a step skipped for non-finite values returns a NaN loss
         loss = float((losses[trained] * weights[trained]).sum() / max(float(weights[trained].sum()), 1.0))
         return EpochResult(
-            epoch=epoch, epoch_s=epoch_s, order=self.order, seeds=seeds, loss=loss,
+            epoch=epoch, epoch_s=self.done_s + epoch_s, order=self.order, seeds=seeds, loss=loss,
             trace=sorted(self.trace.records, key=lambda r: (r.start, r.end, r.device, r.lane)),
             blocks=sorted(self.trace.blocks, key=lambda b: (b.start, b.end, b.idle)),
             busy=self.trace.busy(epoch_s, lanes), max_cpu_buffer=self.trace.max_level["cpu"],

@@ -5,9 +5,11 @@ Kubernetes' termination grace period are 30 s by default). `StopRequest.on_sigte
 into a flag; the trainer checks it after every step and at every epoch's end. Mid epoch, when a
 checkpoint directory was given and the rest of the epoch (its steps and validation, estimated from
 the steps so far) fits in `grace_s` from the signal, it finishes the epoch and checkpoints it;
-otherwise it drops the unfinished epoch (the checkpoint of the last completed one stays the resume
-point). At an epoch's end it stops once that epoch's checkpoint is written. Either way it raises
-`TrainingStopped`, whose message says where to resume from; the CLI exits with `STOP_EXIT_STATUS`.
+otherwise it stops after the step in flight and checkpoints the steps applied so far (a mid-epoch
+checkpoint, `morphpipe.executor.partial_epoch`: the resumed run trains only the rest of that epoch).
+Without a checkpoint directory the unfinished epoch is dropped. At an epoch's end it stops once that
+epoch's checkpoint is written. Either way it raises `TrainingStopped`, whose message says where to
+resume from; the CLI exits with `STOP_EXIT_STATUS`.
 """
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from morphpipe.executor.partial_epoch import EpochProgress
 
 STOP_EXIT_STATUS = 128 + signal.SIGTERM  # 143: the status a shell reports for a job ended by SIGTERM
 DEFAULT_GRACE_S = 20.0  # finish an epoch after SIGTERM only if it ends this soon: 10 s short of the usual 30 s
@@ -74,11 +80,13 @@ class TrainingStopped(RuntimeError):
 
 
 class StepStop(Exception):
-    """Raised after a step to leave an epoch on a stop request; `steps` is how many of its steps ran."""
+    """Raised after a step to leave an epoch on a stop request; `steps` is how many of its steps ran. The executor
+    adds the epoch's `progress` (what was applied, to checkpoint and continue from) as it passes through."""
 
     def __init__(self, steps: int) -> None:
         super().__init__(f"stop requested after {steps} steps")
         self.steps = steps
+        self.progress: EpochProgress | None = None
 
 
 def epoch_finish_estimate_s(steps_done: int, steps_total: int, elapsed_s: float, validation_s: float) -> float:

@@ -7,13 +7,17 @@ and the `Executor` that runs each epoch. On a CPU-only plan the training step ru
 plan's training threads while the batcher's threads overlap it, or, when the plan's phases
 take turns on the same cores, each batch is built on demand (`SerialBatcher`) and then trained. After each epoch it measures
 validation accuracy, prints one line (time, throughput, loss, accuracy, predicted vs measured
-epoch time) and writes a checkpoint, from which a killed run continues.
+epoch time) and writes a checkpoint, from which a killed run continues. A run stopped mid epoch
+(SIGTERM, `StopRequest`) checkpoints the steps applied so far, and the resumed run trains only the
+rest of that epoch (`morphpipe.executor.partial_epoch`).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from morphpipe.data import GraphStore
 from morphpipe.executor.checkpoint import Checkpointing, run_meta
 from morphpipe.executor.devices import InFlight, default_devices
 from morphpipe.executor.executor import EpochResult, Executor
+from morphpipe.executor.partial_epoch import EpochProgress
 from morphpipe.executor.replan import Replanner
 from morphpipe.executor.routes import route_seeds
 from morphpipe.executor.stats import EpochStats
@@ -37,6 +42,7 @@ from morphpipe.nn.task import EvalSettings, NodeClassification, Task, check_eval
 from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.choice import choice_counts
 from morphpipe.ops.community import GraphBlock
+from morphpipe.partitioner.partitioner import buffer_sizes
 from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.validation import check_fanouts, check_positive
 from morphpipe.scheduler.plan import Plan
@@ -126,7 +132,8 @@ class Trainer:
     step's arithmetic ("float32", or "bf16": bfloat16 autocast with float32 master weights, `TrainStep`).
     When `stop` is requested, `fit` raises TrainingStopped after the current epoch (checkpointed) when the
     rest of it fits in the stop's grace period and there is a checkpoint directory, else after the current
-    step (dropping the unfinished epoch).
+    step: with a checkpoint directory the steps applied so far are checkpointed and a resumed run trains only
+    the rest of the epoch; without one the unfinished epoch is dropped.
     """
 
     def __init__(self, graph: GraphStore, model: nn.Module, plan: Plan, *, fanouts: Sequence[int], batch_size: int,
@@ -206,18 +213,18 @@ class Trainer:
         if validate and self.task.seeds(self.graph, "val").numel() == 0:
             self.log(f"the validation split is empty: epochs run without validation {self.task.metric}")
             validate = False
-        first = self._resume()
+        first, done = self._resume()
         for epoch in range(first, epochs):
             self.guard.start_epoch(epoch)
+            continued = done if epoch == first else None
             try:
-                with torch_threads(training_threads(self.plan)):
-                    result, cpu_share, op_choices = self._train_epoch(epoch, epochs, validate)
+                with torch_threads(training_threads(self.plan)), self._split_of(continued):
+                    result, cpu_share, op_choices = self._train_epoch(epoch, epochs, validate, continued)
                     val_acc = self._validate() if validate else None
             except StepStop as stopped:
-                raise self._stopped(epoch, f"during epoch {epoch + 1} after {stopped.steps} of "
-                                           f"{self.plan.num_batches} steps (that epoch is dropped)") from None
+                raise self._stopped_in_epoch(epoch, stopped) from None
             stats = self._stats(result, val_acc, cpu_share, op_choices)
-            if self.replanner is not None and epoch + 1 < epochs:
+            if self.replanner is not None and epoch + 1 < epochs and continued is None:  # a whole epoch's times
                 decision = self.replanner.observe(result, self.plan)
                 stats.plan_change = decision.reason if decision.switched else None
                 if decision.switched:
@@ -229,6 +236,19 @@ class Trainer:
             if self.stop is not None and self.stop.requested and epoch + 1 < epochs:
                 raise self._stopped(epoch + 1, f"after epoch {epoch + 1}")
         return self.history
+
+    def _stopped_in_epoch(self, epoch: int, stopped: StepStop) -> TrainingStopped:
+        """The TrainingStopped for a stop between the steps of `epoch`: with a checkpoint directory, the steps
+        applied so far are checkpointed first; without, the epoch is dropped."""
+        where = f"during epoch {epoch + 1} after {stopped.steps} of {self.plan.num_batches} steps"
+        if self.checkpoints is None or stopped.progress is None:
+            return self._stopped(epoch, f"{where} (that epoch is dropped)")
+        progress = dataclasses.replace(stopped.progress, skipped=dict(self.guard.skipped))
+        self.save(epoch, progress)
+        reason = f"stopped by {self.stop.reason or 'request'}" if self.stop is not None else "stopped"
+        return TrainingStopped(f"{reason} {where}; the checkpoint in {self.checkpoints.directory} holds epoch "
+                               f"{epoch + 1} up to step {progress.steps} of {self.plan.num_batches}: run the same "
+                               "command again to resume from it", epoch)
 
     def _stopped(self, epochs_done: int, where: str) -> TrainingStopped:
         """The TrainingStopped for a stop `where` with `epochs_done` completed: what is kept and how to resume."""
@@ -249,8 +269,9 @@ class Trainer:
         self.validation_s = time.perf_counter() - start
         return value
 
-    def _finishes_in_grace(self, steps: int, elapsed_s: float, validate: bool) -> bool:
-        """After a stop request mid epoch: can the epoch still be trained, validated and checkpointed in time?
+    def _finishes_in_grace(self, steps: int, left: int, elapsed_s: float, validate: bool) -> bool:
+        """After a stop request mid epoch, with `steps` run in `elapsed_s` and `left` to go: can the epoch still be
+        trained, validated and checkpointed in time? (Otherwise it is checkpointed where it stands, or dropped.)
 
         Validation is estimated by its last measured time, or before any by the steps' time per unit scaled to
         the validation units (sampled inference costs less than training per unit); a first exact validation
@@ -267,19 +288,46 @@ class Trainer:
             units = max(self.task.seeds(self.graph).numel(), 1)
             validation_s = elapsed_s * self.plan.num_batches / max(steps, 1) * (
                 self.task.seeds(self.graph, "val").numel() / units)
-        estimate = epoch_finish_estimate_s(steps, self.plan.num_batches, elapsed_s, validation_s)
+        estimate = epoch_finish_estimate_s(steps, steps + left, elapsed_s, validation_s)
         return estimate <= self.stop.grace_left_s()
 
-    def _train_epoch(self, epoch: int, epochs: int,
-                     validate: bool) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
-        """One epoch through the executor, with a progress bar; also the process's CPU utilisation and op choices."""
+    @contextlib.contextmanager
+    def _split_of(self, done: EpochProgress | None) -> Iterator[None]:
+        """Runs the block under the route split the stopped epoch `done` was made under: which seeds each route's
+        batches hold depends on it (`route_seeds`), so a plan that splits the epoch otherwise (re-planned, --auto)
+        continues that epoch under the stopped run's split, with its own buffer sizes, and takes over after it."""
+        if done is None or done.n_cpu == self.plan.n_cpu:
+            yield
+            return
+        planned, n_gpu = self.plan, self.plan.num_batches - done.n_cpu
+        if n_gpu and self.device.type != "cuda":
+            raise ValueError(f"the checkpoint's stopped epoch {done.epoch + 1} puts {n_gpu} batches on Route 1 (GPU "
+                             "batching), but this run trains on the CPU: resume it on a GPU machine, or delete the "
+                             "checkpoint to start over")
+        cbs, gbs = buffer_sizes(done.n_cpu, n_gpu, max(planned.gbs, 1))
+        self.log(f"continuing epoch {done.epoch + 1} under the split it was stopped in ({done.n_cpu} of "
+                 f"{planned.num_batches} batches on Route 0; the plan now has {planned.n_cpu})")
+        kind = "all-cpu" if not n_gpu else "all-gpu" if not done.n_cpu else "adaptive"
+        self.use_plan(dataclasses.replace(planned, kind=kind, n_cpu=done.n_cpu, n_gpu=n_gpu, cbs=cbs, gbs=gbs))
+        try:
+            yield
+        finally:
+            self.use_plan(planned)
+
+    def _train_epoch(self, epoch: int, epochs: int, validate: bool,
+                     done: EpochProgress | None = None) -> tuple[EpochResult, float, dict[str, dict[str, int]]]:
+        """One epoch through the executor (with `done`, the rest of a stopped one), with a progress bar; also the
+        process's CPU utilisation and op choices."""
         choices_before = choice_counts()
         process = psutil.Process()
         cpu_before = sum(process.cpu_times()[:2])
         wall_before = time.perf_counter()
-        with tqdm(total=self.plan.num_batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
-                  disable=not self.progress) as bar:
-            steps = 0
+        first = done.steps if done is not None else 0
+        if done is not None:
+            self.guard.skipped = Counter(done.skipped)
+        with tqdm(total=self.plan.num_batches, initial=first, desc=f"epoch {epoch + 1}/{epochs}", unit="batch",
+                  leave=False, disable=not self.progress) as bar:
+            steps = first
             finishing = False
 
             def advance(_: InFlight) -> None:
@@ -288,7 +336,8 @@ class Trainer:
                 bar.update(1)
                 if self.stop is None or not self.stop.requested or finishing:
                     return
-                if not self._finishes_in_grace(steps, time.perf_counter() - wall_before, validate):
+                if not self._finishes_in_grace(steps - first, self.plan.num_batches - steps,
+                                               time.perf_counter() - wall_before, validate):
                     raise StepStop(steps)
                 finishing = True
                 self.log(f"stop requested by {self.stop.reason or 'request'}: finishing epoch {epoch + 1} "
@@ -298,7 +347,7 @@ class Trainer:
             store = getattr(self.graph, "feature_store", None)
             if store is not None:
                 store.reset_counters()
-            result = self.executor.run_epoch(epoch, on_step=advance)
+            result = self.executor.run_epoch(epoch, on_step=advance, done=done)
             if store is not None:
                 result.feature_reads = store.counters()
         wall = time.perf_counter() - wall_before
@@ -337,18 +386,29 @@ class Trainer:
                 "batch_size": self.batch_size,
                 "seed": self.seed, "num_batches": self.plan.num_batches}
 
-    def save(self, epochs_done: int) -> Path:
-        """Writes a checkpoint after `epochs_done` completed epochs."""
+    def save(self, epochs_done: int, partial: EpochProgress | None = None) -> Path:
+        """Writes a checkpoint after `epochs_done` completed epochs and, mid epoch, the `partial` next one."""
         assert self.checkpoints is not None
-        return self.checkpoints.save(epochs_done, [stats.to_dict() for stats in self.history], self.meta())
+        return self.checkpoints.save(epochs_done, [stats.to_dict() for stats in self.history], self.meta(),
+                                     partial.to_dict() if partial is not None else None)
 
-    def _resume(self) -> int:
-        """Continues from the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from."""
-        state = self.checkpoints.resume(self.meta()) if self.checkpoints is not None else None
+    def _resume(self) -> tuple[int, EpochProgress | None]:
+        """Continues from the checkpoint in `checkpoint_dir`, if any; returns the epoch to continue from and, when
+        that epoch was stopped between steps, what of it was applied."""
+        state = self.checkpoints.load() if self.checkpoints is not None else None
+        if state is not None:
+            state = self.checkpoints.restore(state, self.meta(), announce=False, mid_epoch=True)
         if state is None:
-            return len(self.history)
+            return len(self.history), None
         self.history = self.checkpoints.history(state, EpochStats)
-        return state.epoch
+        if state.partial_epoch is None:
+            self.log(f"resumed from {self.checkpoints.directory} after epoch {state.epoch}")
+            return state.epoch, None
+        done = EpochProgress.from_checkpoint(state.partial_epoch, self.checkpoints.path, state.epoch,
+                                             self.plan.num_batches)
+        self.log(f"resumed from {self.checkpoints.directory} in epoch {state.epoch + 1} after step {done.steps} of "
+                 f"{self.plan.num_batches}")
+        return state.epoch, done
 
     def close(self) -> None:
         """Stops the batchers' threads."""

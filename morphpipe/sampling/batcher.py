@@ -6,6 +6,8 @@ A batcher makes the mini-batches of one route's seeds, one epoch at a time:
 - `batcher.epoch(k)` yields epoch k's batches in order (`batch_index` 0, 1, ...), every seed in
   exactly one of them; asking for epoch k again replays it (same seeds in the same batches);
   starting an epoch stops any epoch in progress;
+- `batcher.epoch_from(k, first)` yields epoch k's batches `first`, `first + 1`, ... (the same batches as
+  `epoch(k)` from there on): a resumed epoch continues where a stopped one left off;
 - `iter(batcher)` starts the next epoch (0, 1, 2, ... in turn);
 - `close()` stops whatever builds batches in the background; a later `epoch(k)` starts afresh;
   a batcher is a context manager that closes on leaving the block.
@@ -16,6 +18,7 @@ SerialBatcher share: validated seeds and sizes, and every batcher's epoch order.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -39,6 +42,15 @@ class Batcher:
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """Epoch `epoch`'s batches, in order, every seed in exactly one."""
         raise NotImplementedError
+
+    def epoch_from(self, epoch: int, first: int) -> Iterator[MiniBatch]:
+        """Epoch `epoch`'s batches from batch `first` on. This default builds and drops the ones before `first`;
+        batchers that can start at any batch override it."""
+        return itertools.islice(self.epoch(epoch), self.check_first(first), None)
+
+    def check_first(self, first: int) -> int:
+        """`first` as the index of an epoch's first batch to build: in [0, len(self)] (len: none left)."""
+        return check_int("first", first, 0, len(self))
 
     def close(self) -> None:
         """Stops whatever builds batches in the background."""

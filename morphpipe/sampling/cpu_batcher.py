@@ -57,9 +57,15 @@ class NativeEpochs:
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order."""
+        return self.epoch_from(epoch, 0)
+
+    def epoch_from(self, epoch: int, first: int) -> Iterator[MiniBatch]:
+        """As `epoch`, from batch `first` on: the workers build no batch before it."""
+        first = self.check_first(first)
         token = object()
         self._active_epoch = token
-        self._native.start_epoch(self.epoch_order(epoch), self.batch_size, self.drop_last, epoch_seed(self.seed, epoch))
+        self._native.start_epoch(self.epoch_order(epoch), self.batch_size, self.drop_last, epoch_seed(self.seed, epoch),
+                                 first)
         return self._iterate(token)
 
     def _iterate(self, token: object) -> Iterator[MiniBatch]:

@@ -136,8 +136,15 @@ class SerialEdgeBatcher(EdgeSeedBatcher):
         super().__init__(graph, fanouts, batch_size, edge_ids, shuffle, False, seed, negatives, exclude)
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
+        return self.epoch_from(epoch, 0)
+
+    def epoch_from(self, epoch: int, first: int) -> Iterator[MiniBatch]:
+        """As `epoch`, from batch `first` on."""
+        return self._build_each(epoch, self.check_first(first))
+
+    def _build_each(self, epoch: int, first: int) -> Iterator[MiniBatch]:
         order = self.epoch_order(epoch)
-        for index in range(len(self)):
+        for index in range(first, len(self)):
             batch = sample_edge_batch(self.graph, batch_seeds(order, index, self.batch_size), self.fanouts,
                                       negatives=self.negatives, exclude=self.exclude,
                                       seed=native_batch_seed(self.seed, epoch, index), negative_cdf=self.negative_cdf)

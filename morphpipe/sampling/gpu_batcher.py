@@ -179,18 +179,24 @@ class GpuBatcher(SeedBatcher):
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """Starts epoch `epoch` (superseding any epoch in progress) and yields its batches in order, on the device."""
+        return self.epoch_from(epoch, 0)
+
+    def epoch_from(self, epoch: int, first: int) -> Iterator[MiniBatch]:
+        """As `epoch`, from batch `first` on."""
+        first = self.check_first(first)
         if self.closed:
             self._open()
         token = object()
         self._active_epoch = token
-        return self._batches(epoch, token)
+        return self._batches(epoch, token, first)
 
-    def _batches(self, epoch: int, token: object | None = None) -> Iterator[MiniBatch]:
-        """Epoch `epoch`'s batches; with a `token`, each only while that epoch is still the active one."""
+    def _batches(self, epoch: int, token: object | None = None, first: int = 0) -> Iterator[MiniBatch]:
+        """Epoch `epoch`'s batches from `first` on; with a `token`, each only while that epoch is still the active
+        one."""
         with self._on_device(), self._on_stream():
             order = self.epoch_order(epoch).to(self.device)
         seed_of_epoch = epoch_seed(self.seed, epoch)
-        for batch_index in range(len(self)):
+        for batch_index in range(first, len(self)):
             if token is not None and self._active_epoch is not token:
                 raise RuntimeError("GpuBatcher: this epoch was superseded by a newer one (or the batcher was "
                                    "closed); iterate the new epoch")

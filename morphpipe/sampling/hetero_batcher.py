@@ -108,14 +108,19 @@ class HeteroCpuBatcher(NativeEpochs, SeedBatcher):
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """Starts epoch `epoch` (stopping any epoch in progress) and yields its batches in order; a serial batcher
         builds each one on the calling thread when it is asked for."""
+        return self.epoch_from(epoch, 0)
+
+    def epoch_from(self, epoch: int, first: int) -> Iterator[MiniBatch]:
+        """As `epoch`, from batch `first` on."""
         if not self.serial:
-            return super().epoch(epoch)
+            return super().epoch_from(epoch, first)
+        first = self.check_first(first)
         token = object()
         self._active_epoch = token
-        return self._build_each(token, self.epoch_order(epoch), epoch_seed(self.seed, epoch))
+        return self._build_each(token, self.epoch_order(epoch), epoch_seed(self.seed, epoch), first)
 
-    def _build_each(self, token: object, order: torch.Tensor, seed: int) -> Iterator[MiniBatch]:
-        for index in range(len(self)):
+    def _build_each(self, token: object, order: torch.Tensor, seed: int, first: int) -> Iterator[MiniBatch]:
+        for index in range(first, len(self)):
             if self._active_epoch is not token:
                 raise RuntimeError("HeteroCpuBatcher: this epoch was superseded by a newer one; iterate the new epoch")
             yield self._minibatch(self._native.build(batch_seeds(order, index, self.batch_size), index, seed))

@@ -30,9 +30,16 @@ class SerialBatcher(SeedBatcher):
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         """The batches of epoch `epoch`, each built when `next()` asks for it."""
+        return self.epoch_from(epoch, 0)
+
+    def epoch_from(self, epoch: int, first: int) -> Iterator[MiniBatch]:
+        """As `epoch`, from batch `first` on."""
+        return self._build_each(epoch, self.check_first(first))
+
+    def _build_each(self, epoch: int, first: int) -> Iterator[MiniBatch]:
         order = self.epoch_order(epoch)
         sampling_seed = epoch_seed(self.seed, epoch)
-        for index in range(len(self)):
+        for index in range(first, len(self)):
             seeds = batch_seeds(order, index, self.batch_size)
             batch = sample_neighbors(self.graph, seeds, self.fanouts, seed=epoch_seed(sampling_seed, index))
             batch.batch_index = index

@@ -6,7 +6,8 @@ a training step and during evaluation, then resumed to the end, must reach the u
 parameters and metrics exactly, with every checkpoint readable and no partial file left. This is
 the one long test here (about 40 s on 2 cores: six `morphpipe train` processes); the signal path
 cannot be checked in-process.
-Stale-partial removal and SIGTERM are checked on their own, quickly.
+Stale-partial removal and SIGTERM (a mid-epoch checkpoint with no grace period, the epoch finished
+within one, nothing kept without a checkpoint directory) are checked on their own.
 """
 from __future__ import annotations
 
@@ -91,29 +92,53 @@ def test_the_soak_names_where_a_kill_landed_from_the_last_line_printed() -> None
         soak_kill.soak(Path("unused"), Path("unused"), kills=1, targets=("eval",))
 
 
-def test_sigterm_stops_at_the_next_step_and_says_where_to_resume(dataset, tmp_path) -> None:
-    # Batches of 8 seeds: an epoch of some 200 steps, so the signal lands inside it on a quiet machine too;
-    # no grace period, so the epoch is not finished.
-    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2, batch_size=8, extra=("--stop-grace", "0"))
+@pytest.fixture(scope="module")
+def reference_of_small_batches(dataset, tmp_path_factory) -> soak_kill.Outcome:
+    """The uninterrupted run the SIGTERM tests compare with: batches of 8 seeds, an epoch of 225 steps, so the
+    signal lands inside an epoch on a quiet machine too."""
+    run = soak_kill.SoakRun(dataset, tmp_path_factory.mktemp("reference"), epochs=2, batch_size=8)
+    soak_kill.finish(run, 300)
+    return soak_kill.Outcome.of(run)
+
+
+def test_sigterm_mid_epoch_checkpoints_the_steps_applied_and_the_resume_equals_the_uninterrupted_run(
+        dataset, tmp_path, reference_of_small_batches) -> None:
+    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2, batch_size=8)  # --stop-grace 0: stop at the next step
     watched = soak_kill.Watched(run.command(), run.environment())
     assert watched.wait_for(watched.in_step, 300), watched.lines[-10:]
-    watched.process.send_signal(signal.SIGTERM)
-    assert watched.finish(60) == STOP_EXIT_STATUS
+    where, code = soak_kill.sigterm(watched, 60)  # the soak's sigterm target
     text = "\n".join(watched.lines)
-    assert "morphpipe train: stopped by SIGTERM during epoch 1 after" in text and "(that epoch is dropped)" in text
-    assert f"no checkpoint in {tmp_path / 'checkpoint'} yet: a rerun starts over" in text
+    state = load_checkpoint(run.directory / "checkpoint")
+    assert state is not None and state.partial_epoch is not None, text[-2000:]
+    steps, total = len(state.partial_epoch["order"]), 225
+    epoch = state.epoch + 1
+    assert 0 < steps < total and state.partial_epoch["epoch"] == state.epoch
+    assert code == STOP_EXIT_STATUS and where == f"SIGTERM, stopped mid epoch (checkpoint at step {steps} of {total})"
+    assert (f"morphpipe train: stopped by SIGTERM during epoch {epoch} after {steps} of {total} steps; the checkpoint "
+            f"in {run.directory / 'checkpoint'} holds epoch {epoch} up to step {steps} of {total}: run the same "
+            "command again to resume from it") in text
+    watched = soak_kill.Watched(run.command(), run.environment())
+    assert watched.finish(300) == 0, watched.lines[-10:]
+    assert f"resumed from {run.directory / 'checkpoint'} in epoch {epoch} after step {steps} of {total}" in \
+        watched.lines
+    assert soak_kill.Outcome.of(run).differences(reference_of_small_batches) == []
+    assert soak_kill.partials(run) == []
+
+
+def test_sigterm_without_a_checkpoint_directory_says_nothing_was_saved(dataset, tmp_path) -> None:
+    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2, batch_size=8)
     plain = [item for item in run.command() if item != "--checkpoint-dir" and not item.endswith("checkpoint")]
     watched = soak_kill.Watched(plain, run.environment())
     assert watched.wait_for(watched.in_step, 300)
     watched.process.send_signal(signal.SIGTERM)
     assert watched.finish(60) == STOP_EXIT_STATUS
-    assert "nothing was saved (no checkpoint directory was given)" in "\n".join(watched.lines)
+    text = "\n".join(watched.lines)
+    assert "stopped by SIGTERM during epoch 1 after" in text and "(that epoch is dropped)" in text
+    assert "nothing was saved (no checkpoint directory was given)" in text
 
 
 def test_sigterm_within_the_grace_period_finishes_and_checkpoints_the_epoch_and_the_resume_is_exact(
-        dataset, tmp_path) -> None:
-    reference_run = soak_kill.SoakRun(dataset, tmp_path / "reference", epochs=2, batch_size=8)
-    soak_kill.finish(reference_run, 300)
+        dataset, tmp_path, reference_of_small_batches) -> None:
     run = soak_kill.SoakRun(dataset, tmp_path / "stopped", epochs=2, batch_size=8, extra=("--stop-grace", "600"))
     watched = soak_kill.Watched(run.command(), run.environment())
     assert watched.wait_for(watched.in_step, 300), watched.lines[-10:]
@@ -125,7 +150,7 @@ def test_sigterm_within_the_grace_period_finishes_and_checkpoints_the_epoch_and_
             "epochs: run the same command again to resume from it") in text
     assert load_checkpoint(run.directory / "checkpoint").epoch == 1
     soak_kill.finish(run, 300)
-    assert soak_kill.Outcome.of(run).differences(soak_kill.Outcome.of(reference_run)) == []
+    assert soak_kill.Outcome.of(run).differences(reference_of_small_batches) == []
 
 
 def test_the_grace_estimate_counts_the_remaining_steps_and_validation() -> None:

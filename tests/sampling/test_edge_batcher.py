@@ -93,8 +93,10 @@ def test_batches_are_deterministic_per_seed_and_epoch_on_every_batcher(link_grap
         assert batches_equal(list(two.epoch(0)), list(one.epoch(0)))
         assert batches_equal(epoch1, list(two.epoch(1)))  # epoch(k) replays
         assert not batches_equal(epoch1, list(two.epoch(2)))
+        assert batches_equal(epoch1[3:], list(two.epoch_from(1, 3)))  # a resumed epoch: the rest of it
     serial = SerialEdgeBatcher(link_graph, FANOUTS, 64, negatives=sampling, seed=7)
     assert batches_equal(epoch1, list(serial.epoch(1)))  # the on-demand batcher builds the same batches
+    assert batches_equal(epoch1[3:], list(serial.epoch_from(1, 3)))
     with EdgeBatcher(link_graph, FANOUTS, 64, negatives=sampling, num_threads=2, seed=8) as other:
         assert not batches_equal(epoch1, list(other.epoch(1)))
 
@@ -107,6 +109,7 @@ def test_route1_visits_the_edges_of_route0_in_the_same_batches(link_graph):
     assert all(batch.route == 1 for batch in batches)
     assert all(torch.equal(a, b.units) for a, b in zip(route0, batches, strict=True))
     assert batches_equal(batches, list(gpu.epoch(3)))  # epoch(k) replays on Route 1 too
+    assert batches_equal(batches[2:], list(gpu.epoch_from(3, 2)))  # and continues from any batch
 
 
 def test_every_training_edge_once_per_epoch(link_graph):

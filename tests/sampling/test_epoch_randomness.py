@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from morphpipe.sampling import CpuBatcher, SerialBatcher
+from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.epochs import epoch_seed
 
 FANOUTS = [3, 2]
@@ -34,10 +35,11 @@ def graph():
     )
 
 
-def neighbourhoods(batcher, epoch: int) -> list[tuple]:
-    """The sampled structure of every batch of `epoch`: seeds, input nodes, and each block's CSC."""
+def neighbourhoods(batcher, epoch: int, first: int = 0) -> list[tuple]:
+    """The sampled structure of every batch of `epoch` (from batch `first` on): seeds, input nodes, and each block's
+    CSC."""
     out = []
-    for batch in batcher.epoch(epoch):
+    for batch in batcher.epoch_from(epoch, first):
         out.append((tuple(batch.seeds.tolist()), tuple(batch.input_nodes.tolist()),
                     tuple((tuple(b.indptr.tolist()), tuple(b.indices.tolist())) for b in batch.blocks)))
     return out
@@ -63,6 +65,34 @@ def test_neighbourhoods_differ_across_epochs_and_seeds_and_repeat_for_the_same_p
             assert same == 0, f"{same} of {len(epoch0)} batches sampled the same neighbourhoods in {name}"
         batch_blocks = [b[2] for b in epoch0]
         assert len(set(batch_blocks)) == len(batch_blocks)
+
+
+@pytest.mark.parametrize("make", [cpu_batcher, serial_batcher], ids=["cpu", "serial"])
+def test_an_epoch_from_a_batch_on_is_the_rest_of_the_whole_epoch(graph, make) -> None:
+    with make(graph, 0) as batcher:
+        whole = neighbourhoods(batcher, 1)
+        assert len(whole) == 4
+        for first in range(5):
+            assert neighbourhoods(batcher, 1, first) == whole[first:], f"from batch {first}"
+        with pytest.raises(ValueError, match="first must be an integer >= 0 and <= 4, got -1"):
+            batcher.epoch_from(1, -1)
+        with pytest.raises(ValueError, match="first must be an integer >= 0 and <= 4, got 5"):
+            batcher.epoch_from(1, 5)
+
+
+def test_the_default_epoch_from_drops_the_batches_before_first(graph) -> None:
+    class Replaying(Batcher):  # a batcher that can only replay whole epochs
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __len__(self):
+            return len(self.inner)
+
+        def epoch(self, epoch):
+            return self.inner.epoch(epoch)
+
+    with serial_batcher(graph, 3) as inner:
+        assert neighbourhoods(Replaying(inner), 2, 3) == neighbourhoods(inner, 2)[3:]
 
 
 def test_epoch_seed_separates_epochs_and_run_seeds() -> None:

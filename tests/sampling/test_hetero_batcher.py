@@ -129,6 +129,8 @@ def test_epochs_visit_every_seed_once_replay_and_do_not_depend_on_threads(graph)
         assert sorted(s for seeds, _, _ in first for s in seeds) == sorted(graph.train_idx.tolist())
         assert epoch(one, 0) == first == epoch(serial, 0) == epoch(three, 0)
         assert epoch(three, 1) != first
+        three.epoch, serial.epoch = (lambda k: three.epoch_from(k, 2)), (lambda k: serial.epoch_from(k, 2))
+        assert epoch(three, 0) == first[2:] == epoch(serial, 0), "an epoch from batch 2 on is the rest of it"
 
 
 @pytest.mark.parametrize("route", [0, 1])
