@@ -205,9 +205,13 @@ def format_profile(profile: Profile) -> str:
         facts = disk.facts
         lines.append(f"  disk             {facts.random_reads_per_s:,.0f} random {facts.block} B reads/s at queue depth "
                      f"{facts.queue_depth}, sequential {facts.sequential_bytes_per_s / 1e9:.2f} GB/s; "
-                     f"{disk.rows_per_batch:,.0f} rows of {disk.row_bytes} B per batch, {disk.reads_per_miss:.3g} "
-                     "reads per missed row")
+                     f"{disk.rows_per_batch:,.0f} rows of {disk.row_bytes} B per batch")
+        if disk.store_reads_per_s is not None:
+            lines.append(f"  feature store    {disk.store_reads_per_s:,.0f} reads/s as its read timer measured them on "
+                         "the profiled batches (the rate misses are priced at)")
         lines.append("  hit ratio        " + ", ".join(f"{format_bytes(size)} {ratio:.1%}"
                                                       for size, ratio in disk.hit_curve)
                      + f" (cache budget {format_bytes(disk.cache_budget_bytes)})")
+        lines.append("  reads per miss   " + ", ".join(f"{format_bytes(size)} {disk.reads_per_miss_at(size):.3g}"
+                                                      for size, _ in disk.hit_curve))
     return "\n".join(lines)
