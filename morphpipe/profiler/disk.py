@@ -171,7 +171,8 @@ class DiskProfile:
         return {"facts": self.facts.to_dict(), "row_bytes": self.row_bytes, "num_rows": self.num_rows,
                 "rows_per_batch": self.rows_per_batch, "reads_per_miss": self.reads_per_miss,
                 "hit_curve": [{"cache_bytes": size, "hit_ratio": ratio,
-                               **({"reads_per_miss": self.reads_per_miss_curve[i]} if self.reads_per_miss_curve else {})}
+                               **({"reads_per_miss": self.reads_per_miss_curve[i]} if self.reads_per_miss_curve
+                                  else {})}
                               for i, (size, ratio) in enumerate(self.hit_curve)],
                 "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes,
                 "store_reads_per_s": self.store_reads_per_s}
