@@ -119,9 +119,10 @@ def main() -> int:
                                     val_idx=val[:args.eval_nodes].clone(), test_idx=val[:0].clone())
         native.prepare()
         t0 = time.perf_counter()
-        profile = Profiler(graph, model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
-                           device="cpu", steps=args.steps, seed=args.seed, progress=True,
-                           memory_budget=int(args.memory_budget_gib * GIB)).run()
+        profiler = Profiler(graph, model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
+                            device="cpu", steps=args.steps, seed=args.seed, progress=True,
+                            memory_budget=int(args.memory_budget_gib * GIB))
+        profile = profiler.run()
         fixed_cache = None if args.cache_mb is None else int(args.cache_mb * 1e6)
         plan = plan_from_profile(profile, seed=args.seed, cache_bytes=fixed_cache)
         store = graph.open_feature_store(plan.tiering.cache_bytes if plan.tiering is not None else fixed_cache or 0)
@@ -158,9 +159,15 @@ def main() -> int:
         # The store's read timer: preads per second while its reads were in flight, and each pread's latency.
         "store_read_s": counters.read_seconds, "store_read_share_of_epoch": counters.read_seconds / stats.epoch_s,
         "store_iops": counters.reads_per_second, "store_read_latency_ms": latency * 1e3 if latency else None,
-        "profiled_reads_per_s": profile.disk.reads_per_s if profile.disk is not None else None,
+        "profiled_reads_per_s": profile.disk.reads_per_s_at(store.cache_bytes) if profile.disk else None,
+        "profiled_reads_per_s_by_cache_mb": {f"{size / 1e6:.1f}": profile.disk.reads_per_s_at(size)
+                                             for size, _ in profile.disk.hit_curve} if profile.disk else None,
         "profiled_reads_per_miss": profile.disk.reads_per_miss_at(store.cache_bytes) if profile.disk else None,
         "reads_per_miss": counters.reads / counters.misses if counters.misses else None,
+        "profiled_reads_per_miss_by_cache_mb": {f"{size / 1e6:.1f}": profile.disk.reads_per_miss_at(size)
+                                                for size, _ in profile.disk.hit_curve} if profile.disk else None,
+        "cpu_batching_timed_reads": dataclasses.asdict(profiler.timed_batching_reads)
+        if profiler.timed_batching_reads is not None else None,
         "peak_rss_gib": peak_rss / GIB, "peak_rss_anon_gib": rss.peak["anon"] / GIB,
         "peak_rss_file_gib": rss.peak["file"] / GIB,
     }

@@ -111,7 +111,8 @@ def rescaled_profile(profile: Profile, factors: dict[str, float]) -> Profile:
 def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, batches: int) -> DiskProfile:
     """`disk` as the epoch's feature store counters say: rows per batch as counted, the hit curve's miss ratios and
     the preads per missed row scaled by measured / predicted at the cache that ran (hits clipped to [0, 1]), and
-    the read rate the store's read timer measured (preads per second of reading) when it timed enough reads."""
+    the read rates scaled by the rate the store's read timer measured (preads per second of reading) over the
+    profile's at that cache, when it timed enough reads."""
     rows = reads.hits + reads.misses
     if rows == 0 or batches == 0 or plan.tiering is None:
         return disk
@@ -126,9 +127,13 @@ def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, ba
     if reads.misses:
         counted = reads.reads / reads.misses / disk.reads_per_miss_at(cache_bytes)
         reads_per_miss, per_size = reads_per_miss * counted, tuple(value * counted for value in per_size)
-    rate = reads.reads_per_second if reads.reads >= MIN_TIMED_READS else None
+    rates, store_rate = disk.reads_per_s_curve, disk.store_reads_per_s
+    if reads.reads >= MIN_TIMED_READS and reads.reads_per_second is not None:
+        timed = reads.reads_per_second / disk.reads_per_s_at(cache_bytes)
+        rates = tuple(rate * timed for rate in rates)
+        store_rate = store_rate * timed if store_rate is not None else reads.reads_per_second
     return replace(disk, rows_per_batch=rows / batches, hit_curve=tuple(monotone), reads_per_miss=reads_per_miss,
-                   reads_per_miss_curve=per_size, store_reads_per_s=rate or disk.store_reads_per_s)
+                   reads_per_miss_curve=per_size, store_reads_per_s=store_rate, reads_per_s_curve=rates)
 
 
 def disk_reads_note(reads: FeatureStoreCounters, io_threads: int) -> str:

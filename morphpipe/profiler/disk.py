@@ -65,7 +65,9 @@ class DiskProfile:
     place (the rows a hot cache misses lie sparser, so fewer share a read); empty: `reads_per_miss` at every size.
     `store_reads_per_s` is the rate the feature store's own reads achieved on the profiled batches (its read timer:
     preads per second of reading, at its queue depth and read sizes); None: the disk's random-read rate in `facts`
-    stands in. A missed row holds the disk for reads per miss / that rate."""
+    stands in. `reads_per_s_curve` holds the rate the store's reads of each hit_curve size's misses achieved (the
+    sparser misses of a larger cache take smaller reads, more of them a second); empty: the rate above at every
+    size. A missed row holds the disk for reads per miss / that rate, both at the cache's size."""
 
     facts: DiskReadFacts
     row_bytes: int
@@ -77,6 +79,7 @@ class DiskProfile:
     resident_bytes: int = 0
     reads_per_miss_curve: tuple[float, ...] = ()
     store_reads_per_s: float | None = None
+    reads_per_s_curve: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.row_bytes < 1 or self.num_rows < 1:
@@ -96,11 +99,12 @@ class DiskProfile:
         if any(not 0.0 <= ratio <= 1.0 for ratio in ratios) or ratios != sorted(ratios):
             raise ValueError(f"DiskProfile.hit_curve: hit ratios must lie in [0, 1] and never fall as the cache "
                              f"grows, got {ratios}")
-        if self.reads_per_miss_curve and (
-                len(self.reads_per_miss_curve) != len(sizes)
-                or not all(math.isfinite(value) and value > 0 for value in self.reads_per_miss_curve)):
-            raise ValueError(f"DiskProfile.reads_per_miss_curve needs one finite value > 0 per hit_curve size "
-                             f"({len(sizes)}), got {list(self.reads_per_miss_curve)}")
+        for name in ("reads_per_miss_curve", "reads_per_s_curve"):
+            values = getattr(self, name)
+            if values and (len(values) != len(sizes) or not all(math.isfinite(value) and value > 0
+                                                                 for value in values)):
+                raise ValueError(f"DiskProfile.{name} needs one finite value > 0 per hit_curve size ({len(sizes)}), "
+                                 f"got {list(values)}")
         if self.store_reads_per_s is not None and not (math.isfinite(self.store_reads_per_s)
                                                        and self.store_reads_per_s > 0):
             raise ValueError(f"DiskProfile.store_reads_per_s must be a finite number > 0 (or None: not measured), "
@@ -110,28 +114,34 @@ class DiskProfile:
     def features_bytes(self) -> int:
         return self.row_bytes * self.num_rows
 
-    @property
-    def reads_per_s(self) -> float:
-        """The preads per second a batch's misses are served at: the store's measured rate, else the disk's."""
+    def reads_per_s_at(self, cache_bytes: int) -> float:
+        """The preads per second the misses of a cache of `cache_bytes` are served at: the store's rate timed on
+        such misses, else its rate on the profiled batches, else the disk's random-read rate."""
+        if self.reads_per_s_curve:
+            return self._along_curve(self.reads_per_s_curve, cache_bytes)
         return self.store_reads_per_s if self.store_reads_per_s is not None else self.facts.random_reads_per_s
 
     def reads_per_miss_at(self, cache_bytes: int) -> float:
-        """Preads per missed row with a cache of `cache_bytes`: linear between measured sizes, the last measured
-        value beyond them (`reads_per_miss` at every size when none were counted)."""
+        """Preads per missed row with a cache of `cache_bytes` (`reads_per_miss` at every size when none were
+        counted)."""
         if not self.reads_per_miss_curve:
             return self.reads_per_miss
+        return self._along_curve(self.reads_per_miss_curve, cache_bytes)
+
+    def _along_curve(self, values: tuple[float, ...], cache_bytes: int) -> float:
+        """`values` (one per hit_curve size) at `cache_bytes`: linear between sizes, the last value beyond them."""
         sizes = [size for size, _ in self.hit_curve]
         index = next((i for i, size in enumerate(sizes) if size >= cache_bytes), None)
         if index is None:
-            return self.reads_per_miss_curve[-1]
+            return values[-1]
         if sizes[index] == cache_bytes or index == 0:
-            return self.reads_per_miss_curve[index]
-        low, high = self.reads_per_miss_curve[index - 1], self.reads_per_miss_curve[index]
+            return values[index]
+        low, high = values[index - 1], values[index]
         return low + (high - low) * (cache_bytes - sizes[index - 1]) / (sizes[index] - sizes[index - 1])
 
     def seconds_per_miss(self, cache_bytes: int = 0) -> float:
         """Time one row missed with a cache of `cache_bytes` holds the disk at the store's queue depth."""
-        return self.reads_per_miss_at(cache_bytes) / self.reads_per_s
+        return self.reads_per_miss_at(cache_bytes) / self.reads_per_s_at(cache_bytes)
 
     def hit_ratio(self, cache_bytes: int) -> float:
         """The measured hit ratio at `cache_bytes`, linear between measured sizes and from the largest measured one
@@ -165,14 +175,16 @@ class DiskProfile:
         store_rate = self.store_reads_per_s * disk if self.store_reads_per_s is not None else None
         return replace(self, facts=replace(self.facts, random_reads_per_s=self.facts.random_reads_per_s * disk,
                                            sequential_bytes_per_s=self.facts.sequential_bytes_per_s * disk),
-                       store_reads_per_s=store_rate, cache_budget_bytes=max(0, int(budget) - self.resident_bytes))
+                       store_reads_per_s=store_rate, reads_per_s_curve=tuple(rate * disk for rate in self.reads_per_s_curve),
+                       cache_budget_bytes=max(0, int(budget) - self.resident_bytes))
 
     def to_dict(self) -> dict:
         return {"facts": self.facts.to_dict(), "row_bytes": self.row_bytes, "num_rows": self.num_rows,
                 "rows_per_batch": self.rows_per_batch, "reads_per_miss": self.reads_per_miss,
                 "hit_curve": [{"cache_bytes": size, "hit_ratio": ratio,
                                **({"reads_per_miss": self.reads_per_miss_curve[i]} if self.reads_per_miss_curve
-                                  else {})}
+                                  else {}),
+                               **({"reads_per_s": self.reads_per_s_curve[i]} if self.reads_per_s_curve else {})}
                               for i, (size, ratio) in enumerate(self.hit_curve)],
                 "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes,
                 "store_reads_per_s": self.store_reads_per_s}
@@ -183,16 +195,19 @@ class DiskProfile:
         points = reader.sections("hit_curve")
         curve = tuple((point.integer("cache_bytes", minimum=0), point.number("hit_ratio", minimum=0.0))
                       for point in points)
-        counted = [point.number("reads_per_miss", positive=True, optional=True) for point in points]
-        if any(value is None for value in counted) and any(value is not None for value in counted):
-            raise reader.error("hit_curve", "must give reads_per_miss at every point or at none", counted)
+        counted, rates = ([point.number(name, positive=True, optional=True) for point in points]
+                          for name in ("reads_per_miss", "reads_per_s"))
+        for name, values in (("reads_per_miss", counted), ("reads_per_s", rates)):
+            if any(value is None for value in values) and any(value is not None for value in values):
+                raise reader.error("hit_curve", f"must give {name} at every point or at none", values)
         with reader.as_document_errors():
             return cls(DiskReadFacts.from_fields(reader.section("facts")), reader.integer("row_bytes", minimum=1),
                        reader.integer("num_rows", minimum=1), reader.number("rows_per_batch", minimum=0.0),
                        reader.number("reads_per_miss", positive=True), curve,
                        reader.integer("cache_budget_bytes", minimum=0), reader.integer("resident_bytes", minimum=0),
                        tuple(value for value in counted if value is not None),
-                       reader.number("store_reads_per_s", positive=True, optional=True))
+                       reader.number("store_reads_per_s", positive=True, optional=True),
+                       tuple(value for value in rates if value is not None))
 
 
 def measure_disk_reads(path: str | os.PathLike, queue_depth: int, seconds: float = 2.0, block: int = PAGE,
@@ -300,8 +315,37 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
         reads_per_miss.append(value if value is not None else reads_per_miss[-1] if reads_per_miss else 1.0)
     rows_per_batch = sum(ids.numel() for ids in gathered) / max(len(gathered), 1)
     rate = store_reads.reads_per_second if store_reads is not None and store_reads.reads >= MIN_TIMED_READS else None
+    # Read through the page cache, a size's misses would be served from the rows an earlier size read: not timed.
+    timed = read_rates_by_cache_size(store, hotness, gathered, cache_rows, seconds) if store.direct else []
+    stand_in = rate if rate is not None else facts.random_reads_per_s
+    rates = tuple(value if value is not None else stand_in for value in timed) if any(timed) else ()
     return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss[0], tuple(zip(sizes, ratios)),
-                       int(cache_budget_bytes), int(resident), tuple(reads_per_miss), rate)
+                       int(cache_budget_bytes), int(resident), tuple(reads_per_miss), rate, rates)
+
+
+def read_rates_by_cache_size(store, hotness: torch.Tensor, gathered: Sequence[torch.Tensor],
+                             cache_rows: Sequence[int], seconds: float) -> list[float | None]:
+    """The preads per second a cache-less twin of FeatureStore `store` achieves reading just the misses of a cache
+    of the `k` hottest rows, for every k in `cache_rows`: the batches of `gathered` in turn for about
+    seconds / len(cache_rows) each (one at least), timed by the store's read timer. None where fewer than
+    MIN_TIMED_READS reads were timed. Meant for O_DIRECT stores: through the page cache, a later size's misses are
+    rows an earlier size read."""
+    rank = hotness_rank(hotness)
+    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=store.direct)
+    share = seconds / max(len(cache_rows), 1)
+    rates: list[float | None] = []
+    for k in cache_rows:
+        probe.reset_counters()
+        began = time.perf_counter()
+        for ids in gathered:
+            misses = ids[rank[ids] >= k]
+            if misses.numel():
+                probe.gather(misses)
+            if time.perf_counter() - began >= share and probe.counters().reads:
+                break
+        counted = probe.counters()
+        rates.append(counted.reads_per_second if counted.reads >= MIN_TIMED_READS else None)
+    return rates
 
 
 def measure_store_reads(store, seconds: float, block: int, sequential_block: int) -> DiskReadFacts:

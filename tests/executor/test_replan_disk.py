@@ -80,8 +80,8 @@ def test_the_store_timed_read_rate_replaces_the_profiled_one() -> None:
     replanner = Replanner(profile)
     replanner.observe(dataclasses.replace(epoch, feature_reads=slow), plan)
     assert replanner.profile.disk.store_reads_per_s == pytest.approx(5_000.0)
-    assert replanner.profile.disk.reads_per_s == pytest.approx(5_000.0)
+    assert replanner.profile.disk.reads_per_s_at(plan.tiering.cache_bytes) == pytest.approx(5_000.0)
     few = dataclasses.replace(reads, reads=100, read_seconds=1.0)  # too few reads to time: the rate stays
     replanner = Replanner(profile)
     replanner.observe(dataclasses.replace(epoch, feature_reads=few), plan)
-    assert replanner.profile.disk.store_reads_per_s is None and replanner.profile.disk.reads_per_s == 10_000.0
+    assert replanner.profile.disk.store_reads_per_s is None and replanner.profile.disk.reads_per_s_at(0) == 10_000.0

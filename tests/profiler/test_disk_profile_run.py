@@ -40,25 +40,30 @@ def profiled(on_disk):
     return profiler, profiler.run()
 
 
-def test_the_timed_cpu_batches_read_nothing_from_the_disk(profiled):
+def test_the_timed_cpu_batches_read_nothing_from_the_disk(on_disk, profiled):
     profiler, profile = profiled
     reads = profiler.timed_batching_reads
     assert reads is not None and reads.hits > 0  # they gathered every row through the store, from its cache
     assert (reads.misses, reads.reads, reads.read_seconds) == (0, 0, 0.0)
     disk = profile.disk
     # The disk's cost is the store's own: its reads of the sampled batches were timed, at a rate of their own.
-    assert disk.store_reads_per_s is not None and disk.reads_per_s == disk.store_reads_per_s
+    assert disk.store_reads_per_s is not None
     assert len(disk.reads_per_miss_curve) == len(disk.hit_curve) and disk.reads_per_miss == disk.reads_per_miss_curve[0]
+    if on_disk.feature_store.direct:  # timed reading each cache size's misses
+        assert len(disk.reads_per_s_curve) == len(disk.hit_curve)
+    else:
+        assert disk.reads_per_s_curve == () and disk.reads_per_s_at(0) == disk.store_reads_per_s
     assert profile.to_dict()["disk"] == type(profile).from_dict(profile.to_dict()).to_dict()["disk"]
 
 
 def test_a_disk_bound_epoch_follows_the_disk_not_the_cpu(profiled):
     _, profile = profiled
-    cpu_batch = profile.cpu_batch_time(1, profile.cores)
+    work = profile.cpu_batch_time(1, profile.cores) + profile.cpu_training.per_batch_time(1, profile.cores)
     disk = profile.disk
-    # A disk 200x slower than one batch's CPU work per missed batch: the epoch is the disk's.
-    slow = dataclasses.replace(disk, store_reads_per_s=disk.rows_per_batch * disk.reads_per_miss / (200 * cpu_batch))
-    profile = profile.replaced(disk=slow)
+    # Reads of a batch's misses taking 100x its CPU work (batching and training) over 50 batches: a disk-bound epoch.
+    slow = dataclasses.replace(disk, store_reads_per_s=disk.rows_per_batch * disk.reads_per_miss / (100 * work),
+                               reads_per_s_curve=())
+    profile = profile.replaced(disk=slow, num_batches=50)
     base = plan_from_profile(profile, cache_bytes=0, engine="fast").predicted_epoch_s
     faster_disk = plan_from_profile(what_if(profile, disk_speed=2.0).profile, cache_bytes=0,
                                     engine="fast").predicted_epoch_s
