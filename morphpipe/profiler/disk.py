@@ -318,9 +318,23 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
     # Read through the page cache, a size's misses would be served from the rows an earlier size read: not timed.
     timed = read_rates_by_cache_size(store, hotness, gathered, cache_rows, seconds) if store.direct else []
     stand_in = rate if rate is not None else facts.random_reads_per_s
-    rates = tuple(value if value is not None else stand_in for value in timed) if any(timed) else ()
+    rates = tuple(increasing_fit([value if value is not None else stand_in for value in timed])) if any(timed) else ()
     return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss[0], tuple(zip(sizes, ratios)),
                        int(cache_budget_bytes), int(resident), tuple(reads_per_miss), rate, rates)
+
+
+def increasing_fit(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in squared error (pool adjacent violators): the read rate grows
+    with the cache (its misses take smaller reads), so a point timed low (another process's reads at that moment,
+    one batch timed) is pooled with its neighbours instead of pricing that cache size alone."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([float(value), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count),
+                          blocks[-1][1] + count]
+    return [mean for mean, count in blocks for _ in range(int(count))]
 
 
 def read_rates_by_cache_size(store, hotness: torch.Tensor, gathered: Sequence[torch.Tensor],

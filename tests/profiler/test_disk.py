@@ -99,3 +99,12 @@ def test_reads_per_miss_are_counted_with_each_cache_in_place(tmp_path):
         assert value == (reads.reads / reads.misses if reads.misses else None)  # what gathers through it issue
     # The rows a hot cache misses lie sparser: fewer of them share a read.
     assert counted[0] < counted[1] < counted[2] and counted[3] is None
+
+
+def test_the_timed_read_rates_are_fitted_non_decreasing():
+    from morphpipe.profiler.disk import increasing_fit
+
+    assert increasing_fit([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert increasing_fit([10.0, 2.0, 12.0, 13.0]) == [6.0, 6.0, 12.0, 13.0]  # a low point pooled with the one before
+    assert increasing_fit([4.0, 9.0, 3.0, 2.0, 20.0]) == [4.0, 14 / 3, 14 / 3, 14 / 3, 20.0]
+    assert increasing_fit([]) == []
