@@ -175,7 +175,8 @@ class DiskProfile:
         store_rate = self.store_reads_per_s * disk if self.store_reads_per_s is not None else None
         return replace(self, facts=replace(self.facts, random_reads_per_s=self.facts.random_reads_per_s * disk,
                                            sequential_bytes_per_s=self.facts.sequential_bytes_per_s * disk),
-                       store_reads_per_s=store_rate, reads_per_s_curve=tuple(rate * disk for rate in self.reads_per_s_curve),
+                       store_reads_per_s=store_rate,
+                       reads_per_s_curve=tuple(rate * disk for rate in self.reads_per_s_curve),
                        cache_budget_bytes=max(0, int(budget) - self.resident_bytes))
 
     def to_dict(self) -> dict:
