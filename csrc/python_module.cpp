@@ -128,9 +128,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "counters",
           [](const FeatureStore& self) {
             const morphpipe::FeatureStoreCounters c = self.counters();
-            return py::make_tuple(c.hits, c.misses, c.reads, c.bytes_read);
+            return py::make_tuple(c.hits, c.misses, c.reads, c.bytes_read, c.read_ns, c.read_gathers);
           },
-          "(hits, misses, reads, bytes_read) since the store opened or the last reset_counters")
+          "(hits, misses, reads, bytes_read, read_ns, read_gathers) since the store opened or the last "
+          "reset_counters")
+      .def("count_reads", &FeatureStore::count_reads, py::arg("ids"), py::call_guard<py::gil_scoped_release>(),
+           "(reads, bytes) the rows ids would take if none were cached; reads nothing")
       .def("reset_counters", &FeatureStore::reset_counters)
       .def_property_readonly("path", &FeatureStore::path)
       .def_property_readonly("num_rows", &FeatureStore::num_rows)

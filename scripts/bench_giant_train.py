@@ -1,7 +1,8 @@
 """A measured training run on a graph whose features do not fit in RAM (issue 21): profile and plan the workload,
 then train one epoch of N batches with the features read through the feature store behind the host cache the plan
-chose (or `--cache-mb`), and report batches/s, the cache's hit ratio, the disk's read rate and IOPS, peak RSS, and
-the predicted against the measured epoch.
+chose (or `--cache-mb`), and report batches/s, the cache's hit ratio, the disk's read rate and IOPS (the device's
+and the store's own, from its read timer, with the per-read latency), peak RSS, and the predicted against the
+measured epoch.
 
 The epoch is cut to `--batches` batches by training on that many batches' worth of the training split (a seeded
 random subset), so that a run on a papers100M-shaped graph (1,193 batches per full epoch) takes minutes; validation
@@ -118,9 +119,10 @@ def main() -> int:
                                     val_idx=val[:args.eval_nodes].clone(), test_idx=val[:0].clone())
         native.prepare()
         t0 = time.perf_counter()
-        profile = Profiler(graph, model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
-                           device="cpu", steps=args.steps, seed=args.seed, progress=True,
-                           memory_budget=int(args.memory_budget_gib * GIB)).run()
+        profiler = Profiler(graph, model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
+                            device="cpu", steps=args.steps, seed=args.seed, progress=True,
+                            memory_budget=int(args.memory_budget_gib * GIB))
+        profile = profiler.run()
         fixed_cache = None if args.cache_mb is None else int(args.cache_mb * 1e6)
         plan = plan_from_profile(profile, seed=args.seed, cache_bytes=fixed_cache)
         store = graph.open_feature_store(plan.tiering.cache_bytes if plan.tiering is not None else fixed_cache or 0)
@@ -139,6 +141,7 @@ def main() -> int:
         read_bytes, (reads, sectors) = process_read_bytes() - read_bytes0, device_reads(Path(args.dataset))
         reads, sectors = reads - reads0, sectors - sectors0
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    latency = counters.read_latency_s(store.io_threads)
     result = {
         "dataset": str(args.dataset), "nodes": graph.num_nodes, "edges": graph.num_edges,
         "features_gib": graph.num_nodes * graph.feature_dim * graph.features.element_size() / GIB
@@ -153,6 +156,18 @@ def main() -> int:
         "hit_ratio": counters.hit_ratio, "store_counters": dataclasses.asdict(counters),
         "process_read_gib": read_bytes / GIB, "process_read_gb_per_s": read_bytes / stats.epoch_s / 1e9,
         "device_reads": reads, "device_read_gib": sectors * 512 / GIB, "device_iops": reads / stats.epoch_s,
+        # The store's read timer: preads per second while its reads were in flight, and each pread's latency.
+        "store_read_s": counters.read_seconds, "store_read_share_of_epoch": counters.read_seconds / stats.epoch_s,
+        "store_iops": counters.reads_per_second, "store_read_latency_ms": latency * 1e3 if latency else None,
+        "profiled_reads_per_s": profile.disk.reads_per_s_at(store.cache_bytes) if profile.disk else None,
+        "profiled_reads_per_s_by_cache_mb": {f"{size / 1e6:.1f}": profile.disk.reads_per_s_at(size)
+                                             for size, _ in profile.disk.hit_curve} if profile.disk else None,
+        "profiled_reads_per_miss": profile.disk.reads_per_miss_at(store.cache_bytes) if profile.disk else None,
+        "reads_per_miss": counters.reads / counters.misses if counters.misses else None,
+        "profiled_reads_per_miss_by_cache_mb": {f"{size / 1e6:.1f}": profile.disk.reads_per_miss_at(size)
+                                                for size, _ in profile.disk.hit_curve} if profile.disk else None,
+        "cpu_batching_timed_reads": dataclasses.asdict(profiler.timed_batching_reads)
+        if profiler.timed_batching_reads is not None else None,
         "peak_rss_gib": peak_rss / GIB, "peak_rss_anon_gib": rss.peak["anon"] / GIB,
         "peak_rss_file_gib": rss.peak["file"] / GIB,
     }

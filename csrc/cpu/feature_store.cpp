@@ -131,11 +131,9 @@ void FeatureStore::read_exactly(char* buffer, int64_t begin, int64_t end) const 
   }
 }
 
-void FeatureStore::read_rows(const int64_t* rows, const int64_t* positions, int64_t count, char* out) {
-  std::vector<std::pair<int64_t, int64_t>> order(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) order[i] = {rows[i], positions[i]};
-  std::sort(order.begin(), order.end());
+std::vector<FeatureStore::Read> FeatureStore::plan_reads(const std::vector<std::pair<int64_t, int64_t>>& order) const {
   std::vector<Read> reads;
+  const int64_t count = static_cast<int64_t>(order.size());
   for (int64_t i = 0; i < count; ++i) {
     const int64_t begin = data_offset_ + order[i].first * row_bytes_;
     const int64_t end = begin + row_bytes_;
@@ -149,10 +147,54 @@ void FeatureStore::read_rows(const int64_t* rows, const int64_t* positions, int6
     }
     reads.push_back({begin, end, i, i + 1});
   }
-  int64_t bytes = 0;
-  for (const Read& read : reads) {
-    bytes += direct_ ? page_ceil(read.end) - page_floor(read.begin) : read.end - read.begin;
+  return reads;
+}
+
+int64_t FeatureStore::request_bytes(const Read& read) const {
+  return direct_ ? page_ceil(read.end) - page_floor(read.begin) : read.end - read.begin;
+}
+
+std::pair<int64_t, int64_t> FeatureStore::count_reads(const at::Tensor& rows) const {
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong, "FeatureStore.count_reads: ids must be a 1-D "
+              "int64 tensor, got ", rows.scalar_type(), " of shape ", rows.sizes());
+  const at::Tensor ids = rows.contiguous();
+  const int64_t* data = ids.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> order(static_cast<size_t>(ids.numel()));
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    TORCH_CHECK(data[i] >= 0 && data[i] < num_rows_, "FeatureStore.count_reads: ids[", i, "] = ", data[i],
+                " is outside [0, ", num_rows_, ")");
+    order[i] = {data[i], i};
   }
+  std::sort(order.begin(), order.end());
+  int64_t bytes = 0;
+  const std::vector<Read> reads = plan_reads(order);
+  for (const Read& read : reads) bytes += request_bytes(read);
+  return {static_cast<int64_t>(reads.size()), bytes};
+}
+
+void FeatureStore::read_rows(const int64_t* rows, const int64_t* positions, int64_t count, char* out) {
+  if (count == 0) return;
+  std::vector<std::pair<int64_t, int64_t>> order(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) order[i] = {rows[i], positions[i]};
+  std::sort(order.begin(), order.end());
+  const std::vector<Read> reads = plan_reads(order);
+  int64_t bytes = 0;
+  for (const Read& read : reads) bytes += request_bytes(read);
+  {
+    std::lock_guard<std::mutex> lock(reading_mutex_);
+    if (gathers_reading_++ == 0) reading_since_ = std::chrono::steady_clock::now();
+  }
+  struct DoneReading {  // also when a read fails: the time counted so far stays right
+    FeatureStore& store;
+    ~DoneReading() {
+      std::lock_guard<std::mutex> lock(store.reading_mutex_);
+      if (--store.gathers_reading_ == 0) {
+        store.read_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now() - store.reading_since_)
+                              .count();
+      }
+    }
+  } done_reading{*this};
   pool_.run(static_cast<int64_t>(reads.size()), [&](int64_t k) {
     const Read& read = reads[k];
     const int64_t buffer_begin = direct_ ? page_floor(read.begin) : read.begin;
@@ -165,6 +207,7 @@ void FeatureStore::read_rows(const int64_t* rows, const int64_t* positions, int6
   });
   reads_ += static_cast<int64_t>(reads.size());
   bytes_read_ += bytes;
+  read_gathers_ += 1;
 }
 
 void FeatureStore::gather_into(const int64_t* rows, int64_t count, at::Tensor& out) {
@@ -221,7 +264,7 @@ at::Tensor FeatureStore::gather(const at::Tensor& rows) {
 }
 
 FeatureStoreCounters FeatureStore::counters() const {
-  return {hits_.load(), misses_.load(), reads_.load(), bytes_read_.load()};
+  return {hits_.load(), misses_.load(), reads_.load(), bytes_read_.load(), read_ns_.load(), read_gathers_.load()};
 }
 
 void FeatureStore::reset_counters() {
@@ -229,6 +272,8 @@ void FeatureStore::reset_counters() {
   misses_ = 0;
   reads_ = 0;
   bytes_read_ = 0;
+  read_ns_ = 0;
+  read_gathers_ = 0;
 }
 
 }  // namespace morphpipe

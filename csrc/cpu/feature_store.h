@@ -8,9 +8,12 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/io_thread_pool.h"
@@ -23,6 +26,8 @@ struct FeatureStoreCounters {
   int64_t misses = 0;      // rows read from the file
   int64_t reads = 0;       // preads issued for misses (after coalescing)
   int64_t bytes_read = 0;  // bytes those preads asked for
+  int64_t read_ns = 0;     // wall time with reads in flight (gathers reading side by side counted once)
+  int64_t read_gathers = 0;  // gathers that issued reads
 };
 
 class FeatureStore {
@@ -40,6 +45,10 @@ class FeatureStore {
   // Writes rows[0..count) into the first `count` rows of `out` (contiguous [>= count, width] of dtype); the ids
   // must be in [0, num_rows) (the batcher's sampled ids are). Thread-safe.
   void gather_into(const int64_t* rows, int64_t count, at::Tensor& out);
+
+  // The preads and bytes the rows `rows` (any order, repeats allowed, ids in range) would take if none were
+  // cached, coalesced as a gather reads them; reads nothing.
+  std::pair<int64_t, int64_t> count_reads(const at::Tensor& rows) const;
 
   FeatureStoreCounters counters() const;
   void reset_counters();
@@ -59,6 +68,10 @@ class FeatureStore {
     int64_t first, last;
   };
 
+  // The preads serving the sorted (row, position) pairs `order`, rows close together in the file read at once.
+  std::vector<Read> plan_reads(const std::vector<std::pair<int64_t, int64_t>>& order) const;
+  // Bytes a read asks the file for (whole pages with O_DIRECT).
+  int64_t request_bytes(const Read& read) const;
   // Fails, naming the file, when the path no longer leads to the file opened or that file shrank.
   void check_file_unchanged() const;
   // Reads rows[0..count) (all misses) into the rows `positions[i]` of `out`.
@@ -85,7 +98,11 @@ class FeatureStore {
   at::Tensor cache_;               // uint8 [num_cached * row_bytes]
   std::vector<int32_t> slot_of_;  // row -> slot in cache_, -1 when not cached; empty without a cache
   IoThreadPool pool_;
-  std::atomic<int64_t> hits_{0}, misses_{0}, reads_{0}, bytes_read_{0};
+  std::atomic<int64_t> hits_{0}, misses_{0}, reads_{0}, bytes_read_{0}, read_ns_{0}, read_gathers_{0};
+  // Reads in flight: gathers reading now, and since when at least one was (one clock read per gather, not per row).
+  std::mutex reading_mutex_;
+  int64_t gathers_reading_ = 0;
+  std::chrono::steady_clock::time_point reading_since_;
 };
 
 }  // namespace morphpipe

@@ -216,9 +216,17 @@ def format_profile(profile: Profile) -> str:
         facts = disk.facts
         lines.append(f"  disk             {facts.random_reads_per_s:,.0f} random {facts.block} B reads/s at queue depth "
                      f"{facts.queue_depth}, sequential {facts.sequential_bytes_per_s / 1e9:.2f} GB/s; "
-                     f"{disk.rows_per_batch:,.0f} rows of {disk.row_bytes} B per batch, {disk.reads_per_miss:.3g} "
-                     "reads per missed row")
+                     f"{disk.rows_per_batch:,.0f} rows of {disk.row_bytes} B per batch")
+        if disk.store_reads_per_s is not None:
+            lines.append(f"  feature store    {disk.store_reads_per_s:,.0f} reads/s as its read timer measured them on "
+                         "the profiled batches")
         lines.append("  hit ratio        " + ", ".join(f"{format_bytes(size)} {ratio:.1%}"
                                                       for size, ratio in disk.hit_curve)
                      + f" (cache budget {format_bytes(disk.cache_budget_bytes)})")
+        lines.append("  reads per miss   " + ", ".join(f"{format_bytes(size)} {disk.reads_per_miss_at(size):.3g}"
+                                                      for size, _ in disk.hit_curve))
+        if disk.reads_per_s_curve:
+            lines.append("  store reads/s    " + ", ".join(f"{format_bytes(size)} {disk.reads_per_s_at(size):,.0f}"
+                                                          for size, _ in disk.hit_curve)
+                         + " (timed reading each cache size's misses)")
     return "\n".join(lines)

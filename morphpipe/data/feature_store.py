@@ -36,18 +36,35 @@ class NpyLayout:
 
 @dataclass(frozen=True)
 class FeatureStoreCounters:
-    """Rows served from the cache (hits) and from the file (misses), and the preads and bytes the misses took."""
+    """Rows served from the cache (hits) and from the file (misses), the preads and bytes the misses took, the wall
+    time the store had reads in flight (`read_seconds`: gathers reading side by side count once, so it is the time
+    the misses held the disk) and the gathers that read (`read_gathers`)."""
 
     hits: int
     misses: int
     reads: int
     bytes_read: int
+    read_seconds: float = 0.0
+    read_gathers: int = 0
 
     @property
     def hit_ratio(self) -> float:
         """Share of the rows asked for that the cache served (0 before any gather)."""
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
+
+    @property
+    def reads_per_second(self) -> float | None:
+        """The random-read rate the misses achieved: preads per second of reading (None before any timed read)."""
+        return self.reads / self.read_seconds if self.reads and self.read_seconds > 0 else None
+
+    def read_latency_s(self, io_threads: int) -> float | None:
+        """Mean time one pread took, by Little's law: a gather keeps min(io_threads + 1, its reads) preads in flight
+        (the pool's threads and the caller), so each took about that many times the reading time per read."""
+        if not self.reads or self.read_seconds <= 0:
+            return None
+        in_flight = min(io_threads + 1, self.reads / max(self.read_gathers, 1))
+        return self.read_seconds * max(in_flight, 1.0) / self.reads
 
 
 def npy_layout(path: str | os.PathLike) -> NpyLayout:
@@ -159,8 +176,14 @@ class FeatureStore:
         return self._native.gather(ids.long())
 
     def counters(self) -> FeatureStoreCounters:
-        """Hits, misses, preads and bytes read since the store opened or `reset_counters`."""
-        return FeatureStoreCounters(*self._native.counters())
+        """Hits, misses, preads, bytes and time read since the store opened or `reset_counters`."""
+        hits, misses, reads, bytes_read, read_ns, read_gathers = self._native.counters()
+        return FeatureStoreCounters(hits, misses, reads, bytes_read, read_ns * 1e-9, read_gathers)
+
+    def count_reads(self, ids: torch.Tensor) -> tuple[int, int]:
+        """The (preads, bytes) rows `ids` would take were none cached, coalesced as `gather` reads them; reads
+        nothing, so the reads a miss costs can be counted at any cache size."""
+        return tuple(self._native.count_reads(torch.as_tensor(ids).long()))
 
     def reset_counters(self) -> None:
         self._native.reset_counters()

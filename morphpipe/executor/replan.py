@@ -26,7 +26,7 @@ import torch
 
 from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.executor.executor import EpochResult
-from morphpipe.profiler.disk import DiskProfile
+from morphpipe.profiler.disk import MIN_TIMED_READS, DiskProfile
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.scheduler.plan import Plan
 from morphpipe.scheduler.planning import plan_from_profile
@@ -109,19 +109,39 @@ def rescaled_profile(profile: Profile, factors: dict[str, float]) -> Profile:
 
 
 def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, batches: int) -> DiskProfile:
-    """`disk` as the epoch's feature store counters say: rows per batch and preads per missed row as counted, and
-    the hit curve's miss ratios scaled by measured / predicted at the cache that ran (hits clipped to [0, 1])."""
+    """`disk` as the epoch's feature store counters say: rows per batch as counted, the hit curve's miss ratios and
+    the preads per missed row scaled by measured / predicted at the cache that ran (hits clipped to [0, 1]), and
+    the read rates scaled by the rate the store's read timer measured (preads per second of reading) over the
+    profile's at that cache, when it timed enough reads."""
     rows = reads.hits + reads.misses
     if rows == 0 or batches == 0 or plan.tiering is None:
         return disk
-    predicted_miss = 1.0 - disk.hit_ratio(plan.tiering.cache_bytes)
+    cache_bytes = plan.tiering.cache_bytes
+    predicted_miss = 1.0 - disk.hit_ratio(cache_bytes)
     factor = (1.0 - reads.hit_ratio) / predicted_miss if predicted_miss > 0 else 1.0
     curve = [(size, min(1.0, max(0.0, 1.0 - (1.0 - ratio) * factor))) for size, ratio in disk.hit_curve]
     monotone = []
     for size, ratio in curve:
         monotone.append((size, max(ratio, monotone[-1][1] if monotone else 0.0)))
-    return replace(disk, rows_per_batch=rows / batches, hit_curve=tuple(monotone),
-                   reads_per_miss=reads.reads / reads.misses if reads.misses else disk.reads_per_miss)
+    reads_per_miss, per_size = disk.reads_per_miss, disk.reads_per_miss_curve
+    if reads.misses:
+        counted = reads.reads / reads.misses / disk.reads_per_miss_at(cache_bytes)
+        reads_per_miss, per_size = reads_per_miss * counted, tuple(value * counted for value in per_size)
+    rates, store_rate = disk.reads_per_s_curve, disk.store_reads_per_s
+    if reads.reads >= MIN_TIMED_READS and reads.reads_per_second is not None:
+        timed = reads.reads_per_second / disk.reads_per_s_at(cache_bytes)
+        rates = tuple(rate * timed for rate in rates)
+        store_rate = store_rate * timed if store_rate is not None else reads.reads_per_second
+    return replace(disk, rows_per_batch=rows / batches, hit_curve=tuple(monotone), reads_per_miss=reads_per_miss,
+                   reads_per_miss_curve=per_size, store_reads_per_s=store_rate, reads_per_s_curve=rates)
+
+
+def disk_reads_note(reads: FeatureStoreCounters, io_threads: int) -> str:
+    """What the store's read timer measured this epoch, for a re-planning decision ("" when it read nothing)."""
+    rate, latency = reads.reads_per_second, reads.read_latency_s(io_threads)
+    if rate is None or latency is None:
+        return ""
+    return f"; the disk served {rate:,.0f} preads/s, {latency * 1e3:.2f} ms each"
 
 
 @dataclass(frozen=True)
@@ -202,6 +222,8 @@ class Replanner:
         switched = candidate.predicted_epoch_s < current_s * (1.0 - self.threshold) and not same_schedule(candidate, plan)
         changed = note or ", ".join(f"{phase} x{factor:.2f}" for phase, factor in self.factors.items()
                                     if abs(factor - 1.0) >= 0.05) or "phases as profiled"
+        if self.profile.disk is not None and result.feature_reads is not None:
+            changed += disk_reads_note(result.feature_reads, self.profile.disk.facts.queue_depth)
         if switched:
             reason = (f"re-planned ({changed}): {describe_schedule(plan)} -> {describe_schedule(candidate)}, "
                       f"predicted {current_s:.2f} s -> {candidate.predicted_epoch_s:.2f} s")

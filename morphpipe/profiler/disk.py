@@ -14,7 +14,7 @@ import psutil
 import torch
 
 from morphpipe import native
-from morphpipe.data.feature_store import FeatureStore, hotness_order
+from morphpipe.data.feature_store import FeatureStore, FeatureStoreCounters, hotness_order
 from morphpipe.documents import FieldReader
 from morphpipe.numeric import check_float, check_int
 from morphpipe.sampling.cpu_batcher import sample_neighbors
@@ -56,13 +56,18 @@ class DiskReadFacts:
 @dataclass(frozen=True)
 class DiskProfile:
     """What the planner knows about features on disk: the disk's read rates (`facts`), the feature rows (`num_rows`
-    of `row_bytes`), the rows a batch gathers (`rows_per_batch`), the preads a missed row costs (`reads_per_miss`,
-    below 1 when neighbouring rows share a read), the share of rows a static cache of the hottest rows serves at
-    each size of `hit_curve` ((cache bytes, hit ratio), increasing), `cache_budget_bytes`, the host RAM the
-    cache may take, and `resident_bytes`, what the graph needs in RAM besides (their sum: the memory budget).
+    of `row_bytes`), the rows a batch gathers (`rows_per_batch`), the preads a missed row costs (`reads_per_miss`
+    without a cache, below 1 when neighbouring rows share a read), the share of rows a static cache of the hottest
+    rows serves at each size of `hit_curve` ((cache bytes, hit ratio), increasing), `cache_budget_bytes`, the host
+    RAM the cache may take, and `resident_bytes`, what the graph needs in RAM besides (their sum: the memory budget).
 
-    A missed row holds the disk for reads_per_miss / random_reads_per_s: the store keeps `queue_depth` reads in
-    flight, at which depth the random-read rate was measured."""
+    `reads_per_miss_curve` holds the preads per missed row at each size of `hit_curve`, counted with that cache in
+    place (the rows a hot cache misses lie sparser, so fewer share a read); empty: `reads_per_miss` at every size.
+    `store_reads_per_s` is the rate the feature store's own reads achieved on the profiled batches (its read timer:
+    preads per second of reading, at its queue depth and read sizes); None: the disk's random-read rate in `facts`
+    stands in. `reads_per_s_curve` holds the rate the store's reads of each hit_curve size's misses achieved (the
+    sparser misses of a larger cache take smaller reads, more of them a second); empty: the rate above at every
+    size. A missed row holds the disk for reads per miss / that rate, both at the cache's size."""
 
     facts: DiskReadFacts
     row_bytes: int
@@ -72,6 +77,9 @@ class DiskProfile:
     hit_curve: tuple[tuple[int, float], ...]
     cache_budget_bytes: int
     resident_bytes: int = 0
+    reads_per_miss_curve: tuple[float, ...] = ()
+    store_reads_per_s: float | None = None
+    reads_per_s_curve: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.row_bytes < 1 or self.num_rows < 1:
@@ -91,15 +99,49 @@ class DiskProfile:
         if any(not 0.0 <= ratio <= 1.0 for ratio in ratios) or ratios != sorted(ratios):
             raise ValueError(f"DiskProfile.hit_curve: hit ratios must lie in [0, 1] and never fall as the cache "
                              f"grows, got {ratios}")
+        for name in ("reads_per_miss_curve", "reads_per_s_curve"):
+            values = getattr(self, name)
+            if values and (len(values) != len(sizes) or not all(math.isfinite(value) and value > 0
+                                                                 for value in values)):
+                raise ValueError(f"DiskProfile.{name} needs one finite value > 0 per hit_curve size ({len(sizes)}), "
+                                 f"got {list(values)}")
+        if self.store_reads_per_s is not None and not (math.isfinite(self.store_reads_per_s)
+                                                       and self.store_reads_per_s > 0):
+            raise ValueError(f"DiskProfile.store_reads_per_s must be a finite number > 0 (or None: not measured), "
+                             f"got {self.store_reads_per_s!r}")
 
     @property
     def features_bytes(self) -> int:
         return self.row_bytes * self.num_rows
 
-    @property
-    def seconds_per_miss(self) -> float:
-        """Time one missed row holds the disk at the store's queue depth."""
-        return self.reads_per_miss / self.facts.random_reads_per_s
+    def reads_per_s_at(self, cache_bytes: int) -> float:
+        """The preads per second the misses of a cache of `cache_bytes` are served at: the store's rate timed on
+        such misses, else its rate on the profiled batches, else the disk's random-read rate."""
+        if self.reads_per_s_curve:
+            return self._along_curve(self.reads_per_s_curve, cache_bytes)
+        return self.store_reads_per_s if self.store_reads_per_s is not None else self.facts.random_reads_per_s
+
+    def reads_per_miss_at(self, cache_bytes: int) -> float:
+        """Preads per missed row with a cache of `cache_bytes` (`reads_per_miss` at every size when none were
+        counted)."""
+        if not self.reads_per_miss_curve:
+            return self.reads_per_miss
+        return self._along_curve(self.reads_per_miss_curve, cache_bytes)
+
+    def _along_curve(self, values: tuple[float, ...], cache_bytes: int) -> float:
+        """`values` (one per hit_curve size) at `cache_bytes`: linear between sizes, the last value beyond them."""
+        sizes = [size for size, _ in self.hit_curve]
+        index = next((i for i, size in enumerate(sizes) if size >= cache_bytes), None)
+        if index is None:
+            return values[-1]
+        if sizes[index] == cache_bytes or index == 0:
+            return values[index]
+        low, high = values[index - 1], values[index]
+        return low + (high - low) * (cache_bytes - sizes[index - 1]) / (sizes[index] - sizes[index - 1])
+
+    def seconds_per_miss(self, cache_bytes: int = 0) -> float:
+        """Time one row missed with a cache of `cache_bytes` holds the disk at the store's queue depth."""
+        return self.reads_per_miss_at(cache_bytes) / self.reads_per_s_at(cache_bytes)
 
     def hit_ratio(self, cache_bytes: int) -> float:
         """The measured hit ratio at `cache_bytes`, linear between measured sizes and from the largest measured one
@@ -118,7 +160,7 @@ class DiskProfile:
 
     def read_s_per_batch(self, cache_bytes: int) -> float:
         """Time a batch's cache misses hold the disk with a cache of `cache_bytes`."""
-        return self.rows_per_batch * (1.0 - self.hit_ratio(cache_bytes)) * self.seconds_per_miss
+        return self.rows_per_batch * (1.0 - self.hit_ratio(cache_bytes)) * self.seconds_per_miss(cache_bytes)
 
     def cache_candidates(self) -> list[int]:
         """The cache sizes the planner compares: the measured ones within the budget, and the budget itself (or
@@ -130,26 +172,43 @@ class DiskProfile:
         """The same workload on a machine whose memory budget is `memory` times this one's (the topology still takes
         its share, the cache the rest) and whose disk reads `disk` times as fast."""
         budget = (self.cache_budget_bytes + self.resident_bytes) * memory
+        store_rate = self.store_reads_per_s * disk if self.store_reads_per_s is not None else None
         return replace(self, facts=replace(self.facts, random_reads_per_s=self.facts.random_reads_per_s * disk,
                                            sequential_bytes_per_s=self.facts.sequential_bytes_per_s * disk),
+                       store_reads_per_s=store_rate,
+                       reads_per_s_curve=tuple(rate * disk for rate in self.reads_per_s_curve),
                        cache_budget_bytes=max(0, int(budget) - self.resident_bytes))
 
     def to_dict(self) -> dict:
         return {"facts": self.facts.to_dict(), "row_bytes": self.row_bytes, "num_rows": self.num_rows,
                 "rows_per_batch": self.rows_per_batch, "reads_per_miss": self.reads_per_miss,
-                "hit_curve": [{"cache_bytes": size, "hit_ratio": ratio} for size, ratio in self.hit_curve],
-                "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes}
+                "hit_curve": [{"cache_bytes": size, "hit_ratio": ratio,
+                               **({"reads_per_miss": self.reads_per_miss_curve[i]} if self.reads_per_miss_curve
+                                  else {}),
+                               **({"reads_per_s": self.reads_per_s_curve[i]} if self.reads_per_s_curve else {})}
+                              for i, (size, ratio) in enumerate(self.hit_curve)],
+                "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes,
+                "store_reads_per_s": self.store_reads_per_s}
 
     @classmethod
     def from_fields(cls, reader: FieldReader) -> DiskProfile:
         """Reads and validates a profile's `disk` section."""
+        points = reader.sections("hit_curve")
         curve = tuple((point.integer("cache_bytes", minimum=0), point.number("hit_ratio", minimum=0.0))
-                      for point in reader.sections("hit_curve"))
+                      for point in points)
+        counted, rates = ([point.number(name, positive=True, optional=True) for point in points]
+                          for name in ("reads_per_miss", "reads_per_s"))
+        for name, values in (("reads_per_miss", counted), ("reads_per_s", rates)):
+            if any(value is None for value in values) and any(value is not None for value in values):
+                raise reader.error("hit_curve", f"must give {name} at every point or at none", values)
         with reader.as_document_errors():
             return cls(DiskReadFacts.from_fields(reader.section("facts")), reader.integer("row_bytes", minimum=1),
                        reader.integer("num_rows", minimum=1), reader.number("rows_per_batch", minimum=0.0),
                        reader.number("reads_per_miss", positive=True), curve,
-                       reader.integer("cache_budget_bytes", minimum=0), reader.integer("resident_bytes", minimum=0))
+                       reader.integer("cache_budget_bytes", minimum=0), reader.integer("resident_bytes", minimum=0),
+                       tuple(value for value in counted if value is not None),
+                       reader.number("store_reads_per_s", positive=True, optional=True),
+                       tuple(value for value in rates if value is not None))
 
 
 def measure_disk_reads(path: str | os.PathLike, queue_depth: int, seconds: float = 2.0, block: int = PAGE,
@@ -170,15 +229,37 @@ def hit_ratio_by_cache_size(hotness: torch.Tensor, gathered: Sequence[torch.Tens
                             cache_rows: Sequence[int]) -> list[float]:
     """Share of the rows in `gathered` (each batch's input nodes) that a static cache of the `k` hottest rows by
     `hotness` would serve, for every k in `cache_rows`."""
-    num_rows = hotness.numel()
-    rank = torch.empty(num_rows, dtype=torch.int64)
-    rank[hotness_order(hotness)] = torch.arange(num_rows)  # the k hottest rows are those of rank < k
+    rank = hotness_rank(hotness)
     ranks = torch.sort(torch.cat([rank[ids] for ids in gathered])).values
     total = ranks.numel()
     if total == 0:
         return [0.0 for _ in cache_rows]
     counts = torch.searchsorted(ranks, torch.tensor([check_int("cache_rows", k, 0) for k in cache_rows]))
     return [int(count) / total for count in counts]
+
+
+def hotness_rank(hotness: torch.Tensor) -> torch.Tensor:
+    """Each row's place in `hotness_order`: a static cache of the k hottest rows holds those of rank < k."""
+    num_rows = hotness.numel()
+    rank = torch.empty(num_rows, dtype=torch.int64)
+    rank[hotness_order(hotness)] = torch.arange(num_rows)
+    return rank
+
+
+def reads_per_miss_by_cache_size(store, hotness: torch.Tensor, gathered: Sequence[torch.Tensor],
+                                 cache_rows: Sequence[int]) -> list[float | None]:
+    """Preads per missed row when the `k` hottest rows by `hotness` are cached, for every k in `cache_rows`: each
+    batch's misses (the rows of `gathered` not cached) coalesced into reads as FeatureStore `store` reads them
+    (counted, not read). None where nothing misses."""
+    rank = hotness_rank(hotness)
+    ranks = [rank[ids] for ids in gathered]
+    result: list[float | None] = []
+    for k in cache_rows:
+        misses = [ids[batch_ranks >= k] for ids, batch_ranks in zip(gathered, ranks)]
+        missed = sum(ids.numel() for ids in misses)
+        reads = sum(store.count_reads(ids)[0] for ids in misses if ids.numel())
+        result.append(reads / missed if missed else None)
+    return result
 
 
 def presampled_hit_ratios(graph, fanouts: Sequence[int], batch_size: int, num_batches: int,
@@ -201,10 +282,17 @@ def curve_sizes(features_bytes: int, budget_bytes: int, points: int = 12) -> lis
     return sorted({0, largest, *(int(smallest * step**i) for i in range(points - 1))})
 
 
+# Fewer preads than this in the profiled batches time the store's reading too coarsely: the disk's rate stands in.
+MIN_TIMED_READS = 256
+
+
 def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch.Tensor, cache_budget_bytes: int,
-                         reads_per_miss: float, seconds: float = 1.0, resident: int = 0) -> DiskProfile:
+                         seconds: float = 1.0, resident: int = 0,
+                         store_reads: FeatureStoreCounters | None = None) -> DiskProfile:
     """The DiskProfile of a FeatureStore `store`: the disk under its file measured at its I/O threads' queue depth
-    and its row size, the hit curve of an in-degree (`hotness`) cache over the rows of `gathered` batches."""
+    and its row size, the hit curve of an in-degree (`hotness`) cache over the rows of `gathered` batches and the
+    preads per missed row at each size of it, and the read rate `store_reads` (the store's counters while it
+    gathered those batches) achieved, when it timed at least MIN_TIMED_READS reads."""
     num_rows, width = store.shape
     row_bytes = width * store.dtype.itemsize
     block = max(PAGE, -(-row_bytes // PAGE) * PAGE)
@@ -220,10 +308,59 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
             raise
         facts = measure_store_reads(store, seconds, block, sequential_block)
     sizes = curve_sizes(num_rows * row_bytes, cache_budget_bytes)
-    ratios = hit_ratio_by_cache_size(hotness, gathered, [size // row_bytes for size in sizes])
+    cache_rows = [size // row_bytes for size in sizes]
+    ratios = hit_ratio_by_cache_size(hotness, gathered, cache_rows)
+    counted = reads_per_miss_by_cache_size(store, hotness, gathered, cache_rows)
+    reads_per_miss = []
+    for value in counted:  # where nothing misses, the value at the next smaller cache (1 read a row at none)
+        reads_per_miss.append(value if value is not None else reads_per_miss[-1] if reads_per_miss else 1.0)
     rows_per_batch = sum(ids.numel() for ids in gathered) / max(len(gathered), 1)
-    return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss, tuple(zip(sizes, ratios)),
-                       int(cache_budget_bytes), int(resident))
+    rate = store_reads.reads_per_second if store_reads is not None and store_reads.reads >= MIN_TIMED_READS else None
+    # Read through the page cache, a size's misses would be served from the rows an earlier size read: not timed.
+    timed = read_rates_by_cache_size(store, hotness, gathered, cache_rows, seconds) if store.direct else []
+    stand_in = rate if rate is not None else facts.random_reads_per_s
+    rates = tuple(increasing_fit([value if value is not None else stand_in for value in timed])) if any(timed) else ()
+    return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss[0], tuple(zip(sizes, ratios)),
+                       int(cache_budget_bytes), int(resident), tuple(reads_per_miss), rate, rates)
+
+
+def increasing_fit(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in squared error (pool adjacent violators): the read rate grows
+    with the cache (its misses take smaller reads), so a point timed low (another process's reads at that moment,
+    one batch timed) is pooled with its neighbours instead of pricing that cache size alone."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([float(value), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count),
+                          blocks[-1][1] + count]
+    return [mean for mean, count in blocks for _ in range(int(count))]
+
+
+def read_rates_by_cache_size(store, hotness: torch.Tensor, gathered: Sequence[torch.Tensor],
+                             cache_rows: Sequence[int], seconds: float) -> list[float | None]:
+    """The preads per second a cache-less twin of FeatureStore `store` achieves reading just the misses of a cache
+    of the `k` hottest rows, for every k in `cache_rows`: the batches of `gathered` in turn for about
+    seconds / len(cache_rows) each (one at least), timed by the store's read timer. None where fewer than
+    MIN_TIMED_READS reads were timed. Meant for O_DIRECT stores: through the page cache, a later size's misses are
+    rows an earlier size read."""
+    rank = hotness_rank(hotness)
+    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=store.direct)
+    share = seconds / max(len(cache_rows), 1)
+    rates: list[float | None] = []
+    for k in cache_rows:
+        probe.reset_counters()
+        began = time.perf_counter()
+        for ids in gathered:
+            misses = ids[rank[ids] >= k]
+            if misses.numel():
+                probe.gather(misses)
+            if time.perf_counter() - began >= share and probe.counters().reads:
+                break
+        counted = probe.counters()
+        rates.append(counted.reads_per_second if counted.reads >= MIN_TIMED_READS else None)
+    return rates
 
 
 def measure_store_reads(store, seconds: float, block: int, sequential_block: int) -> DiskReadFacts:

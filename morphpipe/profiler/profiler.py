@@ -1,6 +1,7 @@
 """The Profiler: measures every phase this machine has on a real workload and returns a Profile."""
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -8,7 +9,7 @@ from contextlib import contextmanager
 import torch
 from tqdm import tqdm
 
-from morphpipe.data.feature_store import FeatureStore
+from morphpipe.data.feature_store import FeatureStore, FeatureStoreCounters
 from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.nn.task import NodeClassification, Task
 from morphpipe.nn.train_step import PRECISIONS
@@ -58,9 +59,12 @@ class Profiler:
 
     With features on disk (the graph has a feature store) the disk is profiled too (profiler/disk.py): its
     read rate at the store's queue depth, and the hit ratio of a host cache of hot rows up to what
-    `memory_budget` (bytes; default: a share of the memory available now) leaves beside the topology. CPU
-    batching is then timed with every row of the timed batches cached, so that the plan counts the disk once,
-    as a resource of its own.
+    `memory_budget` (bytes; default: a share of the memory available now) leaves beside the topology, with the
+    preads a missed row costs at each cache size, and the read rate the store achieved while it gathered the
+    sampled batches (its own read timer). CPU batching is then timed on those same batches with every row they
+    gather cached, so its time is the CPU's alone and the disk, a resource of its own, is counted once; the
+    store's counters during that timing are kept in `timed_batching_reads` (no reads: nothing of the disk's in
+    the CPU time).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class Profiler:
         if precision not in (*PRECISIONS, "auto"):
             raise ValueError(f"precision={precision!r}: choose one of {(*PRECISIONS, 'auto')}")
         self.precision = precision
+        self.timed_batching_reads: FeatureStoreCounters | None = None
 
     def phases(self) -> list[tuple[str, str]]:
         """The (phase, hardware) operators this profile needs, in the order they run."""
@@ -150,8 +155,13 @@ class Profiler:
         """Measures every phase once and returns the Profile."""
         phases = self.phases()
         per_measurement = self.warmup + self.steps
+        store = getattr(self.graph, "feature_store", None)
+        # With features on disk, also the batches a timed CPU batcher builds ahead of the last one it delivers (its
+        # window holds 2 per thread), so that every row the timing gathers is among those cached.
+        ahead = 2 * max(self.thread_counts) if store is not None else 0
         total = sum(per_measurement * (len(self.thread_counts) if hw == "cpu" else 1) for _, hw in phases)
-        with tqdm(total=total + per_measurement, desc="profiling", unit="step", disable=not self.progress) as bar:
+        with tqdm(total=total + per_measurement + ahead, desc="profiling", unit="step",
+                  disable=not self.progress) as bar:
             session = ProfilingSession(
                 graph=self.graph, fanouts=self.fanouts, batch_size=self.batch_size, model_name=self.model,
                 hidden=self.hidden, thread_counts=self.thread_counts, warmup=self.warmup, steps=self.steps,
@@ -159,32 +169,34 @@ class Profiler:
                 precision="float32" if self.precision == "auto" else self.precision,
             )
             bar.set_postfix_str("sampling batches")
-            store = getattr(self.graph, "feature_store", None)
             if store is not None:
                 store.reset_counters()
+            gathered = []
             with self.task.batcher(self.graph, self.fanouts, self.batch_size, route=0, seed=self.seed,
                                    pin_memory=False) as batcher:
-                for batch in batcher:
-                    session.sample_batches.append(batch)
+                # The batches the CPU batching operator times, epoch after epoch as it runs them (a small graph's
+                # epoch may hold fewer).
+                batches = itertools.chain.from_iterable(batcher.epoch(epoch) for epoch in itertools.count())
+                for batch in itertools.islice(batches, per_measurement + ahead):
+                    if len(session.sample_batches) < per_measurement:
+                        session.sample_batches.append(batch)
+                    gathered.append(batch.input_nodes)
                     bar.update(1)
-                    if len(session.sample_batches) == per_measurement:
-                        break
-            misses = store.counters() if store is not None else None
+            sampled_reads = store.counters() if store is not None else None
             if self.precision == "auto":
                 bar.set_postfix_str("choosing the precision")
                 session.precision = self.faster_precision(session)
             timings = {}
             for phase, hardware in phases:
                 bar.set_postfix_str(f"{phase} on {hardware}")
-                with self.rows_of_the_timed_batches_cached(session, phase):
+                with self.rows_cached(gathered if phase == "cpu_batching" else []):
                     timings[phase] = OPERATORS[(phase, hardware)](session)
             disk = None
             if store is not None:
                 bar.set_postfix_str("disk reads")
-                reads_per_miss = misses.reads / misses.misses if misses.misses else 1.0
-                disk = measure_disk_profile(store, [batch.input_nodes for batch in session.sample_batches],
-                                            self.graph.in_degrees(), cache_budget(self.graph, self.memory_budget),
-                                            reads_per_miss, self.disk_seconds, resident_bytes(self.graph))
+                disk = measure_disk_profile(store, gathered, self.graph.in_degrees(),
+                                            cache_budget(self.graph, self.memory_budget), self.disk_seconds,
+                                            resident_bytes(self.graph), sampled_reads)
         num_seeds = len(self.task.seeds(self.graph))
         return Profile(
             hardware=self.hardware,
@@ -232,14 +244,15 @@ class Profiler:
         return chosen
 
     @contextmanager
-    def rows_of_the_timed_batches_cached(self, session: ProfilingSession, phase: str) -> Iterator[None]:
-        """While CPU batching is timed with features on disk: a feature store caching every row the timed batches
-        gather (the profiler sampled them first), so the time is the CPU's; the disk's is modelled apart."""
+    def rows_cached(self, gathered: list[torch.Tensor]) -> Iterator[None]:
+        """While CPU batching is timed with features on disk: a feature store caching every row of `gathered` (the
+        batches the timing builds, sampled first), so the time is the CPU's; the disk's is measured apart. Its
+        counters afterwards are `timed_batching_reads`. Nothing changes when `gathered` is empty."""
         store = getattr(self.graph, "feature_store", None)
-        if store is None or phase != "cpu_batching":
+        if store is None or not gathered:
             yield
             return
-        rows = torch.unique(torch.cat([batch.input_nodes for batch in session.sample_batches]))
+        rows = torch.unique(torch.cat(gathered))
         hot = torch.zeros(store.shape[0], dtype=torch.int8)
         hot[rows] = 1
         row_bytes = store.shape[1] * store.dtype.itemsize
@@ -250,11 +263,11 @@ class Profiler:
             yield
         finally:
             self.graph.feature_store = store
-        counted = cached.counters()
-        if counted.misses:
+        self.timed_batching_reads = counted = cached.counters()
+        if counted.reads:
             self.log(f"profiling: {counted.misses:,} of the {counted.hits + counted.misses:,} rows the timed CPU "
-                     "batches gathered were not among the sampled batches' rows; their reads are in the CPU batching "
-                     "time as well as in the disk's")
+                     f"batches gathered were not among the sampled batches' rows; their {counted.reads:,} reads "
+                     f"({counted.read_seconds:.3f} s) are in the CPU batching time as well as in the disk's")
 
     def workload(self, precision: str) -> dict[str, str | int | float | bool | None]:
         """What was profiled (in `precision`, the one `auto` settled on), stored in the Profile so a plan can say what

@@ -20,7 +20,7 @@ def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(
                  "--save-plan", str(plan_path)]) == 0
     out = capsys.readouterr().out
     assert "do not fit the memory budget" in out and "reading them from disk through the feature store" in out
-    assert "random 4096 B reads/s at queue depth 48" in out and "hit ratio " in out
+    assert "random 4096 B reads/s at queue depth 48" in out and "hit ratio " in out and "reads per miss " in out
     plan = Plan.load(plan_path)
     assert plan.tiering is not None and 0 <= plan.tiering.cache_bytes <= 300_000
     assert plan.tiering.cache_budget_bytes == 300_000 and plan.tiering.candidates_s

@@ -104,7 +104,34 @@ def test_hit_accounting_matches_a_count_by_hand(tmp_path):
     store.gather(torch.tensor([97]))
     assert store.counters().misses == 4
     store.reset_counters()
-    assert store.counters() == type(counters)(0, 0, 0, 0)
+    assert store.counters() == type(counters)(0, 0, 0, 0, 0.0, 0)
+
+
+def test_the_store_times_its_reads_and_counts_them_as_a_gather_reads(tmp_path):
+    features = random_rows(20_000, 48, torch.float16)  # rows of 96 B: many share a page
+    path = save_features(tmp_path, features)
+    hotness = torch.arange(20_000, 0, -1)  # rows 0.. hottest
+    store = FeatureStore(path, cache_bytes=5000 * 96, hotness=hotness, io_threads=4)
+    assert store.counters().read_seconds == 0.0 and store.counters().reads_per_second is None
+    store.gather(torch.arange(0, 5000))  # every row cached: no read, no read time
+    assert store.counters().reads == store.counters().read_gathers == 0 and store.counters().read_seconds == 0.0
+    ids = torch.randperm(20_000, generator=torch.Generator().manual_seed(3))[:3000]
+    for _ in range(3):
+        store.gather(ids)
+    counters = store.counters()
+    misses = ids[ids >= 5000]
+    assert counters.misses == 3 * misses.numel() and counters.read_gathers == 3
+    # The reads counted without reading are those the gathers issued, whatever the cache holds (the misses given).
+    assert (3 * store.count_reads(misses)[0], 3 * store.count_reads(misses)[1]) == (counters.reads,
+                                                                                    counters.bytes_read)
+    assert counters.read_seconds > 0 and counters.reads_per_second == counters.reads / counters.read_seconds
+    latency = counters.read_latency_s(store.io_threads)
+    assert latency == pytest.approx(counters.read_seconds * 5 / counters.reads)  # 5 in flight: 4 threads + caller
+    assert store.count_reads(torch.tensor([7, 7, 8])) == (1, 4096 if store.direct else 2 * 96)  # one page
+    store.reset_counters()
+    assert store.counters() == type(counters)(0, 0, 0, 0, 0.0, 0)
+    with pytest.raises(RuntimeError, match=r"count_reads: ids\[0\] = 20000 is outside \[0, 20000\)"):
+        store.count_reads(torch.tensor([20_000]))
 
 
 def test_hottest_rows_break_ties_towards_the_lower_id():

@@ -2,6 +2,8 @@
 profile's hit curve, rows per batch and preads per missed row before the planner sizes the cache again."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from morphpipe.data.feature_store import FeatureStoreCounters
@@ -64,3 +66,22 @@ def test_more_misses_than_profiled_lengthen_the_prediction() -> None:
 def test_plans_that_differ_only_in_their_cache_are_different_schedules() -> None:
     profile = disk_profile()
     assert not same_schedule(plan_from_profile(profile, cache_bytes=0), plan_from_profile(profile, cache_bytes=256_000))
+
+
+def test_the_store_timed_read_rate_replaces_the_profiled_one() -> None:
+    profile = disk_profile()  # profiled at 10,000 reads/s
+    plan = plan_from_profile(profile, engine="fast")
+    epoch = epoch_with(plan, profile, plan.tiering.hit_ratio, 1.0)
+    reads = epoch.feature_reads
+    slow = dataclasses.replace(reads, read_seconds=reads.reads / 5_000.0, read_gathers=BATCHES)  # half as fast
+    decision = Replanner(profile).observe(dataclasses.replace(epoch, feature_reads=slow), plan)
+    assert decision.current_s > plan.predicted_epoch_s * 1.5  # the disk bounds the epoch: about twice as long
+    assert "the disk served 5,000 preads/s" in decision.reason
+    replanner = Replanner(profile)
+    replanner.observe(dataclasses.replace(epoch, feature_reads=slow), plan)
+    assert replanner.profile.disk.store_reads_per_s == pytest.approx(5_000.0)
+    assert replanner.profile.disk.reads_per_s_at(plan.tiering.cache_bytes) == pytest.approx(5_000.0)
+    few = dataclasses.replace(reads, reads=100, read_seconds=1.0)  # too few reads to time: the rate stays
+    replanner = Replanner(profile)
+    replanner.observe(dataclasses.replace(epoch, feature_reads=few), plan)
+    assert replanner.profile.disk.store_reads_per_s is None and replanner.profile.disk.reads_per_s_at(0) == 10_000.0

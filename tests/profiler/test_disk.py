@@ -55,11 +55,13 @@ def test_disk_profile_of_a_store_measures_through_it_where_o_direct_is_refused(t
     monkeypatch.setattr(disk, "measure_disk_reads", refused)
     hotness = torch.arange(2000, 0, -1)  # row 0 hottest
     gathered = [torch.arange(0, 100), torch.arange(50, 250)]
-    profile = disk.measure_disk_profile(store, gathered, hotness, cache_budget_bytes=200 * 256, reads_per_miss=0.5,
-                                        seconds=0.05, resident=1000)
+    profile = disk.measure_disk_profile(store, gathered, hotness, cache_budget_bytes=200 * 256, seconds=0.05,
+                                        resident=1000)
     assert profile.facts.random_reads_per_s > 0 and profile.facts.sequential_bytes_per_s > 0
     assert profile.facts.queue_depth == 2 and profile.facts.block == 4096
-    assert profile.rows_per_batch == 150 and profile.reads_per_miss == 0.5 and profile.resident_bytes == 1000
+    # Without a cache each batch's rows lie side by side in the file: one read each, for 300 rows.
+    assert profile.rows_per_batch == 150 and profile.reads_per_miss == 2 / 300 and profile.resident_bytes == 1000
+    assert profile.store_reads_per_s is None  # no reads of the store's were timed: the disk's rate stands in
     assert profile.hit_curve[0] == (0, 0.0) and profile.hit_curve[-1] == (200 * 256, 250 / 300)  # 200 hottest cached
     assert profile.cache_candidates()[-1] == 200 * 256
 
@@ -74,3 +76,35 @@ def test_a_features_file_smaller_than_one_read_is_refused_naming_it(tmp_path):
     np.save(path, np.zeros((4, 4), dtype=np.float32))
     with pytest.raises(ValueError, match=f"features file {path} holds .* bytes, less than one 4096-byte read"):
         measure_disk_profile(FeatureStore(path), [], torch.zeros(4), 0, 1.0)
+
+
+def test_reads_per_miss_are_counted_with_each_cache_in_place(tmp_path):
+    import numpy as np
+
+    from morphpipe.data.feature_store import FeatureStore
+    from morphpipe.profiler.disk import reads_per_miss_by_cache_size
+
+    path = tmp_path / "features.npy"
+    np.save(path, np.zeros((6000, 256), dtype=np.float16))  # rows of 512 B: 8 a page
+    hotness = torch.arange(6000) % 97  # hot rows spread over the file
+    generator = torch.Generator().manual_seed(4)
+    gathered = [torch.randperm(6000, generator=generator)[:1500] for _ in range(3)]
+    cache_rows = [0, 600, 3000, 6000]
+    counted = reads_per_miss_by_cache_size(FeatureStore(path, io_threads=2), hotness, gathered, cache_rows)
+    for rows, value in zip(cache_rows, counted):
+        store = FeatureStore(path, cache_bytes=rows * 512, hotness=hotness, io_threads=2)
+        for ids in gathered:
+            store.gather(ids)
+        reads = store.counters()
+        assert value == (reads.reads / reads.misses if reads.misses else None)  # what gathers through it issue
+    # The rows a hot cache misses lie sparser: fewer of them share a read.
+    assert counted[0] < counted[1] < counted[2] and counted[3] is None
+
+
+def test_the_timed_read_rates_are_fitted_non_decreasing():
+    from morphpipe.profiler.disk import increasing_fit
+
+    assert increasing_fit([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+    assert increasing_fit([10.0, 2.0, 12.0, 13.0]) == [6.0, 6.0, 12.0, 13.0]  # a low point pooled with the one before
+    assert increasing_fit([4.0, 9.0, 3.0, 2.0, 20.0]) == [4.0, 14 / 3, 14 / 3, 14 / 3, 20.0]
+    assert increasing_fit([]) == []

@@ -1,0 +1,73 @@
+"""Profiling with features on disk: the CPU batching time is the CPU's alone (the timed batches read nothing from
+the disk), the disk's cost is what the feature store's own read timer measured, and the predicted epoch of a
+disk-bound workload follows the disk's speed, not the CPU's."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from morphpipe.data import GraphStore
+from morphpipe.executor.replan import rescaled_profile
+from morphpipe.profiler.profiler import Profiler
+from morphpipe.scheduler import plan_from_profile
+from morphpipe.scheduler.whatif import what_if
+from tests.conftest import make_graph
+
+ROW_BYTES = 1024  # 512 float16: rows sampled at random from 20k rarely share a read
+
+
+@pytest.fixture(scope="module")
+def on_disk(tmp_path_factory):
+    """A 20k-node graph whose features (20 MB) are read through a cache-less feature store."""
+    graph = make_graph(20_000, index_dtype=torch.int64)
+    features = torch.randn(20_000, ROW_BYTES // 2, generator=torch.Generator().manual_seed(5)).to(torch.float16)
+    store = GraphStore(indptr=graph.indptr, indices=graph.indices, features=features, labels=graph.labels,
+                       train_idx=graph.train_idx[:150], val_idx=torch.tensor([1]), test_idx=torch.tensor([3]),
+                       num_classes=5, name="disk-profile")
+    directory = tmp_path_factory.mktemp("graph")
+    store.save(directory)
+    return GraphStore.load(directory, features_on_disk=True, io_threads=2)
+
+
+@pytest.fixture(scope="module")
+def profiled(on_disk):
+    # 150 training nodes in batches of 64: an epoch of 3 batches, so the 5 timed ones run into epoch 1 too.
+    profiler = Profiler(on_disk, fanouts=[5, 3], batch_size=64, hidden=8, device="cpu", thread_counts=[1, 2],
+                        warmup=1, steps=4, budget_s=0.5, progress=False, attempts=1, disk_seconds=0.05,
+                        memory_budget=4 << 20)
+    return profiler, profiler.run()
+
+
+def test_the_timed_cpu_batches_read_nothing_from_the_disk(on_disk, profiled):
+    profiler, profile = profiled
+    reads = profiler.timed_batching_reads
+    assert reads is not None and reads.hits > 0  # they gathered every row through the store, from its cache
+    assert (reads.misses, reads.reads, reads.read_seconds) == (0, 0, 0.0)
+    disk = profile.disk
+    # The disk's cost is the store's own: its reads of the sampled batches were timed, at a rate of their own.
+    assert disk.store_reads_per_s is not None
+    assert len(disk.reads_per_miss_curve) == len(disk.hit_curve) and disk.reads_per_miss == disk.reads_per_miss_curve[0]
+    if on_disk.feature_store.direct:  # timed reading each cache size's misses
+        assert len(disk.reads_per_s_curve) == len(disk.hit_curve)
+    else:
+        assert disk.reads_per_s_curve == () and disk.reads_per_s_at(0) == disk.store_reads_per_s
+    assert profile.to_dict()["disk"] == type(profile).from_dict(profile.to_dict()).to_dict()["disk"]
+
+
+def test_a_disk_bound_epoch_follows_the_disk_not_the_cpu(profiled):
+    _, profile = profiled
+    work = profile.cpu_batch_time(1, profile.cores) + profile.cpu_training.per_batch_time(1, profile.cores)
+    disk = profile.disk
+    # Reads of a batch's misses taking 100x its CPU work (batching and training) over 50 batches: a disk-bound epoch.
+    slow = dataclasses.replace(disk, store_reads_per_s=disk.rows_per_batch * disk.reads_per_miss / (100 * work),
+                               reads_per_s_curve=())
+    profile = profile.replaced(disk=slow, num_batches=50)
+    base = plan_from_profile(profile, cache_bytes=0, engine="fast").predicted_epoch_s
+    faster_disk = plan_from_profile(what_if(profile, disk_speed=2.0).profile, cache_bytes=0,
+                                    engine="fast").predicted_epoch_s
+    faster_cpu = plan_from_profile(rescaled_profile(profile, {"cpu_batch": 0.5}), cache_bytes=0,
+                                   engine="fast").predicted_epoch_s
+    assert faster_disk == pytest.approx(base / 2, rel=0.05)
+    assert faster_cpu == pytest.approx(base, rel=0.02)
