@@ -229,6 +229,9 @@ class HeteroModel(nn.Module):
     """A stack of typed layers with ReLU + dropout between them, after `TypedInput`; logits of the target type."""
 
     reads_neighbours = True
+    # A batch may leave parameters without a gradient: a relation none of whose edges was sampled (RGAT's
+    # projections, attention), and in the last layer every relation into a type other than the target.
+    leaves_parameters_unused = True
 
     def __init__(self, typed_input: TypedInput, convs: Sequence[nn.Module], target_type: str, dropout: float) -> None:
         super().__init__()
