@@ -167,7 +167,7 @@ def test_rgat_on_typed_batches_two_ranks_train_like_one_process_and_resume_the_s
                                                                                     mag_reference) -> None:
     """DDP on typed batches: a weighted run, and an even run failing in its second epoch then resumed, both end with
     the one-process parameters (typed batches leave some parameters without gradients: DDP must look for them).
-    About 40 s on 2 quiet cores (three 2-rank launches): the only end-to-end run of DDP on typed batches."""
+    About 45 s here (three 2-rank launches and the reference): the only end-to-end run of DDP on typed batches."""
     out = workdir / "rgat-weighted"
     assert run_worker(mag_dataset, out, "weighted", EPOCHS, "--model", "rgat") == 0
     check_last_epoch(mag_dataset, out, EPOCHS - 1, [171, 85])
