@@ -2,7 +2,8 @@
 
 Reads the same dataset directory (meta.json and the per-relation CSC .npy files HeteroGraphStore writes),
 builds a DGL heterograph from them, and measures typed batches per second with DGL's heterogeneous
-NeighborSampler and training epochs of RGAT / R-GCN built from HeteroGraphConv. Prints one JSON object.
+NeighborSampler and training epochs of RGAT / R-GCN built from HeteroGraphConv, once per seed (`--seeds`:
+seed s draws the initialisation, the epoch order and the samples). Prints one JSON object.
 """
 from __future__ import annotations
 
@@ -104,6 +105,36 @@ def batch_inputs(input_nodes, features):
     return {t: (features[t][ids] if t in features else ids) for t, ids in input_nodes.items()}
 
 
+def train_and_test(kind, graph, features, labels, splits, target, num_classes, sampler, args, seed) -> dict:
+    """`args.epochs` epochs of `kind` from seed `seed`: epoch times and test accuracy (sampled, training fanouts)."""
+    torch.manual_seed(seed)
+    dgl.seed(seed)
+    model = Model(kind, graph, features, args.hidden, args.heads, num_classes, len(sampler.fanouts))
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    train = dgl.dataloading.DataLoader(graph, {target: splits["train_idx"]}, sampler, batch_size=args.batch_size,
+                                       shuffle=True, num_workers=0)
+    epochs = []
+    for _ in range(args.epochs):
+        start = time.perf_counter()
+        model.train()
+        for input_nodes, output_nodes, blocks in train:
+            logits = model(blocks, batch_inputs(input_nodes, features))[target]
+            loss = F.cross_entropy(logits, labels[output_nodes[target]])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        epochs.append(time.perf_counter() - start)
+    model.eval()
+    correct = 0
+    test = dgl.dataloading.DataLoader(graph, {target: splits["test_idx"]}, sampler, batch_size=4096,
+                                      shuffle=False, num_workers=0)
+    with torch.no_grad():
+        for input_nodes, output_nodes, blocks in test:
+            logits = model(blocks, batch_inputs(input_nodes, features))[target]
+            correct += int((logits.argmax(1) == labels[output_nodes[target]]).sum())
+    return {"epoch_s": epochs, "test_accuracy": correct / splits["test_idx"].numel()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory", type=Path)
@@ -116,6 +147,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, required=True)
     parser.add_argument("--models", required=True)
     parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--seeds", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     graph, features, labels, splits, target, num_classes = load(args.directory)
@@ -137,31 +169,10 @@ def main() -> None:
     result["cpu_s_per_batch"] = (time.process_time() - cpu) / count
 
     for kind in args.models.split(","):
-        torch.manual_seed(0)
-        model = Model(kind, graph, features, args.hidden, args.heads, num_classes, len(fanouts))
-        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-        train = dgl.dataloading.DataLoader(graph, {target: splits["train_idx"]}, sampler, batch_size=args.batch_size,
-                                           shuffle=True, num_workers=0)
-        epochs = []
-        for _ in range(args.epochs):
-            start = time.perf_counter()
-            model.train()
-            for input_nodes, output_nodes, blocks in train:
-                logits = model(blocks, batch_inputs(input_nodes, features))[target]
-                loss = F.cross_entropy(logits, labels[output_nodes[target]])
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-            epochs.append(time.perf_counter() - start)
-        model.eval()
-        correct = 0
-        test = dgl.dataloading.DataLoader(graph, {target: splits["test_idx"]}, sampler, batch_size=4096,
-                                          shuffle=False, num_workers=0)
-        with torch.no_grad():
-            for input_nodes, output_nodes, blocks in test:
-                logits = model(blocks, batch_inputs(input_nodes, features))[target]
-                correct += int((logits.argmax(1) == labels[output_nodes[target]]).sum())
-        result[kind] = {"epoch_s": epochs, "test_accuracy": correct / splits["test_idx"].numel()}
+        runs = [train_and_test(kind, graph, features, labels, splits, target, num_classes, sampler, args, seed)
+                for seed in range(args.seeds)]
+        result[kind] = {"epoch_s": [s for run in runs for s in run["epoch_s"]],
+                        "test_accuracy": [run["test_accuracy"] for run in runs]}
     print(json.dumps(result))
 
 

@@ -305,7 +305,7 @@ MUTANTS: list[dict] = [
          tests=[f"{LAYERWISE}::test_layerwise_equals_whole_graph"], ci=False),
     dict(name="layerwise-local-ids-not-reset", file="morphpipe/nn/layerwise.py",
          find="self._local[src_ids] = -1",
-         replace="self._local[dst] = -1",
+         replace="self._local[first] = -1",
          tests=[f"{LAYERWISE}::test_layerwise_equals_whole_graph"], ci=False),
     dict(name="layerwise-budget-ignores-live-table", file="morphpipe/nn/layerwise.py",
          find="if size + live_bytes <= self.budget:",

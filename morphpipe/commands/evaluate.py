@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         results = {}
         for split in SPLITS if args.split == "all" else (args.split,):
             seeds = getattr(graph, f"{split}_idx")
-            if args.mode == "full" and not typed:
+            if args.mode == "full":
                 results[split] = full_accuracy(model, graph, seeds, device=device, chunk_size=args.chunk_size,
                                                memory_budget=budget, graph_block=block,
                                                progress=not args.no_progress, log=say_once)

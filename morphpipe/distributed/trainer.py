@@ -131,7 +131,9 @@ class DistributedTrainer:
         self.seed = int(seed)
         self.device = training_device(plan, device)
         self.module = model.to(self.device)
-        self.model = DistributedDataParallel(self.module)
+        # A model whose batches may leave parameters without a gradient (typed models) has DDP look for them.
+        self.model = DistributedDataParallel(
+            self.module, find_unused_parameters=bool(getattr(self.module, "leaves_parameters_unused", False)))
         self.optimizer = optimizer or torch.optim.Adam(self.model.parameters(), lr=lr)
         self.step = DistributedStep(self.model, self.optimizer, self.task, split, plan.n_cpu, FiniteGuard(on_nonfinite))
         self.log = log or print

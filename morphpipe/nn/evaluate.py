@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from morphpipe.nn.hetero_layerwise import typed_layerwise_inference
 from morphpipe.nn.layerwise import layerwise_inference
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.cpu_batcher import CpuBatcher
@@ -44,9 +45,14 @@ def full_accuracy(model: nn.Module, graph, seeds: torch.Tensor, *, device: torch
                   chunk_size: int | None = None, memory_budget: int | None = None,
                   graph_block: GraphBlock | None = None, progress: bool = True,
                   log: Callable[[str], None] | None = None) -> float:
-    """Share of `seeds` whose exact full-neighbourhood prediction (layer-wise inference) is their label."""
+    """Share of `seeds` whose exact full-neighbourhood prediction (layer-wise inference) is their label; on a
+    heterogeneous graph by typed layer-wise inference (`graph_block` does not apply)."""
     if seeds.numel() == 0:
         raise ValueError("accuracy needs at least one seed; this split of the graph is empty")
-    logits = layerwise_inference(model, graph, seeds, chunk_size=chunk_size, memory_budget=memory_budget,
-                                 device=device, graph_block=graph_block, progress=progress, log=log)
+    if getattr(graph, "is_hetero", False):
+        logits = typed_layerwise_inference(model, graph, seeds, chunk_size=chunk_size, memory_budget=memory_budget,
+                                           device=device, progress=progress, log=log)
+    else:
+        logits = layerwise_inference(model, graph, seeds, chunk_size=chunk_size, memory_budget=memory_budget,
+                                     device=device, graph_block=graph_block, progress=progress, log=log)
     return int((logits.argmax(dim=1) == graph.labels[seeds]).sum()) / seeds.numel()

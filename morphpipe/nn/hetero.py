@@ -206,6 +206,7 @@ class RGATConv(nn.Module):
                  concat: bool) -> None:
         super().__init__()
         self.relations = [tuple(r) for r in relations]
+        self.out_features, self.heads, self.concat = out_features, heads, concat
         self.width = out_features * heads if concat else out_features
         self.convs = nn.ModuleDict({relation_key(r): RelationGATConv(in_dims[r[0]], in_dims[r[2]], out_features,
                                                                      heads, concat) for r in self.relations})
@@ -228,6 +229,9 @@ class HeteroModel(nn.Module):
     """A stack of typed layers with ReLU + dropout between them, after `TypedInput`; logits of the target type."""
 
     reads_neighbours = True
+    # A batch may leave parameters without a gradient: a relation none of whose edges was sampled (RGAT's
+    # projections, attention), and in the last layer every relation into a type other than the target.
+    leaves_parameters_unused = True
 
     def __init__(self, typed_input: TypedInput, convs: Sequence[nn.Module], target_type: str, dropout: float) -> None:
         super().__init__()
@@ -256,34 +260,17 @@ class HeteroModel(nn.Module):
             missing = [name for name, count in layer.num_src.items() if count and name not in h]
             if missing:
                 raise ValueError(f"layer {i} reads node types {missing} that x does not hold")
-            h = self.convs[i](layer, h)
-            if i < self.num_layers - 1:
-                h = {name: F.dropout(F.relu(value), p=self.dropout, training=self.training) for name, value in h.items()}
+            h = self.layer(i, layer, h)
         return h[self.target_type]
 
-
-def whole_graph_layer(graph) -> HeteroBlock:
-    """Every relation's whole CSC as one typed layer (every node of a type is a source and a destination)."""
-    counts = {node_type.name: node_type.count for node_type in graph.node_types}
-    blocks = {relation: Block(graph.indptr[relation], graph.indices[relation].long(), counts[relation.src],
-                              counts[relation.dst]) for relation in graph.relations}
-    return HeteroBlock(blocks, counts, dict(counts))
-
-
-@torch.no_grad()
-def whole_graph_logits(model: HeteroModel, graph, device: torch.device | str = "cpu") -> Tensor:
-    """Exact logits of every target-type node: each layer applied once to the whole graph (every neighbour, every
-    relation), layer after layer. The whole graph is held at once (no chunking of destinations yet)."""
-    dtype = next(model.parameters()).dtype
-    layer = whole_graph_layer(graph).to(device)
-    x = {t.name: graph.features[t.name].to(device=device, dtype=dtype) if t.name in graph.features
-         else torch.arange(t.count, device=device) for t in graph.node_types}
-    was_training = model.training
-    model.eval()
-    try:
-        return model([layer] * model.num_layers, x)
-    finally:
-        model.train(was_training)
+    def layer(self, i: int, layer: HeteroBlock, h: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Layer `i` on one typed layer (rows per node type, `self.input`'s for the first), with ReLU + dropout after
+        every layer but the last: the per-layer entry point `forward` chains and layer-wise inference calls on
+        chunks of destinations."""
+        out = self.convs[i](layer, h)
+        if i == self.num_layers - 1:
+            return out
+        return {name: F.dropout(F.relu(value), p=self.dropout, training=self.training) for name, value in out.items()}
 
 
 HETERO_MODELS = ("rgcn", "rsage", "rgat")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +73,38 @@ def plan_settings(num_nodes: int, num_edges: int, widths: list[int], itemsize: i
     return LayerwiseSettings(min(chosen, max(num_nodes, 1)), budget, chosen >= num_nodes)
 
 
+def gather_neighbours(indptr: Tensor, indices: Tensor, dst: Tensor) -> tuple[Tensor, Tensor]:
+    """The in-neighbours of `dst` in a CSC (int64 `indptr`): the chunk's own indptr and the neighbours' ids (int64),
+    destination after destination."""
+    starts, ends = indptr[dst], indptr[dst + 1]
+    degrees = ends - starts
+    local_indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
+    torch.cumsum(degrees, 0, out=local_indptr[1:])
+    total = int(local_indptr[-1])
+    positions = torch.repeat_interleave(starts - local_indptr[:-1], degrees, output_size=total) + \
+        torch.arange(total, dtype=torch.int64)
+    return local_indptr, indices[positions].to(torch.int64)
+
+
+class LocalIds:
+    """Local ids of a chunk's sources in an id space of `size` nodes: `first` (the destinations, if any) in order,
+    then every other neighbour once, sorted; one scratch map, reset after each chunk."""
+
+    def __init__(self, size: int) -> None:
+        self._local = torch.full((size,), -1, dtype=torch.int64)
+
+    def relabel(self, first: Tensor, neighbours: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """The sources' ids in this space (`first`, then the others) and each neighbour list in local ids."""
+        self._local[first] = torch.arange(first.numel(), dtype=torch.int64)
+        merged = neighbours[0] if len(neighbours) == 1 else torch.cat([first.new_empty(0), *neighbours])
+        others = torch.unique(merged[self._local[merged] < 0])
+        src_ids = torch.cat([first, others])
+        self._local[others] = torch.arange(first.numel(), src_ids.numel(), dtype=torch.int64)
+        local = [self._local[ids] for ids in neighbours]
+        self._local[src_ids] = -1
+        return src_ids, local
+
+
 class ChunkBuilder:
     """Blocks for chunks of destinations over the whole graph: their full in-neighbourhoods, destinations first."""
 
@@ -81,24 +113,12 @@ class ChunkBuilder:
         self.indices = indices
         self.num_nodes = num_nodes
         self.out_degrees = torch.bincount(indices.to(torch.int64), minlength=num_nodes)
-        self._local = torch.full((num_nodes,), -1, dtype=torch.int64)
+        self.local_ids = LocalIds(num_nodes)
 
     def block(self, dst: Tensor) -> tuple[Block, Tensor]:
         """The chunk's Block and the global ids of its sources (`dst` first, then the other in-neighbours, sorted)."""
-        starts, ends = self.indptr[dst], self.indptr[dst + 1]
-        degrees = ends - starts
-        local_indptr = torch.zeros(dst.numel() + 1, dtype=torch.int64)
-        torch.cumsum(degrees, 0, out=local_indptr[1:])
-        total = int(local_indptr[-1])
-        positions = torch.repeat_interleave(starts - local_indptr[:-1], degrees, output_size=total) + \
-            torch.arange(total, dtype=torch.int64)
-        neighbours = self.indices[positions].to(torch.int64)
-        self._local[dst] = torch.arange(dst.numel(), dtype=torch.int64)
-        others = torch.unique(neighbours[self._local[neighbours] < 0])
-        src_ids = torch.cat([dst, others])
-        self._local[others] = torch.arange(dst.numel(), src_ids.numel(), dtype=torch.int64)
-        local_indices = self._local[neighbours]
-        self._local[src_ids] = -1
+        local_indptr, neighbours = gather_neighbours(self.indptr, self.indices, dst)
+        src_ids, (local_indices,) = self.local_ids.relabel(dst, [neighbours])
         block = Block(local_indptr, local_indices, int(src_ids.numel()), int(dst.numel()), self.out_degrees[src_ids])
         return block, src_ids
 
@@ -112,16 +132,18 @@ class TableStore:
         self.tmp_root = tmp_dir
         self._tmp: tempfile.TemporaryDirectory | None = None
 
-    def new(self, layer: int, rows: int, width: int, dtype: torch.dtype, live_bytes: int) -> Tensor:
-        """An empty `[rows, width]` table for layer `layer`'s output; on disk when it and `live_bytes` exceed the budget."""
+    def new(self, layer: int, rows: int, width: int, dtype: torch.dtype, live_bytes: int, part: int | None = None,
+            what: str = "") -> Tensor:
+        """An empty `[rows, width]` table for layer `layer`'s output; on disk when it and `live_bytes` exceed the budget.
+        A layer with several tables (one per node type) numbers them `part` and names them `what` in the log."""
         size = rows * width * torch.empty((), dtype=dtype).element_size()
-        where = f"{rows:,} x {width} {str(dtype).removeprefix('torch.')} ({format_bytes(size)})"
+        where = f"{what}{' ' if what else ''}{rows:,} x {width} {str(dtype).removeprefix('torch.')} ({format_bytes(size)})"
         if size + live_bytes <= self.budget:
             self.log(f"layer-wise inference: layer {layer} table {where} in memory")
             return torch.empty(rows, width, dtype=dtype)
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="morphpipe-layerwise-", dir=self.tmp_root)
-        path = Path(self._tmp.name) / f"layer{layer}.bin"
+        path = Path(self._tmp.name) / (f"layer{layer}.bin" if part is None else f"layer{layer}-{part}.bin")
         self.log(f"layer-wise inference: layer {layer} table {where} memory-mapped at {path} (it does not fit in the "
                  f"{format_bytes(self.budget)} memory budget)")
         array = np.memmap(path, dtype=_numpy_dtype(dtype), mode="w+", shape=(rows, width))

@@ -28,7 +28,7 @@ from morphpipe.data import GraphStore
 from morphpipe.nn.evaluate import EVAL_MODES, accuracy, full_accuracy
 from morphpipe.nn.factory import build_model
 from morphpipe.nn.finite_guard import FiniteGuard
-from morphpipe.nn.hetero import HETERO_MODELS, build_hetero_model, whole_graph_logits
+from morphpipe.nn.hetero import HETERO_MODELS, build_hetero_model
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.batcher import Batcher
 from morphpipe.sampling.cpu_batcher import CpuBatcher
@@ -226,14 +226,11 @@ class NodeClassification(Task):
     @torch.no_grad()
     def _typed_accuracy(self, model: nn.Module, graph: Any, seeds: torch.Tensor, settings: EvalSettings,
                         device: torch.device) -> float:
-        """Accuracy on a heterogeneous graph: sampled, or exact (each layer over the whole graph, layer by layer)."""
+        """Accuracy on a heterogeneous graph: sampled, or exact (layer-wise inference over every neighbour)."""
         if seeds.numel() == 0:
             raise ValueError("accuracy needs at least one seed; this split of the graph is empty")
         if check_eval_mode(settings.mode) == "full":
-            logits = whole_graph_logits(model, graph, device)
-            start = graph.node_type(graph.target_type).start
-            predicted = logits.argmax(dim=1).cpu()[seeds - start]
-            return int((predicted == graph.labels[seeds]).sum()) / seeds.numel()
+            return full_accuracy(model, graph, seeds, device=device, progress=settings.progress, log=settings.log)
         dtype = next(model.parameters()).dtype
         was_training = model.training
         model.eval()

@@ -41,7 +41,13 @@ def test_train_then_evaluate_a_relation_aware_model(hetero_dir, profile, tmp_pat
                  "--no-progress"]) == 0
     assert "val accuracy" in capsys.readouterr().out
     assert main(["evaluate", str(hetero_dir), "--checkpoint", str(checkpoint), "--split", "test", "--no-progress"]) == 0
-    assert "test accuracy" in capsys.readouterr().out
+    exact = capsys.readouterr().out
+    assert "test accuracy" in exact and "layer-wise inference: chunks of" in exact
+    assert main(["evaluate", str(hetero_dir), "--checkpoint", str(checkpoint), "--split", "test", "--no-progress",
+                 "--chunk-size", "7", "--memory-mb", "1"]) == 0
+    chunked = capsys.readouterr().out
+    assert "chunks of 7 destinations" in chunked
+    assert chunked.splitlines()[-1] == [line for line in exact.splitlines() if "test accuracy" in line][-1]
 
 
 def test_a_relation_aware_model_on_a_homogeneous_dataset_is_refused(graph_dir, profile, capsys) -> None:

@@ -4,7 +4,8 @@ Two ranks train GraphSAGE with every neighbour sampled and no dropout, so the un
 ranks' step-k batches has the same gradient however it is cut: the weighted run, and an even
 run that is killed in its second epoch (a rank raises) and then resumed from rank 0's
 checkpoint, must both end with the parameters of one process training the union batches in
-the single-process order. torchrun and mpirun each run one short epoch of `morphpipe train`.
+the single-process order. RGAT on the mag-shaped heterogeneous preset must do the same (DDP
+runs typed batches unchanged). torchrun and mpirun each run one short epoch of `morphpipe train`.
 """
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ import pytest
 import torch
 
 from morphpipe.data import PRESETS, GraphStore, generate
+from morphpipe.data.hetero_generator import generate_hetero
+from morphpipe.data.store import load_graph_dir
 from morphpipe.distributed.env import free_port
 from morphpipe.distributed.launcher import launch, rank_environment
 from morphpipe.executor.checkpoint import load_checkpoint
+from morphpipe.nn import NodeClassification
 from morphpipe.nn.train_step import TrainStep
 from morphpipe.profiler import Profile
 from morphpipe.sampling.cpu_batcher import sample_neighbors
@@ -56,6 +60,27 @@ def reference(dataset) -> dict[str, torch.Tensor]:
     return {key: value.detach().clone() for key, value in model.state_dict().items()}
 
 
+@pytest.fixture(scope="module")
+def mag_dataset(workdir) -> Path:
+    return generate_hetero(PRESETS["mag-tiny"].spec, workdir / "mag-tiny")
+
+
+@pytest.fixture(scope="module")
+def mag_reference(mag_dataset) -> dict[str, torch.Tensor]:
+    """One process trains RGAT on the union typed batches (every neighbour of every relation) in the single-process
+    order."""
+    graph = load_graph_dir(mag_dataset)
+    model = worker.build(graph, "rgat")
+    step = TrainStep(model, torch.optim.Adam(model.parameters(), lr=worker.LR))
+    for epoch in range(EPOCHS):
+        order = epoch_order(graph.train_idx, worker.SEED, epoch)
+        with NodeClassification().batcher(graph, worker.FANOUTS, worker.GLOBAL_BATCH, seeds=order, shuffle=False,
+                                          serial=True, num_threads=1) as batcher:
+            for batch in batcher.epoch(0):
+                step(batch)
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
 def run_worker(dataset: Path, out: Path, split: str, epochs: int, *extra: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     return launch([sys.executable, WORKER, str(dataset), str(out), split, str(epochs), *extra], 2)
@@ -69,7 +94,7 @@ def check_same(params: dict[str, torch.Tensor], reference: dict[str, torch.Tenso
 
 def check_last_epoch(dataset: Path, out: Path, epoch: int, local: list[int]) -> None:
     """Every rank ran the same steps, in proportion, and step k's union is single-process batch k."""
-    graph = GraphStore.load(dataset)
+    graph = load_graph_dir(dataset)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
     steps = [rank["steps"] for rank in ranks]
     assert len(steps[0]) == len(steps[1]) == -(-graph.train_idx.numel() // worker.GLOBAL_BATCH)
@@ -135,6 +160,27 @@ def test_a_sigkilled_rank_is_named_the_other_stopped_and_the_resumed_run_is_the_
     assert resumed["history"] == EPOCHS
     check_same(resumed["params"], reference)
     assert not list(checkpoint.glob(".*partial-*"))
+
+
+@pytest.mark.slow
+def test_rgat_on_typed_batches_two_ranks_train_like_one_process_and_resume_the_same(mag_dataset, workdir,
+                                                                                    mag_reference) -> None:
+    """DDP on typed batches: a weighted run, and an even run failing in its second epoch then resumed, both end with
+    the one-process parameters (typed batches leave some parameters without gradients: DDP must look for them).
+    About 45 s here (three 2-rank launches and the reference): the only end-to-end run of DDP on typed batches."""
+    out = workdir / "rgat-weighted"
+    assert run_worker(mag_dataset, out, "weighted", EPOCHS, "--model", "rgat") == 0
+    check_last_epoch(mag_dataset, out, EPOCHS - 1, [171, 85])
+    for rank in range(2):
+        check_same(torch.load(out / f"rank{rank}.pt")["params"], mag_reference)
+    out, checkpoint = workdir / "rgat-even", workdir / "rgat-checkpoint"
+    steps = -(-1800 // worker.GLOBAL_BATCH)
+    assert run_worker(mag_dataset, out, "even", EPOCHS, "--model", "rgat", "--checkpoint", str(checkpoint),
+                      "--fail-at", str(steps + 3)) != 0
+    assert load_checkpoint(checkpoint).epoch == 1 and not (out / "rank0.pt").exists()
+    assert run_worker(mag_dataset, out, "even", EPOCHS, "--model", "rgat", "--checkpoint", str(checkpoint)) == 0
+    check_last_epoch(mag_dataset, out, EPOCHS - 1, [128, 128])
+    check_same(torch.load(out / "rank0.pt")["params"], mag_reference)
 
 
 def train_command(dataset: Path, workdir: Path, name: str) -> list[str]:

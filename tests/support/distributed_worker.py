@@ -1,9 +1,11 @@
 """One rank of the distributed tests (launched twice by tests/distributed/test_runs.py; not a test module).
 
-usage: distributed_worker.py DATASET OUTDIR SPLIT EPOCHS [--checkpoint DIR] [--fail-at STEP] [--kill-at STEP]
+usage: distributed_worker.py DATASET OUTDIR SPLIT EPOCHS [--model NAME] [--checkpoint DIR] [--fail-at STEP]
+                             [--kill-at STEP]
 
-GraphSAGE with every neighbour sampled (fanouts -1,-1) and no dropout, so a batch's gradient
-does not depend on how it is cut between ranks; weights 2:1 for the weighted split; a
+GraphSAGE (or `--model`: RGAT on a heterogeneous dataset) with every neighbour sampled
+(fanouts -1,-1) and no dropout, so a batch's gradient does not depend on how it is cut
+between ranks; weights 2:1 for the weighted split; a
 synthetic one-core CPU profile plans each rank. `--fail-at K` makes rank 1's loss raise on its
 K-th training step (counted from the start of this run); `--kill-at K` makes rank 1 SIGKILL itself there. Each rank writes OUTDIR/rank{r}.pt:
 its parameters and the seeds of each step of its last epoch.
@@ -19,10 +21,11 @@ from pathlib import Path
 import torch
 
 from morphpipe.data import GraphStore
+from morphpipe.data.store import load_graph_dir
 from morphpipe.distributed import SeedSplit, detect, local_profile
 from morphpipe.distributed.runtime import run_rank, start_rank
 from morphpipe.distributed.trainer import DistributedTrainer
-from morphpipe.nn import build_model
+from morphpipe.nn import NodeClassification
 from morphpipe.profiler import Profile
 from morphpipe.scheduler import plan_from_profile
 
@@ -33,16 +36,17 @@ LR = 0.01
 WEIGHTS = [2.0, 1.0]
 
 
-def build(graph: GraphStore) -> torch.nn.Module:
+def build(graph: GraphStore, model: str = "sage") -> torch.nn.Module:
     """The model every rank and the single-process reference start from."""
     torch.manual_seed(SEED)
-    return build_model("sage", graph.feature_dim, graph.num_classes, num_layers=len(FANOUTS), hidden=16, dropout=0.0)
+    options = {"heads": 2} if model == "rgat" else {}
+    return NodeClassification().build_model(model, graph, num_layers=len(FANOUTS), hidden=16, dropout=0.0, **options)
 
 
 def main(args: argparse.Namespace) -> int:
     env = detect()
     start_rank(env, timeout_s=60)
-    graph = GraphStore.load(args.dataset)
+    graph = load_graph_dir(Path(args.dataset))
     split = SeedSplit.make(len(graph.train_idx), GLOBAL_BATCH, WEIGHTS, args.split)
     profile = Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=split.steps, cores=1,
                                 workload={"batch_size": GLOBAL_BATCH})
@@ -59,8 +63,8 @@ def main(args: argparse.Namespace) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
         return torch.nn.functional.cross_entropy(logits, labels)
 
-    with DistributedTrainer(graph, build(graph), plan, split, fanouts=FANOUTS, predicted_epoch_s=1.0, lr=LR,
-                            seed=SEED, checkpoint_dir=args.checkpoint, loss_fn=loss_fn, log=print) as trainer:
+    with DistributedTrainer(graph, build(graph, args.model), plan, split, fanouts=FANOUTS, predicted_epoch_s=1.0,
+                            lr=LR, seed=SEED, checkpoint_dir=args.checkpoint, loss_fn=loss_fn, log=print) as trainer:
         trainer.fit(args.epochs, validate=args.epochs == 1)
         accuracy = trainer.evaluate("test")
         torch.save({"params": {k: v.detach().clone() for k, v in trainer.module.state_dict().items()},
@@ -75,6 +79,7 @@ if __name__ == "__main__":
     parser.add_argument("outdir")
     parser.add_argument("split")
     parser.add_argument("epochs", type=int)
+    parser.add_argument("--model", default="sage")
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--fail-at", type=int, default=0)
     parser.add_argument("--kill-at", type=int, default=0)
