@@ -356,8 +356,8 @@ class MagGenerationNeeds:
         runs = "in memory (one run)" if self.sort.num_runs == 1 else \
             f"on disk in up to {self.sort.num_runs} sorted runs of {self.sort.run_keys:,} keys"
         return (f"{sum(self.num_keys.values()):,} pairs drawn in 4 relations, each sorted with its reverse {runs}; "
-                f"memory budget {size(self.budget)} ({size(self.held_bytes)} held for per-node arrays and buffers); disk "
-                f"{size(self.peak_disk_bytes)} at peak ({size(self.graph_bytes)} for the graph, "
+                f"memory budget {size(self.budget)} ({size(self.held_bytes)} held for per-node arrays and buffers); "
+                f"disk {size(self.peak_disk_bytes)} at peak ({size(self.graph_bytes)} for the graph, "
                 f"{size(self.sort.spill_bytes)} of sort runs), {size(self.free_bytes)} free on {self.disk_path}")
 
 

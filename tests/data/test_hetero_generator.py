@@ -7,7 +7,6 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-import torch
 
 from morphpipe.commands.cli import main
 from morphpipe.data import external_csc, hetero_generator
