@@ -117,3 +117,12 @@ def test_the_command_line_states_the_needs_and_sizes_by_papers(tmp_path, capsys)
     assert graph.source["preset"] is None and graph.source["spec"]["num_papers"] == 6000
     assert main(["data", "generate", "tiny", "-o", str(tmp_path / "x"), "--papers", "10"]) == 2
     assert "--papers 10 sizes a heterogeneous preset" in capsys.readouterr().err
+
+
+def test_a_disk_too_small_is_refused_before_any_work(tmp_path, monkeypatch):
+    real_usage = hetero_generator.shutil.disk_usage
+    monkeypatch.setattr(hetero_generator.shutil, "disk_usage", lambda path: real_usage(path)._replace(free=1 << 20))
+    with pytest.raises(ValueError, match=r"the graph takes about .* on disk at peak .* has 1\.0 MiB free; fix: fewer "
+                                         r"papers \(--papers\)"):
+        generate_hetero(SPEC, tmp_path / "g", progress=False, memory_budget=mag_generation_needs(SPEC, 1).minimum)
+    assert not (tmp_path / "g").exists()
