@@ -3,8 +3,9 @@
 Peak memory is the process's peak resident set size (resource.getrusage ru_maxrss) at the end of
 generation; features go to disk chunk by chunk, so the page cache holding them is not counted.
 Peak disk is the largest size of the directory being built (sort runs included), sampled every 0.2 s.
---scale S generates the preset with S times its nodes (same degree), --nodes / --avg-degree override
-them, --memory-budget bounds the generation (edges beyond it are sorted on disk in runs).
+--scale S generates the preset with S times its nodes (same degree; a mag preset with S times the nodes of every
+type), --nodes / --avg-degree override them, --memory-budget bounds the generation (edges beyond it are sorted on disk
+in runs).
 Usage: python scripts/bench_generate.py [PRESET] [--scale S] [--memory-budget 6G] [--out DIR] [--json FILE] [--keep]
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ import torch
 from morphpipe.commands.arguments import byte_size, positive_float, positive_int
 from morphpipe.data import PRESETS, GraphStore, generate, get_preset
 from morphpipe.data.generators import generation_needs
+from morphpipe.data.hetero_generator import MagSpec, generate_hetero, mag_generation_needs
+from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.data.ondisk import read_meta
 
 
@@ -97,18 +100,28 @@ def main() -> int:
     args = parser.parse_args()
 
     preset = get_preset(args.preset)
-    spec = preset.spec.with_overrides(num_nodes=args.nodes or max(1, round(preset.spec.num_nodes * args.scale)),
-                                      avg_degree=args.avg_degree)
+    hetero = isinstance(preset.spec, MagSpec)
+    if hetero and (args.nodes or args.avg_degree or args.no_load):
+        parser.error("a mag preset is sized by --scale only, and is always loaded")
+    if hetero:
+        spec = preset.spec.scaled_to(max(1, round(preset.spec.num_papers * args.scale)))
+    else:
+        spec = preset.spec.with_overrides(num_nodes=args.nodes or max(1, round(preset.spec.num_nodes * args.scale)),
+                                          avg_degree=args.avg_degree)
     scaled = spec != preset.spec
     workdir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"morphpipe-{preset.name}-"))
-    needs = generation_needs(spec, args.memory_budget, workdir)
+    needs = (mag_generation_needs if hetero else generation_needs)(spec, args.memory_budget, workdir)
     rss_before = peak_rss_gib()
     stages: dict[str, float] = {}
     disk = DirectorySizeSampler(workdir)
     disk.start()
     started = time.perf_counter()
-    generate(spec, workdir, preset=None if scaled else preset.name, progress=not args.quiet, overwrite=True,
-             timings=stages, memory_budget=args.memory_budget)
+    if hetero:  # no per-stage timings: one progress bar per relation pass says where the time goes
+        generate_hetero(spec, workdir, preset=None if scaled else preset.name, progress=not args.quiet,
+                        overwrite=True, memory_budget=args.memory_budget)
+    else:
+        generate(spec, workdir, preset=None if scaled else preset.name, progress=not args.quiet, overwrite=True,
+                 timings=stages, memory_budget=args.memory_budget)
     seconds = time.perf_counter() - started
     peak_disk = disk.stop()
     peak = peak_rss_gib()
@@ -119,7 +132,7 @@ def main() -> int:
         num_nodes, num_edges = meta.num_nodes, meta.num_edges
     else:
         loaded = time.perf_counter()
-        store = GraphStore.load(workdir, validate=True)
+        store = (HeteroGraphStore if hetero else GraphStore).load(workdir, validate=True)
         load_seconds = round(time.perf_counter() - loaded, 2)
         num_nodes, num_edges = store.num_nodes, store.num_edges
         del store

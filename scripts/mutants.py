@@ -442,6 +442,11 @@ MUTANTS: list[dict] = [
          find="for rows in (features, labels, parts.features, parts.labels):",
          replace="for rows in (labels, parts.labels):",
          tests=[f"{CONVERTERS}::test_node_count_covers_feature_rows_beyond_the_last_edge"], ci=False),
+    dict(name="hetero-generator-reverse-sorted-forward", file="morphpipe/data/hetero_generator.py",
+         find="        if backwards:\n            src, dst = dst, src\n",
+         replace="",
+         tests=["tests/data/test_hetero_generator.py::test_the_out_of_core_build_equals_the_in_memory_build"],
+         ci=False),
     # contention detection
     dict(name="contention-share-not-scaled-by-cores", file="morphpipe/profiler/contention.py",
          find="return self.other_cores >= OTHER_CPU_SHARE * self.cores or",

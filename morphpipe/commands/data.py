@@ -61,6 +61,8 @@ def add_generate(commands: argparse._SubParsersAction) -> None:
                         help=f"one of {', '.join(PRESETS)}")
     parser.add_argument("--kind", choices=KINDS, help="generator, instead of a preset")
     parser.add_argument("--nodes", type=arguments.positive_int, help="number of nodes (required with --kind)")
+    parser.add_argument("--papers", type=arguments.positive_int,
+                        help="mag presets: number of papers, the other node types scaled in proportion")
     parser.add_argument("--avg-degree", type=arguments.non_negative_float, help="average in-degree (default with --kind: 16)")
     parser.add_argument("--feature-dim", type=arguments.positive_int, help="feature width (default with --kind: 64)")
     parser.add_argument("--feature-dtype", choices=list(FEATURE_DTYPES), help="default: float32")
@@ -93,6 +95,11 @@ def run_generate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.preset and args.kind:
         raise ValueError("give a PRESET or --kind, not both")
+    if args.papers is not None and (args.preset is None or not isinstance(get_preset(args.preset).spec, MagSpec)):
+        raise ValueError(f"--papers {args.papers} sizes a heterogeneous preset (mag, mag-tiny); other graphs take "
+                         "--nodes")
+    if args.papers is not None:
+        changed["num_papers"] = args.papers
     if args.preset:
         preset = get_preset(args.preset)
         if args.output is None:
@@ -103,8 +110,12 @@ def run_generate(args: argparse.Namespace) -> int:
             path = ensure_preset(preset, root=args.root, progress=progress, regenerate=args.force,
                                  memory_budget=args.memory_budget)
         elif isinstance(preset.spec, MagSpec):
-            path = generate_hetero(preset.spec.with_overrides(**changed), args.output, name=args.name or preset.name,
-                                   preset=None if changed else preset.name, overwrite=args.force)
+            papers = changed.pop("num_papers", None)
+            spec = preset.spec.with_overrides(**changed)
+            spec = spec if papers is None else spec.scaled_to(papers)
+            path = generate_hetero(spec, args.output, name=args.name or preset.name,
+                                   preset=None if changed or papers else preset.name, overwrite=args.force,
+                                   progress=progress, memory_budget=args.memory_budget)
         else:
             spec = preset.spec.with_overrides(**changed)
             options = {"name": args.name or preset.name, "preset": None if changed else preset.name,

@@ -93,8 +93,9 @@ def build_csc_on_disk(
     progress: bool = False,
     desc: str = "edges",
     timings: dict[str, float] | None = None,
+    name: str = "indices",
 ) -> tuple[np.ndarray, int]:
-    """Writes indices.npy of the CSC of the packed keys (exactly `num_keys` of them, in chunks) into `directory`.
+    """Writes `<name>`.npy (indices.npy) of the CSC of the packed keys (exactly `num_keys` of them, in chunks) into `directory`.
 
     Returns (indptr, number of edges kept). A chunk is copied before the next one is asked for, so a
     producer may reuse its buffer. `memory_budget` bounds what the sort and the decoding allocate;
@@ -110,7 +111,7 @@ def build_csc_on_disk(
     try:
         runs = _sorted_runs(key_chunks, plan, spill, progress, desc)
         after_runs = time.perf_counter()
-        with NpyChunkWriter(directory, "indices", (num_keys,), index_dtype, rows_at_most=True) as writer, \
+        with NpyChunkWriter(directory, name, (num_keys,), index_dtype, rows_at_most=True) as writer, \
                 tqdm(total=num_keys, desc=f"{desc}: merge {plan.num_runs} runs" if plan.num_runs > 1 else
                      f"{desc}: CSC", unit="key", unit_scale=True, disable=not progress, leave=False) as bar:
             for block in runs:

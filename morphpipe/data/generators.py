@@ -135,21 +135,26 @@ def generate(
             _generate_into(staging, spec, name or preset or f"{spec.kind}-{spec.num_nodes}", preset, progress,
                            timings, needs.sort_budget)
     except OSError as error:  # numpy's writes say "N requested and M written" when the disk fills up
-        free = shutil.disk_usage(needs.disk_path).free
-        failure = OSError(f"generating {out} failed while writing ({error}); {format_bytes(free)} is free now on "
-                          f"{needs.disk_path}, the graph needs about {format_bytes(needs.peak_disk_bytes)} at peak; "
-                          f"whatever was at {out} is unchanged; fix: free disk space or choose another output "
-                          "directory")
-        failure.errno = error.errno
-        raise failure from error
+        raise write_failure(error, out, needs.disk_path, needs.peak_disk_bytes) from error
     return out
+
+
+def write_failure(error: OSError, out: Path, disk_path: Path, peak_disk_bytes: int) -> OSError:
+    """The error to raise when writing a generated graph to `out` failed: what is free now against what the graph
+    needs, and that the previous contents of `out` are unchanged (the graph is staged beside it)."""
+    free = shutil.disk_usage(disk_path).free
+    failure = OSError(f"generating {out} failed while writing ({error}); {format_bytes(free)} is free now on "
+                      f"{disk_path}, the graph needs about {format_bytes(peak_disk_bytes)} at peak; whatever was at "
+                      f"{out} is unchanged; fix: free disk space or choose another output directory")
+    failure.errno = error.errno
+    return failure
 
 
 def _generate_into(out: Path, spec: GeneratorSpec, name: str, preset: str | None, progress: bool,
                    timings: dict[str, float] | None, sort_budget: int) -> None:
     """Writes every file of the generated graph into the (empty) directory `out`, meta.json last."""
     clock = _StageClock(timings)
-    labels = _rng(spec.seed, STREAM_LABELS).integers(0, spec.num_classes, spec.num_nodes, dtype=np.int64)
+    labels = stream_rng(spec.seed, STREAM_LABELS).integers(0, spec.num_classes, spec.num_nodes, dtype=np.int64)
     if spec.kind == POWER_LAW:
         num_keys, chunks = power_law_key_chunks(spec)
     else:
@@ -163,7 +168,7 @@ def _generate_into(out: Path, spec: GeneratorSpec, name: str, preset: str | None
         timings.update(edges=passes["runs"], csc=passes["merge"])
     save_array(out, "indptr", indptr)
     del indptr
-    splits = random_split(np.arange(spec.num_nodes), spec.split, _stream_seed(spec.seed, STREAM_SPLITS))
+    splits = random_split(np.arange(spec.num_nodes), spec.split, stream_seed(spec.seed, STREAM_SPLITS))
     for split_name, ids in zip(("train_idx", "val_idx", "test_idx"), splits):
         save_array(out, split_name, ids)
     del splits
@@ -303,14 +308,14 @@ def power_law_key_chunks(spec: GeneratorSpec) -> tuple[int, Iterator[np.ndarray]
 def _power_law_chunks(spec: GeneratorSpec, num_pairs: int) -> Iterator[np.ndarray]:
     num_nodes = spec.num_nodes
     id_dtype = index_dtype_for(num_nodes)
-    shuffle = _rng(spec.seed, STREAM_WEIGHTS).permutation(num_nodes).astype(id_dtype)
+    shuffle = stream_rng(spec.seed, STREAM_WEIGHTS).permutation(num_nodes).astype(id_dtype)
     sampler = PowerLawSampler(num_nodes, spec.exponent)
     size = min(CHUNK_EDGES, num_pairs)
     values, keys = np.empty(size, dtype=np.float64), np.empty(size, dtype=np.int64)
     ranks, src, dst = (np.empty(size, dtype=id_dtype) for _ in range(3))
     for chunk, start in enumerate(range(0, num_pairs, CHUNK_EDGES)):
         count = min(start + CHUNK_EDGES, num_pairs) - start
-        rng = _rng(spec.seed, STREAM_EDGES, chunk)
+        rng = stream_rng(spec.seed, STREAM_EDGES, chunk)
         np.take(shuffle, sampler.sample(rng, values[:count], ranks[:count]), out=src[:count])
         np.take(shuffle, sampler.sample(rng, values[:count], ranks[:count]), out=dst[:count])
         fill_keys(keys[:count], src[:count], dst[:count], num_nodes)
@@ -354,7 +359,7 @@ def community_key_chunks(spec: GeneratorSpec, labels: np.ndarray) -> tuple[int, 
     expected fraction of same-class edges equals `homophily`.
     """
     picks_per_node = spec.avg_degree / 2 if spec.undirected else spec.avg_degree
-    rng = _rng(spec.seed, STREAM_WEIGHTS)
+    rng = stream_rng(spec.seed, STREAM_WEIGHTS)
     popularity = rng.pareto(spec.exponent - 1.0, spec.num_nodes) + 1.0
     picks = 1 + rng.poisson(max(picks_per_node - 1.0, 0.0), spec.num_nodes) if picks_per_node > 0 else \
         np.zeros(spec.num_nodes, dtype=np.int64)
@@ -374,7 +379,7 @@ def _community_chunks(spec: GeneratorSpec, labels: np.ndarray, popularity: np.nd
     weight_before = np.concatenate([[0.0], cumulative])[class_starts]
     class_weight = np.concatenate([[0.0], cumulative])[class_ends] - weight_before
     for chunk, (first, last) in enumerate(_chunk_bounds(picks, CHUNK_EDGES)):
-        rng = _rng(spec.seed, STREAM_EDGES, chunk)
+        rng = stream_rng(spec.seed, STREAM_EDGES, chunk)
         dst = np.repeat(np.arange(first, last, dtype=np.int64), picks[first:last])
         classes = labels[dst]
         inside = rng.random(dst.size) < same_class
@@ -394,39 +399,63 @@ def _community_chunks(spec: GeneratorSpec, labels: np.ndarray, popularity: np.nd
 
 def write_features(out: Path, spec: GeneratorSpec, labels: np.ndarray, *, progress: bool = False,
                    desc: str = "features") -> None:
-    """features = class_mean[label] + feature_noise * N(0, 1), written to features.npy chunk by chunk.
+    """features = class_mean[label] + feature_noise * N(0, 1), written to features.npy chunk by chunk."""
+    ClassFeatures(labels, spec.num_classes, spec.feature_dim, spec.feature_noise, spec.seed,
+                  max(1, CHUNK_FEATURE_VALUES // spec.feature_dim), spec.feature_dtype).write(
+        out, "features", progress=progress, desc=desc)
 
-    Chunks are computed by a few threads (numpy's generators release the GIL) and written in order,
-    with at most one chunk per thread waiting, so memory stays bounded.
-    """
-    dim = spec.feature_dim
-    means = _rng(spec.seed, STREAM_CLASS_MEANS).standard_normal((spec.num_classes, dim), dtype=np.float32)
-    means /= np.float32(np.sqrt(dim))
-    rows_per_chunk = max(1, CHUNK_FEATURE_VALUES // dim)
-    num_chunks = -(-spec.num_nodes // rows_per_chunk)
 
-    def make_chunk(chunk: int) -> np.ndarray:
-        start = chunk * rows_per_chunk
-        rows = min(rows_per_chunk, spec.num_nodes - start)
-        values = _rng(spec.seed, STREAM_FEATURES, chunk).standard_normal((rows, dim), dtype=np.float32)
-        values *= np.float32(spec.feature_noise)
-        values += means[labels[start:start + rows]]
-        return float32_to_storage(values, spec.feature_dtype)
+@dataclass(frozen=True)
+class ClassFeatures:
+    """Features class_mean[label] + noise * N(0, 1) of the nodes with `labels`, made `rows_per_chunk` rows at a time,
+    each chunk from its own random stream (so any chunk can be made alone, in any order)."""
 
-    workers = min(MAX_FEATURE_THREADS, usable_cores())
-    shape = (spec.num_nodes, dim)
-    with NpyChunkWriter(out, "features", shape, FEATURE_STORAGE[spec.feature_dtype]) as writer, \
-            ThreadPoolExecutor(workers) as pool, \
-            tqdm(total=num_chunks, desc=desc, unit="chunk", disable=not progress, leave=False) as bar:
-        pending: deque[Future] = deque()
-        for chunk in range(num_chunks):
-            pending.append(pool.submit(make_chunk, chunk))
-            if len(pending) > workers:
+    labels: np.ndarray
+    num_classes: int
+    dim: int
+    noise: float
+    seed: int
+    rows_per_chunk: int
+    dtype: str = "float32"
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.labels.size // self.rows_per_chunk)
+
+    def means(self) -> np.ndarray:
+        """The class means, norm ~1 (std 1/sqrt(dim) per dimension)."""
+        means = stream_rng(self.seed, STREAM_CLASS_MEANS).standard_normal((self.num_classes, self.dim),
+                                                                          dtype=np.float32)
+        means /= np.float32(np.sqrt(self.dim))
+        return means
+
+    def chunk(self, chunk: int, means: np.ndarray) -> np.ndarray:
+        """Rows [chunk * rows_per_chunk, ...) in the storage dtype."""
+        start = chunk * self.rows_per_chunk
+        rows = min(self.rows_per_chunk, self.labels.size - start)
+        values = stream_rng(self.seed, STREAM_FEATURES, chunk).standard_normal((rows, self.dim), dtype=np.float32)
+        values *= np.float32(self.noise)
+        values += means[self.labels[start:start + rows]]
+        return float32_to_storage(values, self.dtype)
+
+    def write(self, out: Path, name: str, *, progress: bool = False, desc: str = "features") -> None:
+        """Writes `<name>.npy` chunk by chunk. Chunks are computed by a few threads (numpy's generators release the
+        GIL) and written in order, with at most one chunk per thread waiting, so memory stays bounded."""
+        means = self.means()
+        workers = min(MAX_FEATURE_THREADS, usable_cores())
+        shape = (self.labels.size, self.dim)
+        with NpyChunkWriter(out, name, shape, FEATURE_STORAGE[self.dtype]) as writer, \
+                ThreadPoolExecutor(workers) as pool, \
+                tqdm(total=self.num_chunks, desc=desc, unit="chunk", disable=not progress, leave=False) as bar:
+            pending: deque[Future] = deque()
+            for chunk in range(self.num_chunks):
+                pending.append(pool.submit(self.chunk, chunk, means))
+                if len(pending) > workers:
+                    writer.write(pending.popleft().result())
+                    bar.update()
+            while pending:
                 writer.write(pending.popleft().result())
                 bar.update()
-        while pending:
-            writer.write(pending.popleft().result())
-            bar.update()
 
 
 def _num_pairs(spec: GeneratorSpec) -> int:
@@ -447,11 +476,11 @@ def _chunk_bounds(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _stream_seed(seed: int, stream: int) -> int:
+def stream_seed(seed: int, stream: int) -> int:
     """A seed for helpers that take an int, distinct per stream."""
     return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
 
 
-def _rng(seed: int, stream: int, chunk: int = 0) -> np.random.Generator:
+def stream_rng(seed: int, stream: int, chunk: int = 0) -> np.random.Generator:
     """The random generator of one stream and chunk."""
     return np.random.default_rng(np.random.SeedSequence([seed, stream, chunk]))

@@ -291,19 +291,12 @@ class HeteroGraphStore:
                 save_array(staging, f"features.{type_name}", tensor_to_numpy(features))
             for name in ("labels", *SPLIT_FIELDS):
                 save_array(staging, name, tensor_to_numpy(getattr(self, name)))
-            meta = {
-                "format": HETERO_FORMAT_NAME, "format_version": HETERO_FORMAT_VERSION, "name": self.name,
-                "node_types": [{"name": t.name, "start": t.start, "count": t.count} for t in self.node_types],
-                "relations": [{"src": r.src, "name": r.name, "dst": r.dst, "num_edges": int(self.indices[r].numel()),
-                               "indices_dtype": dtype_name(self.indices[r].dtype)} for r in self.relations],
-                "features": {name: {"dim": int(f.shape[1]), "dtype": dtype_name(f.dtype)}
-                             for name, f in self.features.items()},
-                "target_type": self.target_type, "num_classes": int(self.num_classes),
-                "source": self.source or {"kind": "saved"}, "morphpipe_version": __version__,
-            }
-            temporary = staging / f".{META_FILE}.tmp"
-            temporary.write_text(json.dumps(meta, indent=2) + "\n")
-            os.replace(temporary, staging / META_FILE)
+            write_hetero_meta(
+                staging, name=self.name, node_types=self.node_types,
+                relations={r: (int(self.indices[r].numel()), dtype_name(self.indices[r].dtype))
+                           for r in self.relations},
+                features={name: (int(f.shape[1]), dtype_name(f.dtype)) for name, f in self.features.items()},
+                target_type=self.target_type, num_classes=int(self.num_classes), source=self.source)
 
     @classmethod
     def load(cls, path: str | os.PathLike, mmap: bool = True, validate: bool = True) -> "HeteroGraphStore":
@@ -341,6 +334,25 @@ class HeteroGraphStore:
         return (f"HeteroGraphStore(name={self.name!r}, nodes: {types}; {len(self.relations)} relations, "
                 f"{self.num_edges} edges; target {self.target_type!r}, {self.num_classes} classes, "
                 f"splits={self.train_idx.numel()}/{self.val_idx.numel()}/{self.test_idx.numel()})")
+
+
+def write_hetero_meta(directory: Path, *, name: str, node_types: Sequence[NodeType],
+                      relations: Mapping[Relation, tuple[int, str]], features: Mapping[str, tuple[int, str]],
+                      target_type: str, num_classes: int, source: dict[str, Any] | None) -> None:
+    """Writes meta.json of a heterogeneous graph directory atomically, after every array is in place; `relations`
+    maps each relation (in order) to (number of edges, indices dtype name), `features` each type to (width, dtype)."""
+    meta = {
+        "format": HETERO_FORMAT_NAME, "format_version": HETERO_FORMAT_VERSION, "name": name,
+        "node_types": [{"name": t.name, "start": t.start, "count": t.count} for t in node_types],
+        "relations": [{"src": r.src, "name": r.name, "dst": r.dst, "num_edges": edges, "indices_dtype": dtype}
+                      for r, (edges, dtype) in relations.items()],
+        "features": {type_name: {"dim": dim, "dtype": dtype} for type_name, (dim, dtype) in features.items()},
+        "target_type": target_type, "num_classes": num_classes,
+        "source": source or {"kind": "saved"}, "morphpipe_version": __version__,
+    }
+    temporary = directory / f".{META_FILE}.tmp"
+    temporary.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(temporary, directory / META_FILE)
 
 
 def check_node_types(node_types: Sequence[NodeType]) -> None:

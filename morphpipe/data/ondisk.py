@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ EDGE_ARRAYS = ("train_edges", "val_edges", "test_edges", "val_negatives", "test_
 EDGE_SPLIT_FILE = "edge_split.json"
 # Arrays memory-mapped on load (copy-on-write): the two that grow with the graph.
 MMAP_FIELDS = ("indices", "features")
+# A heterogeneous graph's per-relation and per-type arrays (morphpipe.data.hetero_store):
+# indptr.<src>__<name>__<dst>.npy, features.<type>.npy, and their temporary names.
+TYPED_ARRAY_FILE = re.compile(r"\.?(indptr|indices|features)\.[^/.]+\.npy(\.tmp)?")
 
 
 @dataclass
@@ -148,7 +152,8 @@ def foreign_entries(directory: Path) -> list[str]:
     names = ARRAY_FIELDS + EDGE_ARRAYS
     ours = {META_FILE, f".{META_FILE}.tmp", EDGE_SPLIT_FILE, f".{EDGE_SPLIT_FILE}.tmp"} | \
         {f"{name}.npy" for name in names} | {f".{name}.npy.tmp" for name in names}
-    return sorted(entry.name for entry in directory.iterdir() if entry.name not in ours or not entry.is_file())
+    return sorted(entry.name for entry in directory.iterdir()
+                  if not entry.is_file() or (entry.name not in ours and not TYPED_ARRAY_FILE.fullmatch(entry.name)))
 
 
 def array_path(directory: str | os.PathLike, name: str) -> Path:

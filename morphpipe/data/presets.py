@@ -32,9 +32,10 @@ class Preset:
     def generate(self, out_dir: str | os.PathLike, *, progress: bool = True, overwrite: bool = False,
                  memory_budget: int | None = None) -> Path:
         """Generates the preset (a heterogeneous graph, or a graph with its edge split for a link preset) into
-        `out_dir`; `memory_budget` bounds the out-of-core CSC build of a homogeneous graph."""
+        `out_dir`; `memory_budget` bounds the out-of-core CSC build of a homogeneous or heterogeneous graph."""
         if isinstance(self.spec, MagSpec):
-            return generate_hetero(self.spec, out_dir, preset=self.name, overwrite=overwrite)
+            return generate_hetero(self.spec, out_dir, preset=self.name, overwrite=overwrite, progress=progress,
+                                   memory_budget=memory_budget)
         if self.edge_split is None:
             return generate(self.spec, out_dir, preset=self.name, progress=progress, overwrite=overwrite,
                             memory_budget=memory_budget)

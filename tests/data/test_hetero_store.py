@@ -15,6 +15,7 @@ from morphpipe.data.hetero_generator import MAG_RELATIONS, MagSpec, mag_shaped
 from morphpipe.data.hetero_store import HeteroGraphStore, NodeType, Relation
 from morphpipe.data.store import load_dataset
 from morphpipe.data.validation import GraphValidationError
+from tests.data.conftest import assert_same_graph
 
 SPEC = MagSpec(num_papers=300, num_authors=200, num_institutions=10, num_fields=20, feature_dim=8)
 
@@ -24,19 +25,6 @@ def graph() -> HeteroGraphStore:
     store = mag_shaped(SPEC)
     store.validate()
     return store
-
-
-def assert_same_graph(left: HeteroGraphStore, right: HeteroGraphStore) -> None:
-    assert left.node_types == right.node_types and left.relations == right.relations
-    for relation in left.relations:
-        assert torch.equal(left.indptr[relation], right.indptr[relation])
-        assert torch.equal(left.indices[relation].long(), right.indices[relation].long())
-    assert left.features.keys() == right.features.keys()
-    for name in left.features:
-        assert torch.equal(left.features[name], right.features[name])
-    for name in ("labels", "train_idx", "val_idx", "test_idx"):
-        assert torch.equal(getattr(left, name), getattr(right, name))
-    assert (left.num_classes, left.target_type) == (right.num_classes, right.target_type)
 
 
 def test_the_directory_format_round_trips(graph, tmp_path) -> None:
