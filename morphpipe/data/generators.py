@@ -189,16 +189,13 @@ def _generate_into(out: Path, spec: GeneratorSpec, name: str, preset: str | None
 
 
 @dataclass(frozen=True)
-class GenerationNeeds:
-    """Memory and disk a generation takes, estimated from the spec's sizes before any work."""
+class SortedBuildNeeds:
+    """What a generation that sorts its edges within a memory budget holds besides the sort, and the disk it has."""
 
-    num_nodes: int
-    num_keys: int  # edges drawn (both directions when undirected), before self loops and duplicates go
     budget: int  # memory budget, bytes
-    held: dict[str, int]  # arrays held whatever the budget -> bytes, at the topology stage (the largest)
-    sort: SortPlan  # the edge sort within what the budget leaves
+    held: dict[str, int]  # arrays held whatever the budget -> bytes, while the edges are sorted
+    sort: SortPlan  # the (largest) edge sort within what the budget leaves
     graph_bytes: int  # the finished directory
-    feature_bytes: int
     free_bytes: int  # on the output's file system
     disk_path: Path
 
@@ -209,6 +206,15 @@ class GenerationNeeds:
     @property
     def sort_budget(self) -> int:
         return self.budget - self.held_bytes
+
+
+@dataclass(frozen=True)
+class GenerationNeeds(SortedBuildNeeds):
+    """Memory and disk a generation takes, estimated from the spec's sizes before any work."""
+
+    num_nodes: int
+    num_keys: int  # edges drawn (both directions when undirected), before self loops and duplicates go
+    feature_bytes: int
 
     @property
     def peak_disk_bytes(self) -> int:
@@ -250,8 +256,9 @@ def generation_needs(spec: GeneratorSpec, memory_budget: int | None = None,
     feature_bytes = num_nodes * spec.feature_dim * FEATURE_STORAGE[spec.feature_dtype].itemsize
     graph_bytes = feature_bytes + num_keys * index_bytes + num_nodes * 8 * 3
     existing = nearest_existing_dir(directory)
-    return GenerationNeeds(num_nodes, num_keys, budget, held, SortPlan.for_budget(num_keys, sort_budget),
-                           graph_bytes, feature_bytes, shutil.disk_usage(existing).free, existing)
+    return GenerationNeeds(budget=budget, held=held, sort=SortPlan.for_budget(num_keys, sort_budget),
+                           graph_bytes=graph_bytes, free_bytes=shutil.disk_usage(existing).free, disk_path=existing,
+                           num_nodes=num_nodes, num_keys=num_keys, feature_bytes=feature_bytes)
 
 
 def check_fits_in_memory(spec: GeneratorSpec, directory: str | os.PathLike = ".",

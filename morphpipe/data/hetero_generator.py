@@ -33,8 +33,8 @@ import torch
 from morphpipe.data.csc import KEY_NODE_LIMIT, fill_keys
 from morphpipe.data.dtypes import index_dtype_for
 from morphpipe.data.external_csc import SortPlan, build_csc_on_disk, default_memory_budget
-from morphpipe.data.generators import (MAX_FEATURE_THREADS, STREAM_LABELS, STREAM_SPLITS, ClassFeatures, stream_rng,
-                                       stream_seed, write_failure)
+from morphpipe.data.generators import (MAX_FEATURE_THREADS, STREAM_LABELS, STREAM_SPLITS, ClassFeatures,
+                                       SortedBuildNeeds, stream_rng, stream_seed, write_failure)
 from morphpipe.data.hetero_store import HeteroGraphStore, Relation, csc_of, type_ranges, write_hetero_meta
 from morphpipe.data.ondisk import NpyChunkWriter, check_graph_output, nearest_existing_dir, save_array
 from morphpipe.data.splits import SplitFractions, random_split
@@ -325,25 +325,12 @@ def _dedupe(src: np.ndarray, dst: np.ndarray, num_src: int) -> tuple[np.ndarray,
 
 
 @dataclass(frozen=True)
-class MagGenerationNeeds:
-    """Memory and disk generating a mag-shaped graph takes, estimated from the spec before any work."""
+class MagGenerationNeeds(SortedBuildNeeds):
+    """Memory and disk generating a mag-shaped graph takes, estimated from the spec before any work (the graph's
+    bytes at most: duplicates are dropped; the sort is the largest relation's)."""
 
     num_keys: dict[str, int]  # base relation name -> pairs drawn (each sorted twice: forward and reverse)
-    budget: int  # memory budget, bytes
-    held: dict[str, int]  # arrays held whatever the budget while a relation is sorted -> bytes
-    sort: SortPlan  # the largest relation's sort within what the budget leaves
     minimum: int  # the least budget accepted
-    graph_bytes: int  # the finished directory (at most: duplicates are dropped)
-    free_bytes: int  # on the output's file system
-    disk_path: Path
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(self.held.values())
-
-    @property
-    def sort_budget(self) -> int:
-        return self.budget - self.held_bytes
 
     @property
     def peak_disk_bytes(self) -> int:
@@ -390,8 +377,9 @@ def mag_generation_needs(spec: MagSpec, memory_budget: int | None = None,
                    + sum(2 * keys * index_dtype_for(widths[name]).itemsize for name, keys in num_keys.items())
                    + sum(8 * (counts[r.dst] + 1) for r in MAG_RELATIONS))
     existing = nearest_existing_dir(directory)
-    return MagGenerationNeeds(num_keys, budget, held, sort, minimum, graph_bytes, shutil.disk_usage(existing).free,
-                              existing)
+    return MagGenerationNeeds(budget=budget, held=held, sort=sort, graph_bytes=graph_bytes,
+                              free_bytes=shutil.disk_usage(existing).free, disk_path=existing, num_keys=num_keys,
+                              minimum=minimum)
 
 
 def check_mag_fits(spec: MagSpec, directory: str | os.PathLike = ".",
