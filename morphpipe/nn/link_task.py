@@ -105,7 +105,7 @@ class LinkPrediction(Task):
                                   edge_ids=seeds, shuffle=shuffle, seed=seed, device=device)
         if serial:
             return SerialEdgeBatcher(graph, fanouts, batch_size, negatives=self.sampling, exclude=self.exclude,
-                                     edge_ids=seeds, shuffle=shuffle, seed=seed)
+                                     num_threads=num_threads or 1, edge_ids=seeds, shuffle=shuffle, seed=seed)
         return EdgeBatcher(graph, fanouts, batch_size, negatives=self.sampling, exclude=self.exclude,
                            num_threads=num_threads, edge_ids=seeds, shuffle=shuffle, seed=seed, pin_memory=pin_memory)
 

@@ -82,6 +82,18 @@ def test_bce_and_bpr_losses_over_pair_scores(small, community_cache):
         LinkPrediction(decoder="cosine")
 
 
+def test_on_demand_batches_are_built_on_the_trainers_threads(small):
+    """The batcher of plans whose batching and training take turns builds `num_threads` batches per turn: the
+    same batches as one at a time."""
+    task = LinkPrediction(2)
+    several = task.batcher(small, [3, 3], 32, serial=True, num_threads=2, seed=4)
+    one = task.batcher(small, [3, 3], 32, serial=True, seed=4)
+    assert (several.num_threads, one.num_threads) == (2, 1)
+    for a, b in zip(one.epoch(0), several.epoch(0), strict=True):
+        assert torch.equal(a.units, b.units) and torch.equal(a.x, b.x)
+        assert torch.equal(a.pairs.negative_dst, b.pairs.negative_dst)
+
+
 @pytest.mark.parametrize("decoder", ["dot", "mlp"])
 def test_batch_scores_by_index_equal_the_gathered_rows_forward_and_backward(small, community_cache, decoder):
     """The decoders score a batch's pairs by index into the embeddings (the dot decoder by the fused pair scorer);
