@@ -74,6 +74,10 @@ def test_bce_and_bpr_losses_over_pair_scores(small, community_cache):
             expected = -functional.logsigmoid(positive[:, None] - negative).mean()
         torch.testing.assert_close(scored.loss, expected)
         assert scored.outputs.shape == scored.targets.shape == (32 * 4,)
+        assert torch.equal(scored.targets, torch.cat([torch.ones(32), torch.zeros(96)]))
+        if loss == "bce":  # the loss reads the scores the guard is given, with no copies of its own: same value
+            assert torch.equal(scored.loss, functional.binary_cross_entropy_with_logits(scored.outputs,
+                                                                                        scored.targets))
         assert torch.equal(scored.output_units[:32], pairs.edge_ids)
         assert torch.equal(scored.output_units[32:], pairs.edge_ids.repeat_interleave(3))
     with pytest.raises(ValueError, match="bpr.*negatives >= 1"):
