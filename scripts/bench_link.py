@@ -214,8 +214,8 @@ class GatheredDot(DotDecoder):
 def morphpipe_phases(graph, args: argparse.Namespace, negatives: int,
                      gathered: bool) -> tuple[list[float], list[list]]:
     """Median seconds of each step phase (PHASES) over `args.phases` batches made (serially) and trained in turn,
-    and the `args.top_ops` ops of most self CPU time over those batches ([name, seconds per batch, calls per
-    batch]; empty when not asked)."""
+    and (fused scorer only) the `args.top_ops` ops of most self CPU time over those batches ([name, seconds per
+    batch, calls per batch]; empty when not asked)."""
     task = LinkPrediction(negatives)
     torch.manual_seed(args.seed)
     model = task.build_model("sage", graph, num_layers=len(args.fanouts), hidden=args.hidden, dropout=0.0)
@@ -225,9 +225,10 @@ def morphpipe_phases(graph, args: argparse.Namespace, negatives: int,
     batches = iter(SerialEdgeBatcher(graph, args.fanouts, args.batch_size, negatives=task.sampling,
                                      seed=args.seed).epoch(0))
     times = []
+    top_ops = 0 if gathered else args.top_ops  # the fused scorer's step is the one listed
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     for step in range(args.phases + 1):
-        if step == 1 and args.top_ops:
+        if step == 1 and top_ops:
             profiler.start()
         t0 = time.perf_counter()
         batch = next(batches)
@@ -244,10 +245,10 @@ def morphpipe_phases(graph, args: argparse.Namespace, negatives: int,
         optimizer.step()
         times.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, time.perf_counter() - t5])
     ops = []
-    if args.top_ops:
+    if top_ops:
         profiler.stop()
         ops = [[event.key, event.self_cpu_time_total / 1e6 / args.phases, event.count // args.phases]
-               for event in sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:args.top_ops]]
+               for event in sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top_ops]]
     return torch.tensor(times[1:]).median(dim=0).values.tolist(), ops
 
 
