@@ -129,7 +129,8 @@ class SerialEdgeBatcher(EdgeSeedBatcher):
     """Edge batches built when asked for, while nothing else runs (plans whose phases take turns on the same cores):
     the same batches as an EdgeBatcher with the same seed. With `num_threads` > 1 a request for batch i builds
     batches i .. i + num_threads - 1 at once, one per thread (the native builder runs outside the GIL), and keeps
-    the rest for the next requests, so a turn of batching uses every core the training step uses."""
+    the rest for the next requests (up to `num_threads` batches held at once), so a turn of batching uses every
+    core the training step uses."""
 
     route = 0
 
