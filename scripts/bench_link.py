@@ -12,7 +12,9 @@ does). Same graph (the dataset directory's .npy arrays), fanouts, batch size, se
 stay in their stored dtype and are cast to float32 per batch on both sides.
 With `--phases N`, also (c) the median seconds of each phase of a training step over N batches made and
 trained in turn on both sides (batch, encoder forward, pair scoring, loss, backward, optimizer), morphpipe's
-with its fused pair scorer and with the dot decoder over gathered rows (the dense scoring it replaced).
+with its fused pair scorer and with the dot decoder over gathered rows (the dense scoring it replaced);
+`--top-ops M` also lists each side's M ops of most self CPU time over those batches (torch.profiler, which then
+runs during the timed phases: its small overhead is in their figures).
 DGL runs as a subprocess of its own interpreter (`--dgl-python`), never imported here. Not a test.
 
 `--split-from DATASET --dataset DIR` benchmarks an edge split of any dataset (bench-1m: 1M nodes,
@@ -21,7 +23,7 @@ already holds one; `--val-edges N` ranks the first N validation edges only (both
 node by full-graph inference either way), `--val-edges -1` skips validation.
 
 Usage: python scripts/bench_link.py [--dataset link] [--batches 30] [--epoch-edges 32768] [--phases 0]
-       [--out bench_link.json]
+       [--top-ops 0] [--out bench_link.json]
        python scripts/bench_link.py --split-from /work/bench_scratch/bench-1m --dataset DIR --val-edges 2000
 """
 from __future__ import annotations
@@ -120,7 +122,10 @@ def phases(negatives):
     optimizer = torch.optim.Adam(model.parameters(), lr=args["lr"])
     it = iter(loader(negatives, train_eids))
     times = []
-    for _ in range(args["phases"] + 1):
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    for step in range(args["phases"] + 1):
+        if step == 1 and args["top_ops"]:
+            profiler.start()
         t0 = time.perf_counter()
         input_nodes, pair_graph, negative_graph, blocks = next(it)
         x = blocks[0].srcdata["feat"]
@@ -136,12 +141,17 @@ def phases(negatives):
         t5 = time.perf_counter()
         optimizer.step()
         times.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, time.perf_counter() - t5])
-    return [float(np.median([row[i] for row in times[1:]])) for i in range(6)]
+    ops = []
+    if args["top_ops"]:
+        profiler.stop()
+        ops = [[e.key, e.self_cpu_time_total / 1e6 / args["phases"], e.count // args["phases"]]
+               for e in sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:args["top_ops"]]]
+    return [float(np.median([row[i] for row in times[1:]])) for i in range(6)], ops
 
 out = {"batching": {}, "training": {}, "phases": {}}
 for negatives in args["negatives"]:
     if args["phases"]:
-        out["phases"][str(negatives)] = phases(negatives)
+        out["phases"][str(negatives)], out.setdefault("ops", {})[str(negatives)] = phases(negatives)
     it = iter(loader(negatives, train_eids))
     next(it)
     start = time.perf_counter()
@@ -201,8 +211,11 @@ class GatheredDot(DotDecoder):
         return self(h[src], h[dst])
 
 
-def morphpipe_phases(graph, args: argparse.Namespace, negatives: int, gathered: bool) -> list[float]:
-    """Median seconds of each step phase (PHASES) over `args.phases` batches made (serially) and trained in turn."""
+def morphpipe_phases(graph, args: argparse.Namespace, negatives: int,
+                     gathered: bool) -> tuple[list[float], list[list]]:
+    """Median seconds of each step phase (PHASES) over `args.phases` batches made (serially) and trained in turn,
+    and (fused scorer only) the `args.top_ops` ops of most self CPU time over those batches ([name, seconds per
+    batch, calls per batch]; empty when not asked)."""
     task = LinkPrediction(negatives)
     torch.manual_seed(args.seed)
     model = task.build_model("sage", graph, num_layers=len(args.fanouts), hidden=args.hidden, dropout=0.0)
@@ -212,7 +225,11 @@ def morphpipe_phases(graph, args: argparse.Namespace, negatives: int, gathered: 
     batches = iter(SerialEdgeBatcher(graph, args.fanouts, args.batch_size, negatives=task.sampling,
                                      seed=args.seed).epoch(0))
     times = []
-    for _ in range(args.phases + 1):
+    top_ops = 0 if gathered else args.top_ops  # the fused scorer's step is the one listed
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    for step in range(args.phases + 1):
+        if step == 1 and top_ops:
+            profiler.start()
         t0 = time.perf_counter()
         batch = next(batches)
         t1 = time.perf_counter()
@@ -227,7 +244,21 @@ def morphpipe_phases(graph, args: argparse.Namespace, negatives: int, gathered: 
         t5 = time.perf_counter()
         optimizer.step()
         times.append([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, time.perf_counter() - t5])
-    return torch.tensor(times[1:]).median(dim=0).values.tolist()
+    ops = []
+    if top_ops:
+        profiler.stop()
+        ops = [[event.key, event.self_cpu_time_total / 1e6 / args.phases, event.count // args.phases]
+               for event in sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top_ops]]
+    return torch.tensor(times[1:]).median(dim=0).values.tolist(), ops
+
+
+def print_top_ops(args: argparse.Namespace, ours: dict, dgl: dict) -> None:
+    """Per side and row, the ops of most self CPU time over the phase batches (seconds and calls per batch)."""
+    for negatives in map(str, args.negatives):
+        for side, ops in (("ours, fused", ours["ops"][negatives]), ("DGL", dgl["ops"][negatives])):
+            print(f"top {args.top_ops} ops by self CPU time, {negatives} negatives, {side} (s per batch, calls):")
+            for name, seconds, calls in ops:
+                print(f"  {name[:60]:<60} {seconds:>8.4f} {calls:>5}")
 
 
 def print_phases(args: argparse.Namespace, ours: dict, dgl: dict) -> None:
@@ -285,7 +316,7 @@ def run_dgl(dataset: Path, args: argparse.Namespace) -> dict:
     settings = {"dataset": str(dataset), "fanouts": args.fanouts, "batch_size": args.batch_size,
                 "negatives": args.negatives, "threads": args.threads, "batches": args.batches, "seed": args.seed,
                 "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges, "phases": args.phases,
-                "val_edges": args.val_edges}
+                "val_edges": args.val_edges, "top_ops": args.top_ops}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DGLBACKEND": "pytorch"}
     done = subprocess.run([args.dgl_python, "-c", DGL_SCRIPT, json.dumps(settings)], capture_output=True, text=True,
                           env=env, check=False)
@@ -327,6 +358,9 @@ def main() -> None:
                              "minutes on 2 cores; 0: all)")
     parser.add_argument("--phases", type=int, default=0,
                         help="also time each phase of a training step over this many batches per side (0: not)")
+    parser.add_argument("--top-ops", type=int, default=0,
+                        help="with --phases: also list this many ops of most self CPU time over the phase batches, "
+                             "per side (torch.profiler; 0: not)")
     parser.add_argument("--val-edges", type=int, default=0,
                         help="validation edges ranked for the MRR (default 0: all; -1: no validation, which "
                              "saves both sides' full-graph inference on a large graph)")
@@ -351,8 +385,10 @@ def main() -> None:
     ours: dict[str, dict] = {"batching": {}, "training": {}, "phases": {}}
     for negatives in args.negatives:
         if args.phases:
-            ours["phases"][str(negatives)] = {"fused": morphpipe_phases(graph, args, negatives, gathered=False),
-                                              "gathered": morphpipe_phases(graph, args, negatives, gathered=True)}
+            fused, ops = morphpipe_phases(graph, args, negatives, gathered=False)
+            ours["phases"][str(negatives)] = {"fused": fused,
+                                              "gathered": morphpipe_phases(graph, args, negatives, gathered=True)[0]}
+            ours.setdefault("ops", {})[str(negatives)] = ops
         ours["batching"][str(negatives)] = morphpipe_batching(graph, args.fanouts, args.batch_size, negatives,
                                                               args.threads, args.batches, args.seed)
         ours["training"][str(negatives)] = morphpipe_training(graph, args, negatives)
@@ -371,6 +407,8 @@ def main() -> None:
               f"{t_dgl['epoch_s']:>8.2f} {t_dgl['epoch_s'] / t_ours['epoch_s']:>6.2f} | {mrr(t_ours):>12} {mrr(t_dgl):>7}")
     if args.phases:
         print_phases(args, ours, dgl)
+    if args.phases and args.top_ops:
+        print_top_ops(args, ours, dgl)
     report = {"date": date.today().isoformat(), "load_average": load,
               "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),
                           "torch": torch.__version__, "python": sys.version.split()[0]},

@@ -35,13 +35,21 @@ DEFAULT_EMBEDDING_DIM = 128
 SCORE_CHUNK_VALUES = 1 << 24
 
 
-def pair_loss(name: str, positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+def scores_and_targets(positive: torch.Tensor, negative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positives' [B] and negatives' [B, k] scores as one list [B * (1 + k)], positives first, and their BCE
+    targets (1 for a positive, 0 for a negative)."""
+    scores = torch.cat([positive, negative.reshape(-1)])
+    targets = torch.zeros_like(scores)
+    targets[:positive.numel()] = 1
+    return scores, targets
+
+
+def pair_loss(name: str, positive: torch.Tensor, negative: torch.Tensor,
+              scored: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """BCE over positives (target 1) and negatives (target 0), or BPR: -log sigmoid(positive - negative) per
-    (positive, its negative) pair, averaged."""
+    (positive, its negative) pair, averaged. `scored`: `scores_and_targets(positive, negative)` if made already."""
     if name == "bce":
-        scores = torch.cat([positive, negative.reshape(-1)])
-        targets = torch.cat([torch.ones_like(positive), torch.zeros_like(negative.reshape(-1))])
-        return functional.binary_cross_entropy_with_logits(scores, targets)
+        return functional.binary_cross_entropy_with_logits(*(scored or scores_and_targets(positive, negative)))
     if name == "bpr":
         return -functional.logsigmoid(positive[:, None] - negative).mean()
     raise ValueError(f"loss must be one of {LOSSES}, got {name!r}")
@@ -105,7 +113,7 @@ class LinkPrediction(Task):
                                   edge_ids=seeds, shuffle=shuffle, seed=seed, device=device)
         if serial:
             return SerialEdgeBatcher(graph, fanouts, batch_size, negatives=self.sampling, exclude=self.exclude,
-                                     edge_ids=seeds, shuffle=shuffle, seed=seed)
+                                     num_threads=num_threads or 1, edge_ids=seeds, shuffle=shuffle, seed=seed)
         return EdgeBatcher(graph, fanouts, batch_size, negatives=self.sampling, exclude=self.exclude,
                            num_threads=num_threads, edge_ids=seeds, shuffle=shuffle, seed=seed, pin_memory=pin_memory)
 
@@ -123,10 +131,9 @@ class LinkPrediction(Task):
             raise ValueError("the link task trains on edge batches (MiniBatch.pairs), got a node batch")
         pairs = batch.pairs
         positive, negative = model(batch.blocks, cast_features(batch.x, dtype), pairs)
-        outputs = torch.cat([positive, negative.reshape(-1)]).detach()
-        targets = torch.cat([torch.ones_like(positive), torch.zeros_like(negative.reshape(-1))]).detach()
+        scores, targets = scores_and_targets(positive, negative)  # the BCE's input, and the guard's outputs
         units = torch.cat([pairs.edge_ids, pairs.edge_ids.repeat_interleave(pairs.negative_dst.shape[1])])
-        return TaskLoss(pair_loss(self.loss_name, positive, negative), outputs, targets,
+        return TaskLoss(pair_loss(self.loss_name, positive, negative, (scores, targets)), scores.detach(), targets,
                         torch.ones((), dtype=torch.bool, device=positive.device), output_units=units)
 
     def evaluate(self, model: nn.Module, graph: GraphStore, seeds: torch.Tensor, settings: EvalSettings, *,

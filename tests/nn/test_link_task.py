@@ -74,12 +74,28 @@ def test_bce_and_bpr_losses_over_pair_scores(small, community_cache):
             expected = -functional.logsigmoid(positive[:, None] - negative).mean()
         torch.testing.assert_close(scored.loss, expected)
         assert scored.outputs.shape == scored.targets.shape == (32 * 4,)
+        assert torch.equal(scored.targets, torch.cat([torch.ones(32), torch.zeros(96)]))
+        if loss == "bce":  # the loss reads the scores the guard is given, with no copies of its own: same value
+            assert torch.equal(scored.loss, functional.binary_cross_entropy_with_logits(scored.outputs,
+                                                                                        scored.targets))
         assert torch.equal(scored.output_units[:32], pairs.edge_ids)
         assert torch.equal(scored.output_units[32:], pairs.edge_ids.repeat_interleave(3))
     with pytest.raises(ValueError, match="bpr.*negatives >= 1"):
         LinkPrediction(0, loss="bpr")
     with pytest.raises(ValueError, match="decoder must be one of"):
         LinkPrediction(decoder="cosine")
+
+
+def test_on_demand_batches_are_built_on_the_trainers_threads(small):
+    """The batcher of plans whose batching and training take turns builds `num_threads` batches per turn: the
+    same batches as one at a time."""
+    task = LinkPrediction(2)
+    several = task.batcher(small, [3, 3], 32, serial=True, num_threads=2, seed=4)
+    one = task.batcher(small, [3, 3], 32, serial=True, seed=4)
+    assert (several.num_threads, one.num_threads) == (2, 1)
+    for a, b in zip(one.epoch(0), several.epoch(0), strict=True):
+        assert torch.equal(a.units, b.units) and torch.equal(a.x, b.x)
+        assert torch.equal(a.pairs.negative_dst, b.pairs.negative_dst)
 
 
 @pytest.mark.parametrize("decoder", ["dot", "mlp"])

@@ -101,6 +101,23 @@ def test_batches_are_deterministic_per_seed_and_epoch_on_every_batcher(link_grap
         assert not batches_equal(epoch1, list(other.epoch(1)))
 
 
+def test_serial_batcher_builds_the_same_batches_several_at_a_time(link_graph):
+    """Built several at a time (a turn of batching on every core), the on-demand batcher's epochs are the
+    one-at-a-time epochs, in order, also when the batch count is no multiple of the thread count."""
+    sampling = NegativeSampling(3)
+    one = SerialEdgeBatcher(link_graph, FANOUTS, 64, negatives=sampling, seed=7)
+    assert len(one) % 3 != 0  # with 3 threads the last turn builds fewer batches than threads
+    for threads in (2, 3):
+        several = SerialEdgeBatcher(link_graph, FANOUTS, 64, negatives=sampling, seed=7, num_threads=threads)
+        for epoch in (0, 1):
+            expected, got = list(one.epoch(epoch)), list(several.epoch(epoch))
+            assert batches_equal(expected, got)
+            assert [batch.batch_index for batch in got] == list(range(len(one)))
+            assert all(torch.equal(a.units, b.units) for a, b in zip(expected, got, strict=True))
+    with pytest.raises(ValueError, match="num_threads"):
+        SerialEdgeBatcher(link_graph, FANOUTS, 64, num_threads=0)
+
+
 def test_route1_visits_the_edges_of_route0_in_the_same_batches(link_graph):
     with EdgeBatcher(link_graph, FANOUTS, 64, num_threads=1, seed=2) as cpu:
         route0 = [batch.units for batch in cpu.epoch(3)]
