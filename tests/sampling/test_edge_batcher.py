@@ -114,6 +114,7 @@ def test_serial_batcher_builds_the_same_batches_several_at_a_time(link_graph):
             assert batches_equal(expected, got)
             assert [batch.batch_index for batch in got] == list(range(len(one)))
             assert all(torch.equal(a.units, b.units) for a, b in zip(expected, got, strict=True))
+            assert batches_equal(expected[2:], list(several.epoch_from(epoch, 2)))  # a resumed epoch, in turns
     with pytest.raises(ValueError, match="num_threads"):
         SerialEdgeBatcher(link_graph, FANOUTS, 64, num_threads=0)
 
