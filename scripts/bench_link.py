@@ -285,10 +285,11 @@ def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[
     with EdgeBatcher(graph, fanouts, args.batch_size, negatives=task.sampling, num_threads=1, edge_ids=units,
                      pin_memory=False) as batcher:
         sample = [batch for _, batch in zip(range(4), batcher.epoch(0))]
+    timed = sample[1:] or sample  # an epoch of one batch times that batch
     start = time.perf_counter()
-    for batch in sample[1:]:
+    for batch in timed:
         step(batch)
-    step_s = (time.perf_counter() - start) / (len(sample) - 1)
+    step_s = (time.perf_counter() - start) / len(timed)
     batch_s = 1.0 / morphpipe_batching(graph, fanouts, args.batch_size, negatives, 1, 3, args.seed)
     num_batches = -(-units.numel() // args.batch_size)
     plan = plan_from_profile(Profile.synthetic(t_cb=batch_s, t_m=step_s, num_batches=num_batches,
