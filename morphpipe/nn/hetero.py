@@ -16,7 +16,7 @@ OGB's mag baselines do). Each layer computes, for every node type `T`, the sum o
 
 Aggregation runs on the fused ops (`morphpipe.ops`), never on edge-by-feature tensors. R-GCN and HeteroSAGE
 take, per destination type, the means of all relations into it by one call per relation or one call over the
-relations stacked, whichever the calibrated cost model predicts cheaper for the batch's shape
+relations stacked, whichever timed faster, once per shape signature, on the batch's own input
 (`morphpipe.ops.relation_stack`, decision `hetero.relations`); each relation's mean is then projected by its
 own weights, as per relation. RGAT stays one `gat_attention` per relation (attention vectors folded into the
 input space): its softmax normalises over each relation's edges alone, with the relation's own scores. A type with no
@@ -49,7 +49,7 @@ def relation_means(relations: Sequence[Relation], layer: HeteroBlock,
                    h: Mapping[str, Tensor]) -> list[tuple[Relation, Tensor]]:
     """`(relation, mean)` for every relation with destinations in this layer, in order: the mean of each destination's
     in-neighbour rows (zeros without edges). Per destination type, one aggregation per relation or one over the
-    relations stacked, whichever the cost model predicts cheaper (`morphpipe.ops.relation_stack`)."""
+    relations stacked, whichever timed faster for the shape (`morphpipe.ops.relation_stack`)."""
     means = []
     for dst in dict.fromkeys(relation[2] for relation in relations):
         into = [relation for relation in relations if relation[2] == dst and layer.blocks[relation].num_dst]

@@ -1,13 +1,12 @@
 """Means and sums over several relations into one node type: per relation and stacked give the reference's values and
-gradients, and the cost model stacks where edges are many against the source rows copied."""
+gradients, and the option timed faster is kept per shape."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from morphpipe.ops.choice import choice_counts, clear_choices, force_choices
-from morphpipe.ops.cost_model import DEFAULT_CALIBRATION, use_calibration
-from morphpipe.ops.relation_stack import relation_aggregates, stack_blocks
+from morphpipe.ops.choice import choice_counts, clear_choices, force_choices, recorded_choices
+from morphpipe.ops.relation_stack import relation_aggregates, stack_blocks, use_timer
 from morphpipe.sampling.minibatch import Block
 from tests.ops.conftest import EDGE_CASES, NUM_SRC, features, make_block
 
@@ -58,24 +57,36 @@ def test_stacked_block_offsets_each_source_type_and_pads_short_relations() -> No
     assert block.indices[7:12].tolist() == [3 + NUM_SRC, 1 + NUM_SRC, 1 + NUM_SRC, NUM_SRC, 2 + NUM_SRC]
 
 
-def layer(num_dst: int, degree: int, num_src: int) -> list[Block]:
-    """Two relations from one source type of `num_src` rows, `degree` edges per destination."""
-    generator = torch.Generator().manual_seed(0)
-    return [Block(torch.arange(0, num_dst * degree + 1, degree), torch.randint(0, num_src, (num_dst * degree,),
-                                                                               generator=generator), num_src, num_dst)
-            for _ in range(2)]
+@pytest.mark.parametrize("faster", ["per_relation", "stacked"])
+def test_the_option_timed_faster_is_kept_for_its_shape(faster) -> None:
+    rows = {"a": features(1, NUM_SRC, 3), "b": features(2, 4, 3)}
+    timed = []
 
+    def timer(option, run):
+        run()  # the option runs forward and backward on detached copies
+        timed.append(option)
+        return 1.0 if option == faster else 2.0
 
-@pytest.mark.parametrize("degree, num_src, expected", [(20, 500, "stacked"), (1, 200_000, "per_relation")],
-                         ids=["many-edges", "few-edges-large-table"])
-def test_cost_model_stacks_where_edges_outweigh_the_copied_rows(degree, num_src, expected) -> None:
-    blocks = layer(64, degree, num_src)
-    # two source types, so stacking copies both tables
-    rows = {"p": torch.zeros(num_src, 8), "q": torch.zeros(num_src, 8)}
     clear_choices()
-    with use_calibration(DEFAULT_CALIBRATION):
-        relation_aggregates(blocks, ["p", "q"], rows, 64, "mean")
-    assert choice_counts()["hetero.relations"] == {expected: 1}
+    with use_timer(timer):
+        first = relation_aggregates(BLOCKS, SOURCES, rows, NUM_DST, "mean")
+        again = relation_aggregates(BLOCKS, SOURCES, rows, NUM_DST, "mean")
+    assert sorted(timed) == ["per_relation", "stacked"], "each option timed once, for the first call of the shape"
+    assert choice_counts()["hetero.relations"] == {faster: 2}
+    assert rows["a"].grad is None and not first[0].requires_grad, "timing leaves the call's rows and graph alone"
+    for ours, expected in zip(again, [reference(block, rows[s], "mean") for block, s in zip(BLOCKS, SOURCES)]):
+        torch.testing.assert_close(ours, expected)
+
+
+def test_the_real_timer_picks_an_option_and_the_values_hold() -> None:
+    rows = {"a": features(1, NUM_SRC, 3).requires_grad_(), "b": features(2, 4, 3).requires_grad_()}
+    clear_choices()
+    outs = relation_aggregates(BLOCKS, SOURCES, rows, NUM_DST, "sum")
+    assert sum(choice_counts()["hetero.relations"].values()) == 1
+    (record,) = [r for r in recorded_choices() if r.decision == "hetero.relations"]
+    assert record.reason == "timed" and set(dict(record.costs)) == {"per_relation", "stacked"}
+    for ours, block, source in zip(outs, BLOCKS, SOURCES):
+        torch.testing.assert_close(ours, reference(block, rows[source].detach(), "sum"))
 
 
 def test_rows_of_different_widths_run_per_relation_and_refuse_forced_stacking() -> None:
