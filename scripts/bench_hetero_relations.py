@@ -42,9 +42,10 @@ def stacked(layer, relations) -> tuple[Block, list[str]]:
                         layer.num_dst[relations[0].dst])
 
 
-def predicted(layer, relations, width: int) -> str:
-    """What the timed choice picks for these relations' means (`hetero.relations`, as the models run it)."""
-    h = {name: torch.randn(count, width, requires_grad=True) for name, count in layer.num_src.items()}
+def predicted(layer, relations, width: int, features) -> str:
+    """What the timed choice picks for these relations' means (`hetero.relations`, as the models run it: the types
+    with `features` need no gradient in the input layer)."""
+    h = {name: torch.randn(count, width, requires_grad=name not in features) for name, count in layer.num_src.items()}
     clear_choices()
     relation_aggregates([layer.blocks[r] for r in relations], [r.src for r in relations], h,
                         layer.num_dst[relations[0].dst], "mean")
@@ -137,7 +138,7 @@ def main() -> None:
                         continue
                     row = totals.setdefault((depth, name), {"per_relation": 0.0, "one_call": 0.0, "build": 0.0,
                                                             "edges": 0, "picks": set()})
-                    row["picks"].add(predicted(layer, relations, args.width))
+                    row["picks"].add(predicted(layer, relations, args.width, graph.feature_dims if depth == 0 else {}))
                     for key, value in measure(layer, relations, args.width, args.repeats).items():
                         row[key] += value
                     row["edges"] += sum(layer.blocks[r].nnz for r in relations)
