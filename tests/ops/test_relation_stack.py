@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from morphpipe.ops.choice import choice_counts, clear_choices, force_choices, recorded_choices
+from morphpipe.ops import relation_stack
 from morphpipe.ops.relation_stack import relation_aggregates, stack_blocks, use_timer
 from morphpipe.sampling.minibatch import Block
 from tests.ops.conftest import EDGE_CASES, NUM_SRC, features, make_block
@@ -76,6 +77,24 @@ def test_the_option_timed_faster_is_kept_for_its_shape(faster) -> None:
     assert rows["a"].grad is None and not first[0].requires_grad, "timing leaves the call's rows and graph alone"
     for ours, expected in zip(again, [reference(block, rows[s], "mean") for block, s in zip(BLOCKS, SOURCES)]):
         torch.testing.assert_close(ours, expected)
+
+
+def test_timing_gives_a_gradient_only_to_the_rows_that_need_one(monkeypatch) -> None:
+    """Input features need no gradient: per relation their backward is skipped, and the timing must see that."""
+    rows = {"a": features(1, NUM_SRC, 3), "b": features(2, 4, 3).requires_grad_()}
+    seen, original = [], relation_stack.aggregate
+
+    def aggregate(block, table, reduce):
+        seen.append((table.shape[0], table.requires_grad))
+        return original(block, table, reduce)
+
+    monkeypatch.setattr(relation_stack, "aggregate", aggregate)
+    clear_choices()
+    with use_timer(lambda option, run: run() or (1.0 if option == "stacked" else 2.0)):
+        outs = relation_aggregates(BLOCKS, SOURCES, rows, NUM_DST, "mean")
+    assert seen[:3] == [(NUM_SRC, False), (4, True), (NUM_SRC, False)], "per relation, timed as the call's rows"
+    assert seen[3] == (NUM_SRC + 4, True) and seen[4] == seen[3], "stacked timed, then run"
+    assert [out.requires_grad for out in outs] == [True, True, True, False]
 
 
 def test_the_real_timer_picks_an_option_and_the_values_hold() -> None:
