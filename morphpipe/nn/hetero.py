@@ -14,8 +14,12 @@ OGB's mag baselines do). Each layer computes, for every node type `T`, the sum o
   relation projects its sources before attending, or attends over the inputs and projects only its
   destinations, whichever the calibrated cost model predicts cheaper (as `GATConv`).
 
-Aggregation runs on the fused ops (`morphpipe.ops`: mean per relation, `gat_attention` with the
-attention vectors folded into the input space), never on edge-by-feature tensors. A type with no
+Aggregation runs on the fused ops (`morphpipe.ops`), never on edge-by-feature tensors. R-GCN and HeteroSAGE
+take, per destination type, the means of all relations into it by one call per relation or one call over the
+relations stacked, whichever timed faster, once per shape signature, on the batch's own input
+(`morphpipe.ops.relation_stack`, decision `hetero.relations`); each relation's mean is then projected by its
+own weights, as per relation. RGAT stays one `gat_attention` per relation (attention vectors folded into the
+input space): its softmax normalises over each relation's edges alone, with the relation's own scores. A type with no
 relation into it gets zeros (plus the self term in R-GCN).
 """
 from __future__ import annotations
@@ -28,8 +32,9 @@ from torch.nn import functional as F
 
 from morphpipe.nn.base import check_dropout, check_positive_int
 from morphpipe.nn.gat import HeadwiseLinear
-from morphpipe.ops import aggregate, gat_attention
+from morphpipe.ops import gat_attention
 from morphpipe.ops.reassociate import PROJECT_FIRST, gat_layer_order
+from morphpipe.ops.relation_stack import relation_aggregates
 from morphpipe.sampling.hetero_block import HeteroBlock
 from morphpipe.sampling.minibatch import Block
 
@@ -40,11 +45,20 @@ def relation_key(relation: Relation) -> str:
     return "__".join(relation)
 
 
-def relation_mean(block: Block, h_src: Tensor) -> Tensor:
-    """Mean of each destination's in-neighbour rows in one relation (zeros without edges)."""
-    if block.nnz == 0 or block.num_src == 0:
-        return h_src.new_zeros(block.num_dst, h_src.shape[1])
-    return aggregate(block, h_src, "mean")
+def relation_means(relations: Sequence[Relation], layer: HeteroBlock,
+                   h: Mapping[str, Tensor]) -> list[tuple[Relation, Tensor]]:
+    """`(relation, mean)` for every relation with destinations in this layer, in order: the mean of each destination's
+    in-neighbour rows (zeros without edges). Per destination type, one aggregation per relation or one over the
+    relations stacked, whichever timed faster for the shape (`morphpipe.ops.relation_stack`)."""
+    means = []
+    for dst in dict.fromkeys(relation[2] for relation in relations):
+        into = [relation for relation in relations if relation[2] == dst and layer.blocks[relation].num_dst]
+        blocks = [layer.blocks[relation] for relation in into]
+        if blocks:
+            values = relation_aggregates(blocks, [relation[0] for relation in into], h,
+                                         max(block.num_dst for block in blocks), "mean")
+            means.extend(zip(into, values))
+    return means
 
 
 class TypedInput(nn.Module):
@@ -126,10 +140,9 @@ class RGCNConv(nn.Module):
 
     def forward(self, layer: HeteroBlock, h: Mapping[str, Tensor]) -> dict[str, Tensor]:
         out = {name: h[name][:count] @ self.root[name] + self.bias[name] for name, count in layer.num_dst.items()}
-        for relation, weight in self.relation_weights().items():
-            block = layer.blocks[relation]
-            if block.num_dst:
-                out[relation[2]] = out[relation[2]] + relation_mean(block, h[relation[0]]) @ weight
+        weights = self.relation_weights()
+        for relation, mean in relation_means(self.relations, layer, h):  # aggregate, then project, as before
+            out[relation[2]] = out[relation[2]] + mean @ weights[relation]
         return out
 
 
@@ -150,12 +163,10 @@ class HeteroSAGEConv(nn.Module):
 
     def forward(self, layer: HeteroBlock, h: Mapping[str, Tensor]) -> dict[str, Tensor]:
         out = {name: h[name].new_zeros(count, self.out_features) for name, count in layer.num_dst.items()}
-        for relation in self.relations:
-            block, key = layer.blocks[relation], relation_key(relation)
-            if block.num_dst:
-                h_dst = h[relation[2]][: block.num_dst]
-                out[relation[2]] = out[relation[2]] + self.lin_l[key](relation_mean(block, h[relation[0]])) + \
-                    self.lin_r[key](h_dst)
+        for relation, mean in relation_means(self.relations, layer, h):
+            key = relation_key(relation)
+            h_dst = h[relation[2]][: mean.shape[0]]
+            out[relation[2]] = out[relation[2]] + self.lin_l[key](mean) + self.lin_r[key](h_dst)
         return out
 
 
@@ -200,7 +211,9 @@ class RelationGATConv(nn.Module):
 
 
 class RGATConv(nn.Module):
-    """One RGAT layer: a RelationGATConv per relation, summed into each destination type."""
+    """One RGAT layer: a RelationGATConv per relation, summed into each destination type. Never stacked over the
+    relations as R-GCN's and HeteroSAGE's means are: each relation's softmax normalises over its own edges, with
+    its own projections and attention vectors."""
 
     def __init__(self, in_dims: Mapping[str, int], out_features: int, relations: Sequence[Relation], heads: int,
                  concat: bool) -> None:

@@ -41,6 +41,8 @@ DECISIONS: dict[str, tuple[str, ...]] = {
     "gat.order": ("aggregate_first", "project_first"),
     # SAGE's self + neighbour projections: GEMM accumulating into the other's output vs one GEMM over concatenations
     "sage.projection": ("addmm", "concat"),
+    # heterogeneous layers: one sum/mean per relation into a node type vs one call over the relations stacked
+    "hetero.relations": ("per_relation", "stacked"),
     # Morphling: first-layer transform from measured input density
     "input.transform": ("dense", "sparse"),
 }

@@ -2,6 +2,8 @@
 relation-aware models beating a type-blind one end to end on the mag-shaped graph."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -14,10 +16,12 @@ from morphpipe.nn.finite_guard import FiniteGuard, NonFiniteError
 from morphpipe.nn.hetero import build_hetero_model, relation_key
 from morphpipe.nn.hetero_layerwise import typed_layerwise_inference
 from morphpipe.nn.task import EvalSettings
-from morphpipe.ops.choice import force_choices
+from morphpipe.ops.choice import choice_counts, clear_choices, force_choices
 from morphpipe.ops.reassociate import AGGREGATE_FIRST, PROJECT_FIRST
 from morphpipe.profiler.profile import Profile
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
+from morphpipe.sampling.hetero_block import HeteroBlock
+from morphpipe.sampling.minibatch import Block
 from morphpipe.scheduler import plan_from_profile
 
 
@@ -108,6 +112,28 @@ def test_forward_and_backward_equal_the_per_relation_reference(graph, batch, nam
                                                                gat_order) -> None:
     with force_choices({"gat.order": gat_order} if gat_order else {}):
         check_against_reference(graph, batch, name, options, reference)
+
+
+def with_empty_relation(batch, relation):
+    """`batch` with `relation`'s block emptied in every layer (its destinations kept, no edges)."""
+    layers = [HeteroBlock({r: Block(torch.zeros(b.num_dst + 1, dtype=torch.int64), b.indices[:0], b.num_src, b.num_dst)
+                           if r == relation else b for r, b in layer.blocks.items()}, layer.num_src, layer.num_dst)
+              for layer in batch.blocks]
+    return dataclasses.replace(batch, blocks=layers)
+
+
+@pytest.mark.parametrize("option", ["per_relation", "stacked"])
+@pytest.mark.parametrize("name, options, reference", [case[:3] for case in CASES[:3]],
+                         ids=["rgcn", "rgcn-bases", "rsage"])
+def test_each_relations_choice_equals_the_per_relation_reference(graph, batch, name, options, reference,
+                                                                 option) -> None:
+    """R-GCN's and HeteroSAGE's means per relation or stacked per destination type, also with a relation emptied."""
+    cites = next(r for r in graph.relations if r[0] == r[2] == graph.target_type)
+    for each in (batch, with_empty_relation(batch, cites)):
+        clear_choices()
+        with force_choices({"hetero.relations": option}):
+            check_against_reference(graph, each, name, options, reference)
+        assert set(choice_counts()["hetero.relations"]) == {option}
 
 
 def check_against_reference(graph, batch, name, options, reference) -> None:
