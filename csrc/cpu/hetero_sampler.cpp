@@ -22,6 +22,7 @@ HeteroNeighborSampler::HeteroNeighborSampler(std::vector<int64_t> type_offsets, 
   check_typed_topology(type_offsets_, src_types_, dst_types_, indptrs_, indices_);
   check_typed_fanouts(fanouts_, src_types_.size());
   nodes_.resize(type_offsets_.size() - 1);
+  if (type_offsets_.back() <= DenseNodeMap::kMaxNodes) dense_map_.emplace(type_offsets_.back());
 }
 
 int64_t HeteroNeighborSampler::type_of(int64_t node) const {
@@ -29,9 +30,9 @@ int64_t HeteroNeighborSampler::type_of(int64_t node) const {
                               type_offsets_.begin()) - 1;
 }
 
-template <typename index_t>
-void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indices, int64_t fanout, int64_t num_dst,
-                                            Xoshiro256& rng, int64_t* out_indptr, BufferPool& pool,
+template <typename index_t, typename Map>
+void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indices, Map& map, int64_t fanout,
+                                            int64_t num_dst, Xoshiro256& rng, int64_t* out_indptr, BufferPool& pool,
                                             at::Tensor& out_indices) {
   const int64_t* indptr = indptrs_[relation].data_ptr<int64_t>();
   const int64_t num_edges = indices_[relation].numel();
@@ -77,16 +78,16 @@ void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indi
                   "); validate the graph (HeteroGraphStore.validate) before sampling");
       const int64_t global = neighbour + src_start;
       bool inserted;
-      const int64_t local = node_map_.insert(global, static_cast<int64_t>(src_nodes.size()), inserted);
+      const int64_t local = map.insert(global, static_cast<int64_t>(src_nodes.size()), inserted);
       if (inserted) src_nodes.push_back(global);
       *out++ = local;
     };
     if (taken == degree) {
-      for (int64_t offset = 0; offset < degree; ++offset) node_map_.prefetch(neighbours[offset] + src_start);
+      for (int64_t offset = 0; offset < degree; ++offset) map.prefetch(neighbours[offset] + src_start);
       for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
     } else {
       choose_offsets(degree, taken, rng, chosen_, shuffle_);
-      for (const int64_t offset : chosen_) node_map_.prefetch(neighbours[offset] + src_start);
+      for (const int64_t offset : chosen_) map.prefetch(neighbours[offset] + src_start);
       for (const int64_t offset : chosen_) emit(neighbours[offset]);
     }
   }
@@ -94,9 +95,19 @@ void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indi
 
 SampledTypedBlocks HeteroNeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
                                                  BufferPool& pool) {
-  Xoshiro256 rng(rng_seed);
+  if (dense_map_) {
+    dense_map_->clear();
+    return sample_with(*dense_map_, seeds, num_seeds, rng_seed, pool);
+  }
   node_map_.clear();
   node_map_.reserve(num_seeds * 8);
+  return sample_with(node_map_, seeds, num_seeds, rng_seed, pool);
+}
+
+template <typename Map>
+SampledTypedBlocks HeteroNeighborSampler::sample_with(Map& map, const int64_t* seeds, int64_t num_seeds,
+                                                      uint64_t rng_seed, BufferPool& pool) {
+  Xoshiro256 rng(rng_seed);
   for (auto& nodes : nodes_) nodes.clear();
   const int64_t num_nodes = type_offsets_.back();
   for (int64_t i = 0; i < num_seeds; ++i) {
@@ -104,7 +115,7 @@ SampledTypedBlocks HeteroNeighborSampler::sample(const int64_t* seeds, int64_t n
     check_seed_id(i, seed, num_nodes);
     std::vector<int64_t>& typed = nodes_[type_of(seed)];
     bool inserted;
-    node_map_.insert(seed, static_cast<int64_t>(typed.size()), inserted);
+    map.insert(seed, static_cast<int64_t>(typed.size()), inserted);
     check_seed_first(i, seed, inserted);
     typed.push_back(seed);
   }
@@ -131,11 +142,11 @@ SampledTypedBlocks HeteroNeighborSampler::sample(const int64_t* seeds, int64_t n
         std::fill_n(indptr.data_ptr<int64_t>(), dst_count + 1, 0);
         result.indices[layer][r] = pool.empty({0}, at::kLong);
       } else if (indices_[r].scalar_type() == at::kInt) {
-        sample_relation(r, indices_[r].data_ptr<int32_t>(), fanout, dst_count, rng, indptr.data_ptr<int64_t>(), pool,
-                        result.indices[layer][r]);
+        sample_relation(r, indices_[r].data_ptr<int32_t>(), map, fanout, dst_count, rng, indptr.data_ptr<int64_t>(),
+                        pool, result.indices[layer][r]);
       } else {
-        sample_relation(r, indices_[r].data_ptr<int64_t>(), fanout, dst_count, rng, indptr.data_ptr<int64_t>(), pool,
-                        result.indices[layer][r]);
+        sample_relation(r, indices_[r].data_ptr<int64_t>(), map, fanout, dst_count, rng, indptr.data_ptr<int64_t>(),
+                        pool, result.indices[layer][r]);
       }
       result.indptrs[layer][r] = std::move(indptr);
     }

@@ -7,10 +7,12 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/random.h"
 #include "cpu/buffer_pool.h"
+#include "cpu/dense_node_map.h"
 #include "cpu/node_map.h"
 
 namespace morphpipe {
@@ -40,9 +42,13 @@ class HeteroNeighborSampler {
   const std::vector<int64_t>& type_offsets() const { return type_offsets_; }
 
  private:
-  template <typename index_t>
-  void sample_relation(size_t relation, const index_t* indices, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
-                       int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices);
+  // `sample` over one cleared relabelling map (DenseNodeMap or NodeMap: the same local ids either way).
+  template <typename Map>
+  SampledTypedBlocks sample_with(Map& map, const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
+                                 BufferPool& pool);
+  template <typename index_t, typename Map>
+  void sample_relation(size_t relation, const index_t* indices, Map& map, int64_t fanout, int64_t num_dst,
+                       Xoshiro256& rng, int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices);
   int64_t type_of(int64_t node) const;
 
   std::vector<int64_t> type_offsets_;
@@ -50,7 +56,9 @@ class HeteroNeighborSampler {
   std::vector<at::Tensor> indptrs_, indices_;
   std::vector<std::vector<int64_t>> fanouts_;
 
-  NodeMap node_map_;                          // global id -> local id within its type
+  std::optional<DenseNodeMap> dense_map_;     // global id -> local id within its type, for graphs of at most
+                                              // DenseNodeMap::kMaxNodes nodes
+  NodeMap node_map_;                          // the same map for larger graphs
   std::vector<std::vector<int64_t>> nodes_;   // per type: global id of every local id, in order of discovery
   std::vector<int64_t> chosen_;
   std::vector<int64_t> shuffle_;

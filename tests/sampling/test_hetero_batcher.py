@@ -2,6 +2,8 @@
 the epoch contract, empty relations and types, featureless types, and bad input."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -272,3 +274,29 @@ def checked_replay(graph, batch):
         return chosen
 
     return choose
+
+
+def test_graphs_past_the_dense_relabelling_limit_give_the_same_batches(graph) -> None:
+    """The typed sampler relabels through a dense per-node array up to 2**24 nodes and through a hash map beyond:
+    the same graph with its last type padded by isolated nodes past that limit gives the same batches."""
+    last = graph.node_types[-1]
+    extra = (1 << 24) + 1 - graph.num_nodes
+    counts = {t.name: t.count + (extra if t.name == last.name else 0) for t in graph.node_types}
+    indptr = {r: torch.cat([p, p[-1:].expand(extra)]) if r.dst == last.name else p for r, p in graph.indptr.items()}
+    padded = HeteroGraphStore(**{**{f: getattr(graph, f) for f in ("relations", "features", "indices", "train_idx",
+                                                                   "val_idx", "test_idx", "num_classes",
+                                                                   "target_type")},
+                                 "node_types": type_ranges(counts), "indptr": indptr,
+                                 "labels": torch.cat([graph.labels, graph.labels.new_full((extra,), -1)])})
+    assert padded.num_nodes == (1 << 24) + 1
+    batches = []
+    for store in (graph, padded):
+        with HeteroCpuBatcher(store, FANOUTS, 32, seed=3, num_threads=1) as batcher:
+            batches.append(list(itertools.islice(batcher.epoch(0), 3)))
+    for dense, hashed in zip(*batches, strict=True):
+        assert torch.equal(dense.input_nodes, hashed.input_nodes)
+        for dense_layer, hashed_layer in zip(dense.blocks, hashed.blocks, strict=True):
+            assert dense_layer.num_src == hashed_layer.num_src
+            for relation, block in dense_layer.blocks.items():
+                assert torch.equal(block.indptr, hashed_layer.blocks[relation].indptr)
+                assert torch.equal(block.indices, hashed_layer.blocks[relation].indices)
