@@ -74,12 +74,18 @@ _timer: ContextVar[Timer] = ContextVar("morphpipe_graph_kernel_timer", default=m
 
 @contextmanager
 def use_timer(timer: Timer) -> Iterator[None]:
-    """Times candidates with `timer` inside the block (tests make the decision deterministic this way)."""
+    """Times the candidates of every measured choice (this selector's, `relation_stack`'s) with `timer` inside the
+    block (tests make the decisions deterministic this way)."""
     token = _timer.set(timer)
     try:
         yield
     finally:
         _timer.reset(token)
+
+
+def current_timer() -> Timer:
+    """The timer measured choices use now: `measured_seconds`, or a test's from `use_timer`."""
+    return _timer.get()
 
 
 def graph_sum(block: GraphBlock, x: Tensor, src_scale: Tensor | None, dst_scale: Tensor | None, self_loop: bool,
@@ -100,7 +106,7 @@ def graph_sum(block: GraphBlock, x: Tensor, src_scale: Tensor | None, dst_scale:
     candidates.update({option_name(size): decomposed(size) for size in COMMUNITY_SIZES})
 
     def timings() -> dict[str, float]:
-        timer = _timer.get()
+        timer = current_timer()
         seconds = {}
         for option, run in candidates.items():
             size = None if option == CSR else int(option.removeprefix("community"))

@@ -14,9 +14,7 @@ Both give the same values.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -50,21 +48,6 @@ def stack_blocks(blocks: Sequence[Block], sources: Sequence[str], num_src: Mappi
     return Block(torch.cat(indptrs), torch.cat(indices), start, num_dst * len(blocks)), types
 
 
-# Seconds of one option: timer(option, run) where run() computes the option's forward and backward once.
-Timer = Callable[[str, Callable[[], object]], float]
-_timer: ContextVar[Timer] = ContextVar("morphpipe_relation_stack_timer", default=graph_kernel.measured_seconds)
-
-
-@contextmanager
-def use_timer(timer: Timer) -> Iterator[None]:
-    """Times the options with `timer` inside the block (tests make the decision deterministic this way)."""
-    token = _timer.set(timer)
-    try:
-        yield
-    finally:
-        _timer.reset(token)
-
-
 def _stacked(blocks: Sequence[Block], sources: Sequence[str], rows: Mapping[str, Tensor], num_dst: int,
              reduce: str) -> list[Tensor]:
     """`[block.num_dst, *features]` per block by one aggregation over the blocks stacked."""
@@ -88,7 +71,7 @@ OPTIONS = {PER_RELATION: _per_relation, STACKED: _stacked}
 def _timings(blocks: Sequence[Block], sources: Sequence[str], rows: Mapping[str, Tensor], num_dst: int,
              reduce: str, backward: bool) -> dict[str, float]:
     """Seconds of each option, forward (+ `backward`), on detached copies of this call's rows (its graph untouched)."""
-    timer = _timer.get()
+    timer = graph_kernel.current_timer()  # timer(option, run): run() is the option's forward (+ backward)
     seconds = {}
     for option, run in OPTIONS.items():
         # as the call's rows: features need no gradient, so one relation's backward over them is skipped when per

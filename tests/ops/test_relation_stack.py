@@ -7,7 +7,8 @@ import torch
 
 from morphpipe.ops.choice import choice_counts, clear_choices, force_choices, recorded_choices
 from morphpipe.ops import relation_stack
-from morphpipe.ops.relation_stack import relation_aggregates, stack_blocks, use_timer
+from morphpipe.ops.graph_kernel import use_timer
+from morphpipe.ops.relation_stack import relation_aggregates, stack_blocks
 from morphpipe.sampling.minibatch import Block
 from tests.ops.conftest import EDGE_CASES, NUM_SRC, features, make_block
 
