@@ -39,8 +39,8 @@ py::object batch_to_python(std::optional<CpuBatch> batch) {
 
 py::object hetero_batch_to_python(std::optional<HeteroCpuBatch> batch) {
   if (!batch) return py::none();
-  return py::make_tuple(batch->batch_index, batch->seeds, batch->nodes, batch->indptrs, batch->indices, batch->counts,
-                        batch->x, batch->y, batch->build_seconds);
+  return py::make_tuple(batch->batch_index, batch->seeds, batch->input_nodes, batch->indptrs, batch->indices,
+                        batch->counts, batch->x, batch->y, batch->build_seconds);
 }
 
 int openmp_max_threads() {

@@ -108,7 +108,7 @@ HeteroCpuBatch HeteroCpuBatcher::build_batch(HeteroNeighborSampler& sampler, con
       batch.x[t] = std::move(local);
     }
   }
-  batch.nodes = std::move(blocks.nodes);
+  batch.input_nodes = std::move(blocks.input_nodes);
   batch.y = pool_->empty({count}, at::kLong);
   const int64_t* labels = labels_.data_ptr<int64_t>();
   int64_t* y = batch.y.data_ptr<int64_t>();

@@ -20,7 +20,7 @@ namespace morphpipe {
 struct HeteroCpuBatch {
   int64_t batch_index = -1;
   at::Tensor seeds;
-  std::vector<at::Tensor> nodes;                 // per type: global ids of the input layer's sources
+  at::Tensor input_nodes;                        // global ids of the input layer's sources, type after type
   std::vector<std::vector<at::Tensor>> indptrs;  // [layer][relation]
   std::vector<std::vector<at::Tensor>> indices;  // [layer][relation]
   std::vector<std::vector<int64_t>> counts;      // [layer + 1][type]

@@ -152,10 +152,17 @@ SampledTypedBlocks HeteroNeighborSampler::sample_with(Map& map, const int64_t* s
     }
     record_counts(result.counts[layer]);
   }
+  // One buffer, type after type (what the batch's input_nodes is), so that no concatenation follows.
+  int64_t total = 0;
+  for (const auto& nodes : nodes_) total += static_cast<int64_t>(nodes.size());
+  result.input_nodes = pool.empty({total}, at::kLong);
   result.nodes.resize(num_types);
+  int64_t offset = 0;
   for (size_t t = 0; t < num_types; ++t) {
-    result.nodes[t] = pool.empty({static_cast<int64_t>(nodes_[t].size())}, at::kLong);
-    std::memcpy(result.nodes[t].data_ptr<int64_t>(), nodes_[t].data(), nodes_[t].size() * sizeof(int64_t));
+    const int64_t count = static_cast<int64_t>(nodes_[t].size());
+    result.nodes[t] = result.input_nodes.narrow(0, offset, count);
+    std::memcpy(result.nodes[t].data_ptr<int64_t>(), nodes_[t].data(), count * sizeof(int64_t));
+    offset += count;
   }
   return result;
 }

@@ -19,7 +19,8 @@ namespace morphpipe {
 
 // The sampled computation graph of one typed batch, input layer first.
 struct SampledTypedBlocks {
-  std::vector<at::Tensor> nodes;                  // per node type: global ids of the input layer's sources
+  at::Tensor input_nodes;                         // global ids of the input layer's sources, type after type
+  std::vector<at::Tensor> nodes;                  // per node type: its part of input_nodes (a view)
   std::vector<std::vector<at::Tensor>> indptrs;   // [layer][relation] int64 [num_dst of its destination type + 1]
   std::vector<std::vector<at::Tensor>> indices;   // [layer][relation] int64 local ids of its source type
   std::vector<std::vector<int64_t>> counts;       // [layer + 1][type] nodes per type: counts[l] are layer l's

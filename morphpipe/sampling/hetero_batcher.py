@@ -126,8 +126,8 @@ class HeteroCpuBatcher(NativeEpochs, SeedBatcher):
             yield self._minibatch(self._native.build(batch_seeds(order, index, self.batch_size), index, seed))
 
     def _minibatch(self, parts: tuple) -> MiniBatch:
-        """Wraps the native (batch_index, seeds, nodes, indptrs, indices, counts, x, y, build_seconds) tuple."""
-        batch_index, seeds, nodes, indptrs, indices, counts, x, y, build_seconds = parts
+        """Wraps the native (batch_index, seeds, input_nodes, indptrs, indices, counts, x, y, build_seconds) tuple."""
+        batch_index, seeds, input_nodes, indptrs, indices, counts, x, y, build_seconds = parts
         names = self.graph.type_names
         layers = []
         for layer, (layer_indptrs, layer_indices) in enumerate(zip(indptrs, indices)):
@@ -136,6 +136,6 @@ class HeteroCpuBatcher(NativeEpochs, SeedBatcher):
             blocks = {relation: Block(indptr, index, num_src[relation.src], num_dst[relation.dst])
                       for relation, indptr, index in zip(self.graph.relations, layer_indptrs, layer_indices)}
             layers.append(HeteroBlock(blocks, num_src, num_dst))
-        return MiniBatch(seeds=seeds, input_nodes=torch.cat(nodes), blocks=layers, x=dict(zip(names, x)), y=y,
+        return MiniBatch(seeds=seeds, input_nodes=input_nodes, blocks=layers, x=dict(zip(names, x)), y=y,
                          batch_index=batch_index, route=self.route, build_s=build_seconds)
 
