@@ -183,9 +183,10 @@ class Profiler:
                     gathered.append(batch.input_nodes)
                     bar.update(1)
             sampled_reads = store.counters() if store is not None else None
+            chosen_because = None
             if self.precision == "auto":
                 bar.set_postfix_str("choosing the precision")
-                session.precision = self.faster_precision(session)
+                session.precision, chosen_because = self.faster_precision(session)
             timings = {}
             for phase, hardware in phases:
                 bar.set_postfix_str(f"{phase} on {hardware}")
@@ -197,6 +198,8 @@ class Profiler:
                 disk = measure_disk_profile(store, gathered, self.graph.in_degrees(),
                                             cache_budget(self.graph, self.memory_budget), self.disk_seconds,
                                             resident_bytes(self.graph), sampled_reads)
+        if chosen_because is not None:
+            self.log(chosen_because)  # once the progress bar is gone, not through it
         num_seeds = len(self.task.seeds(self.graph))
         return Profile(
             hardware=self.hardware,
@@ -212,19 +215,17 @@ class Profiler:
             disk=disk,
         )
 
-    def faster_precision(self, session: ProfilingSession) -> str:
+    def faster_precision(self, session: ProfilingSession) -> tuple[str, str]:
         """For `precision="auto"`: bf16 when the training hardware has bfloat16 arithmetic and a bf16 step on the
-        sampled batches times faster than a float32 one, else float32; says which and why."""
+        sampled batches times faster than a float32 one, else float32; and a line saying which and why."""
         device = torch.device("cuda" if self.device == "cuda" else "cpu")
         if device.type == "cpu":
             present = [flag for flag in isa_flags() if flag in BF16_FLAGS]
             if not present:
-                self.log("precision float32 (auto: this CPU reports no AVX512-BF16 or AMX)")
-                return "float32"
+                return "float32", "precision float32 (auto: this CPU reports no AVX512-BF16 or AMX)"
             hardware = " ".join(present)
         elif not torch.cuda.is_bf16_supported():
-            self.log("precision float32 (auto: this GPU has no bfloat16 arithmetic)")
-            return "float32"
+            return "float32", "precision float32 (auto: this GPU has no bfloat16 arithmetic)"
         else:
             hardware = torch.cuda.get_device_name(device)
         synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -239,9 +240,8 @@ class Profiler:
 
             seconds[precision] = best_seconds(timed_step, MIN_TIMED_STEPS)
         chosen = min(PRECISIONS, key=lambda precision: seconds[precision])
-        self.log(f"precision {chosen} (auto: {hardware}; a training step takes "
-                 + ", ".join(f"{seconds[p] * 1e3:.0f} ms in {p}" for p in PRECISIONS) + ")")
-        return chosen
+        return chosen, (f"precision {chosen} (auto: {hardware}; a training step takes "
+                        + ", ".join(f"{seconds[p] * 1e3:.0f} ms in {p}" for p in PRECISIONS) + ")")
 
     @contextmanager
     def rows_cached(self, gathered: list[torch.Tensor]) -> Iterator[None]:
