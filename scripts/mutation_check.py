@@ -119,7 +119,10 @@ def check_python(mutant: dict, scratch: Path, timeout_s: float) -> Outcome:
     env["MORPHPIPE_MUTANT_FILE"] = str(copy)
     env["MORPHPIPE_MUTANT_PACKAGE_DIR"] = str((ROOT / mutant["file"]).parent)
     started = time.perf_counter()
-    status, detail, failed = run_pytest(mutant["tests"], ROOT, env, timeout_s)
+    for _ in range(mutant.get("runs", 1)):  # survived only if every run passes (a wall-clock trace may hide a bug once)
+        status, detail, failed = run_pytest(mutant["tests"], ROOT, env, timeout_s)
+        if status != "survived":
+            break
     report = read_report(scratch)
     if status == "survived" and not report.get("mutant_imported"):
         status, detail = "error", "the selected tests never imported the mutated module"
