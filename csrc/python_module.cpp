@@ -12,6 +12,7 @@
 #include "cpu/cpu_capability.h"
 #include "cpu/disk_probe.h"
 #include "cpu/feature_store.h"
+#include "cpu/io_uring.h"
 #include "cpu/hetero_batcher.h"
 #ifdef MORPHPIPE_WITH_CUDA
 #include "cuda/host_pinning.h"
@@ -82,18 +83,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cuda_host_register_read_only_supported", &morphpipe::cuda::host_register_read_only_supported);
 #endif
 
+  m.def("io_uring_unavailable_reason", &morphpipe::IoUring::unavailable_reason,
+        "why io_uring cannot be used in this process (io_uring_setup's error), or '' when it can");
   m.def(
       "measure_random_reads",
-      [](const std::string& path, int64_t block, int64_t queue_depth, double seconds) {
+      [](const std::string& path, int64_t block, int64_t queue_depth, double seconds, bool io_uring) {
         morphpipe::DiskReadRate rate;
         {
           py::gil_scoped_release release;
-          rate = morphpipe::measure_random_reads(path, block, queue_depth, seconds);
+          rate = morphpipe::measure_random_reads(path, block, queue_depth, seconds, io_uring);
         }
         return py::make_tuple(rate.reads, rate.bytes, rate.seconds);
       },
-      py::arg("path"), py::arg("block"), py::arg("queue_depth"), py::arg("seconds"),
-      "O_DIRECT reads of `block` bytes at random offsets of `path`, queue_depth at once: (reads, bytes, seconds)");
+      py::arg("path"), py::arg("block"), py::arg("queue_depth"), py::arg("seconds"), py::arg("io_uring") = false,
+      "O_DIRECT reads of `block` bytes at random offsets of `path`, queue_depth at once (threads, or one io_uring): "
+      "(reads, bytes, seconds)");
   m.def(
       "measure_sequential_reads",
       [](const std::string& path, int64_t block, double seconds) {
@@ -120,9 +124,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("held_bytes", &BufferPool::held_bytes);
 
   py::class_<FeatureStore, std::shared_ptr<FeatureStore>>(m, "FeatureStore")
-      .def(py::init<std::string, int64_t, int64_t, int64_t, at::ScalarType, const at::Tensor&, int64_t, bool>(),
+      .def(py::init<std::string, int64_t, int64_t, int64_t, at::ScalarType, const at::Tensor&, int64_t, bool, bool>(),
            py::arg("path"), py::arg("data_offset"), py::arg("num_rows"), py::arg("width"), py::arg("dtype"),
-           py::arg("cached_rows"), py::arg("io_threads"), py::arg("direct"), py::call_guard<py::gil_scoped_release>())
+           py::arg("cached_rows"), py::arg("io_threads"), py::arg("direct"), py::arg("io_uring"),
+           py::call_guard<py::gil_scoped_release>())
       .def("gather", &FeatureStore::gather, py::arg("ids"), py::call_guard<py::gil_scoped_release>())
       .def(
           "counters",
@@ -141,7 +146,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("dtype", &FeatureStore::dtype)
       .def_property_readonly("num_cached", &FeatureStore::num_cached)
       .def_property_readonly("io_threads", &FeatureStore::io_threads)
-      .def_property_readonly("direct", &FeatureStore::direct);
+      .def_property_readonly("direct", &FeatureStore::direct)
+      .def_property_readonly("io_uring", &FeatureStore::io_uring);
 
   py::class_<CpuBatcher>(m, "CpuBatcher")
       .def(py::init<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor, std::vector<int64_t>, int64_t,

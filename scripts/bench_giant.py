@@ -5,9 +5,14 @@ child process inside a cgroup-v1 memory group (/sys/fs/cgroup/memory; needs root
 
 - `mmap`: GraphStore.load memory-maps indices and features and the CPU batcher gathers from the map, the
   page cache doing the work (what DGL and PyG users do, and what morphpipe did before the store);
-- `store-direct`: the batcher gathers through the FeatureStore (pread threads, hot rows by in-degree cached
-  in RAM, O_DIRECT reads: GraphStore.load(features_on_disk=True)'s default); `store` the same reading
-  through the page cache.
+- `uring-direct`: the batcher gathers through the FeatureStore (hot rows by in-degree cached in RAM, the misses
+  read with O_DIRECT through an io_uring per gathering thread: GraphStore.load(features_on_disk=True)'s default
+  where the kernel offers io_uring); `pread-direct` the same with the pool of pread threads (the default where
+  it does not); `uring` and `pread` the same reading through the page cache.
+
+Both readers keep the same number of reads in flight in all: the pread pool's `--io-threads` threads and the
+`--threads` batcher threads calling it, or `--threads` rings of (io_threads + threads) / threads entries each
+(`--uring-depth` sets another depth).
 
 Each child first builds 6 batches unlimited, takes the peak anonymous memory it held besides the arrays (its
 working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the
@@ -15,10 +20,10 @@ dataset's arrays; the store's cache gets that room minus the topology (indptr, l
 indices in the page cache) and minus a tenth of it left to the page cache. A preset is copied out of the shared dataset cache first, so that no other
 process's map of the same files holds their pages. The page cache is dropped before each child when the
 kernel allows it. Beside them: the disk's random 4 KiB read rate at the store's queue depth and its
-sequential rate (O_DIRECT loops of ours, morphpipe.profiler.disk), and the share of them the store's misses
-reach.
+sequential rate (O_DIRECT loops of ours, morphpipe.profiler.disk: the random reads kept in flight by threads and
+by one io_uring, the higher rate counting as the disk's), and the share of them the store's misses reach.
 
-  python scripts/bench_giant.py bench-1m --shares 1,0.8,0.5 --json bench_out/giant_store.json
+  python scripts/bench_giant.py /work/bench_scratch/bench-10m --shares 0.8 --json bench_out/giant_store.json
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 ARRAYS = ("indptr", "indices", "features", "labels", "train_idx", "val_idx", "test_idx")
 IN_RAM = ("indptr", "labels", "train_idx", "val_idx", "test_idx")  # loaded into anonymous memory by GraphStore.load
-MODES = ("mmap", "store-direct", "store")
+MODES = ("mmap", "uring-direct", "pread-direct", "uring", "pread")
+DEFAULT_MODES = ("mmap", "uring-direct", "pread-direct")
 
 
 def main() -> int:
@@ -43,11 +49,16 @@ def main() -> int:
     parser.add_argument("dataset", help="graph directory or preset name (generated into the cache if missing)")
     parser.add_argument("--shares", default="1,0.8,0.5",
                         help="memory limits as shares of the dataset's arrays (1: everything fits; default 1,0.8,0.5)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"default {','.join(MODES)}")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                        help=f"any of {','.join(MODES)} (default {','.join(DEFAULT_MODES)})")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--fanouts", default="15,10,5")
     parser.add_argument("--threads", type=int, default=2, help="batcher worker threads (default 2)")
-    parser.add_argument("--io-threads", type=int, default=48, help="feature store I/O threads (default 48, the store's)")
+    parser.add_argument("--io-threads", type=int, default=48,
+                        help="the pread pool's I/O threads (default 48, the store's)")
+    parser.add_argument("--uring-depth", type=int, default=None,
+                        help="reads in flight per gathering thread with io_uring (default: the pread pool's reads in "
+                             "flight shared among the batcher threads, (io_threads + threads) / threads)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration (default 20)")
     parser.add_argument("--max-batches", type=int, default=200)
     parser.add_argument("--max-seconds", type=float, default=150.0,
@@ -59,6 +70,11 @@ def main() -> int:
                              "(default /work/bench_scratch)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown:
+        parser.error(f"--modes: {', '.join(sorted(unknown))} unknown; choose from {', '.join(MODES)}")
+    if args.uring_depth is None:
+        args.uring_depth = max(1, (args.io_threads + args.threads) // args.threads)
     if args.child is not None:
         return child(args)
     return parent(args)
@@ -101,6 +117,7 @@ def parent(args) -> int:
 
     import torch
 
+    from morphpipe import native
     from morphpipe.profiler.disk import measure_disk_reads
 
     if os.geteuid() != 0 or not (CGROUP_ROOT / "memory.limit_in_bytes").exists():
@@ -116,14 +133,24 @@ def parent(args) -> int:
     queue_depth = args.io_threads + args.threads  # the store's I/O threads and the batcher threads calling it
     drop_page_cache()
     block = min(4 << 20, features.stat().st_size // 4096 * 4096)
-    facts = measure_disk_reads(features, queue_depth, seconds=3.0, sequential_block=block)
-    single = measure_disk_reads(features, 1, seconds=1.0, sequential_block=block)
-    disk = {"random_4k_iops": facts.random_reads_per_s, "random_4k_mb_s": facts.random_bytes_per_s / 1e6,
+    with_threads = measure_disk_reads(features, queue_depth, seconds=3.0, sequential_block=block, reader="pread")
+    readers = ["pread"] + ([] if native.load().io_uring_unavailable_reason() else ["io_uring"])
+    with_ring = measure_disk_reads(features, queue_depth, seconds=3.0, sequential_block=block, reader="io_uring") \
+        if "io_uring" in readers else None
+    single = measure_disk_reads(features, 1, seconds=1.0, sequential_block=block, reader="pread")
+    best = max([with_threads] + ([with_ring] if with_ring else []), key=lambda facts: facts.random_reads_per_s)
+    disk = {"random_4k_iops": best.random_reads_per_s, "random_4k_mb_s": best.random_bytes_per_s / 1e6,
+            "random_4k_iops_threads": with_threads.random_reads_per_s,
+            "random_4k_iops_io_uring": with_ring.random_reads_per_s if with_ring else None,
             "queue_depth": queue_depth, "random_4k_iops_qd1": single.random_reads_per_s,
-            "sequential_mb_s": facts.sequential_bytes_per_s / 1e6}
-    print(f"disk (O_DIRECT on {features.name}): random 4 KiB at QD {queue_depth}: {disk['random_4k_iops']:,.0f} IOPS "
-          f"({disk['random_4k_mb_s']:,.0f} MB/s); at QD 1: {disk['random_4k_iops_qd1']:,.0f} IOPS; "
-          f"sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s", flush=True)
+            "sequential_mb_s": max(f.sequential_bytes_per_s for f in (with_threads, single)) / 1e6,
+            "io_uring": native.load().io_uring_unavailable_reason() or "available"}
+    ring = (f", {disk['random_4k_iops_io_uring']:,.0f} with one io_uring" if with_ring else
+            f"; io_uring unavailable ({disk['io_uring']})")
+    print(f"disk (O_DIRECT on {features.name}): random 4 KiB at QD {queue_depth}: "
+          f"{disk['random_4k_iops_threads']:,.0f} IOPS with threads{ring}; at QD 1: "
+          f"{disk['random_4k_iops_qd1']:,.0f} IOPS; sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s",
+          flush=True)
     results = []
     for share in [float(s) for s in args.shares.split(",")]:
         for mode in args.modes.split(","):
@@ -134,7 +161,8 @@ def parent(args) -> int:
             try:
                 command = [sys.executable, __file__, str(directory), "--child", f"{mode}:{share}:{group}",
                            "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--threads",
-                           str(args.threads), "--io-threads", str(args.io_threads), "--seconds", str(args.seconds),
+                           str(args.threads), "--io-threads", str(args.io_threads), "--uring-depth",
+                           str(args.uring_depth), "--seconds", str(args.seconds),
                            "--max-batches", str(args.max_batches), "--max-seconds", str(args.max_seconds)]
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 stdout, stderr = process.communicate()
@@ -170,22 +198,25 @@ def row(result: dict, disk: dict) -> str:
         batches += f" in {seconds:.0f} s (capped)"
         rate = f"< {(result['batches'] + 1) / seconds:.3f}"
     read_mb_s = result["read_bytes"] / seconds / 1e6
-    hit = f"{result['hit_ratio']:.1%}" if result.get("hit_ratio") is not None else "-"
-    store_iops = result["store_reads"] / seconds if result.get("store_reads") is not None else None
-    iops_share = f"{store_iops / disk['random_4k_iops']:.0%}" if store_iops is not None else "-"
-    request = (f"{result['store_bytes'] / result['store_reads'] / 1024:,.1f}" if result.get("store_reads") else "-")
+    on_disk = result.get("store_reads") is not None
+    hit = f"{result['hit_ratio']:.1%}" if on_disk else "-"
+    # The misses' rates over the measured wall time (not just the time reads were in flight).
+    store_iops = result["store_reads"] / seconds if on_disk else None
+    iops = f"{store_iops:,.0f} ({store_iops / disk['random_4k_iops']:.0%})" if on_disk else "-"
+    miss_rows = f"{result['store_misses'] / seconds:,.0f}" if on_disk else "-"
+    store_mb_s = f"{result['store_bytes'] / seconds / 1e6:,.0f}" if on_disk else "-"
+    request = f"{result['store_bytes'] / result['store_reads'] / 1024:,.1f}" if result.get("store_reads") else "-"
     return (f"| {result['mode']} | {result['share']:.0%} | {result['limit_bytes'] / 1e6:,.0f} | "
-            f"{result['cache_bytes'] / 1e6:,.0f} | {batches} | {rate} | {hit} | "
-            f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_mb_s']:.0%}) | "
-            f"{'-' if store_iops is None else f'{store_iops:,.0f}'} ({iops_share}) | {request} | "
-            f"{result['peak_bytes'] / 1e6:,.0f} |")
+            f"{result['cache_bytes'] / 1e6:,.0f} | {result.get('in_flight') or '-'} | {batches} | {rate} | {hit} | "
+            f"{miss_rows} | {iops} | {store_mb_s} | {request} | "
+            f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_mb_s']:.0%}) | {result['peak_bytes'] / 1e6:,.0f} |")
 
 
 def table(results: list[dict], disk: dict) -> str:
-    header = ("| mode | limit (share of arrays) | limit MB | cache MB | batches | batches/s | hit ratio | "
-              "disk read MB/s (share of sequential) | store preads/s (share of random 4K IOPS) | KiB per pread | "
-              "group peak MB |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|")
+    header = ("| mode | limit (share of arrays) | limit MB | cache MB | reads in flight | batches | batches/s | "
+              "hit ratio | missed rows/s | store reads/s (share of the disk's random 4K IOPS) | store read MB/s | "
+              "KiB per read | disk read MB/s (share of sequential) | group peak MB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [header] + [row(result, disk) for result in results]
     baseline = {r["share"]: r for r in results if r.get("mode") == "mmap" and "failed" not in r}
     for result in results:
@@ -222,7 +253,11 @@ def child(args) -> int:
     directory = Path(args.dataset)
     total = array_bytes(directory, ARRAYS)
     in_ram = array_bytes(directory, IN_RAM)
-    on_disk = mode.startswith("store")
+    on_disk = mode != "mmap"
+    reader, _, reads = mode.partition("-")
+    io_threads = args.uring_depth - 1 if reader == "uring" else args.io_threads
+    in_flight = (args.uring_depth * args.threads if reader == "uring" else args.io_threads + args.threads) \
+        if on_disk else None
     cache_bytes = 0
     if on_disk:
         num_nodes = (directory / "indptr.npy").stat().st_size // 8
@@ -234,7 +269,8 @@ def child(args) -> int:
     if on_disk:
         graph.feature_store = FeatureStore(directory / "features.npy", read_meta(directory).feature_dtype,
                                            cache_bytes=cache_bytes, hotness=graph.in_degrees(),
-                                           io_threads=args.io_threads, direct=mode == "store-direct")
+                                           io_threads=io_threads, direct=reads == "direct",
+                                           reader="io_uring" if reader == "uring" else "pread")
     store = graph.feature_store
     fanouts = [int(f) for f in args.fanouts.split(",")]
     batcher = CpuBatcher(graph, fanouts, args.batch_size, num_threads=args.threads, queue_size=args.threads, seed=0,
@@ -286,7 +322,9 @@ def child(args) -> int:
         "read_bytes": read_bytes() - (progress["io_before"] or read_bytes()),
         "peak_bytes": int((group / "memory.max_usage_in_bytes").read_text()),
         "hit_ratio": counters.hit_ratio if counters else None, "store_reads": counters.reads if counters else None,
-        "store_bytes": counters.bytes_read if counters else None, "torch_threads": torch.get_num_threads(),
+        "store_bytes": counters.bytes_read if counters else None,
+        "store_misses": counters.misses if counters else None, "in_flight": in_flight,
+        "store_read_seconds": counters.read_seconds if counters else None, "torch_threads": torch.get_num_threads(),
     }), flush=True)
     if capped:
         os._exit(0)  # the consumer still waits in the native batcher; nothing else is left to do

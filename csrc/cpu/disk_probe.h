@@ -14,8 +14,10 @@ struct DiskReadRate {
 };
 
 // Reads of `block` bytes (a multiple of 4096) at random block-aligned offsets of `path`, `queue_depth` at once, for
-// about `seconds`.
-DiskReadRate measure_random_reads(const std::string& path, int64_t block, int64_t queue_depth, double seconds);
+// about `seconds`: kept in flight by `queue_depth` threads, or with `io_uring` by one thread and a ring that deep
+// (the two ways the feature store reads).
+DiskReadRate measure_random_reads(const std::string& path, int64_t block, int64_t queue_depth, double seconds,
+                                  bool io_uring);
 
 // Reads of `block` bytes (a multiple of 4096) one after another from the start of `path` (wrapping around), for
 // about `seconds`.

@@ -1,5 +1,7 @@
 #include "cpu/feature_store.h"
 
+#include "cpu/io_uring.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,7 +17,7 @@ namespace morphpipe {
 namespace {
 
 constexpr int64_t kPage = 4096;
-// Rows closer than this in the file are read with one pread (reading the gap costs less than another request).
+// Rows closer than this in the file are read at once (reading the gap costs less than another request).
 constexpr int64_t kMaxGap = kPage;
 // A coalesced read stops growing at this size, so one batch still spreads over every I/O thread.
 constexpr int64_t kMaxRead = 128 * 1024;
@@ -45,10 +47,20 @@ struct ScratchBuffer {
 
 thread_local ScratchBuffer scratch;
 
+// The most one request asks for; a longer read (a row of over 1 GiB) continues as a short read does.
+constexpr int64_t kMaxRequest = int64_t{1} << 30;
+
 }  // namespace
 
+// A ring lent to one gather at a time, with an aligned buffer for each read it keeps in flight.
+struct FeatureStore::Ring {
+  explicit Ring(int64_t depth) : ring(static_cast<unsigned>(depth)), buffers(static_cast<size_t>(depth)) {}
+  IoUring ring;
+  std::vector<ScratchBuffer> buffers;
+};
+
 FeatureStore::FeatureStore(std::string path, int64_t data_offset, int64_t num_rows, int64_t width,
-                           at::ScalarType dtype, const at::Tensor& cached_rows, int64_t io_threads, bool direct)
+                           at::ScalarType dtype, const at::Tensor& cached_rows, int64_t io_threads, bool direct, bool io_uring)
     : path_(std::move(path)),
       data_offset_(data_offset),
       num_rows_(num_rows),
@@ -56,8 +68,12 @@ FeatureStore::FeatureStore(std::string path, int64_t data_offset, int64_t num_ro
       dtype_(dtype),
       row_bytes_(width * static_cast<int64_t>(c10::elementSize(dtype))),
       direct_(direct),
-      pool_(std::max<int64_t>(io_threads, 0)) {
+      io_threads_(io_threads),
+      io_uring_(io_uring),
+      pool_(io_uring ? 0 : std::max<int64_t>(io_threads, 0)) {
   TORCH_CHECK(io_threads >= 0, "io_threads: need 0 or more I/O threads, got ", io_threads);
+  TORCH_CHECK(!io_uring || IoUring::unavailable_reason().empty(), "FeatureStore: io_uring was asked for, but ",
+              IoUring::unavailable_reason(), "; read with the pread pool (io_uring=False)");
   TORCH_CHECK(data_offset >= 0 && num_rows >= 0 && width >= 1,
               "FeatureStore: need data_offset >= 0, num_rows >= 0, width >= 1; got ", data_offset, ", ", num_rows,
               ", ", width);
@@ -97,6 +113,8 @@ FeatureStore::FeatureStore(std::string path, int64_t data_offset, int64_t num_ro
   reset_counters();
 }
 
+FeatureStore::~FeatureStore() = default;
+
 FeatureStore::FileDescriptor::~FileDescriptor() {
   if (fd >= 0) ::close(fd);
 }
@@ -113,20 +131,31 @@ void FeatureStore::check_file_unchanged() const {
               "load it again");
 }
 
+int64_t FeatureStore::request_begin(int64_t begin) const { return direct_ ? page_floor(begin) : begin; }
+
+int64_t FeatureStore::request_end(int64_t end) const { return direct_ ? page_ceil(end) : end; }
+
+std::string FeatureStore::read_failed(int64_t begin, int64_t end, int error) const {
+  return c10::str("features file ", path_, ": reading bytes [", begin, ", ", end, ") failed: ", std::strerror(error));
+}
+
+std::string FeatureStore::ended_early(int64_t at, int64_t end) const {
+  return c10::str("features file ", path_, " ends at byte ", at, ", but row data reaches byte ", end,
+                  " (the file held ", file_size_, " bytes when the dataset was opened): it was truncated or "
+                  "replaced while in use; restore it (or regenerate the dataset) and load it again");
+}
+
 void FeatureStore::read_exactly(char* buffer, int64_t begin, int64_t end) const {
   // O_DIRECT reads whole pages; the last page of the file may be partial, so only [begin, end) must arrive.
-  const int64_t request_begin = direct_ ? page_floor(begin) : begin;
-  const int64_t request_end = direct_ ? page_ceil(end) : end;
+  const int64_t first = request_begin(begin);
+  const int64_t last = request_end(end);
   int64_t done = 0;
-  while (request_begin + done < end) {
-    const ssize_t got = ::pread(file_.fd, buffer + done, static_cast<size_t>(request_end - request_begin - done),
-                                static_cast<off_t>(request_begin + done));
+  while (first + done < end) {
+    const ssize_t got = ::pread(file_.fd, buffer + done, static_cast<size_t>(std::min(last - first - done, kMaxRequest)),
+                                static_cast<off_t>(first + done));
     if (got < 0 && errno == EINTR) continue;
-    TORCH_CHECK(got >= 0, "features file ", path_, ": reading bytes [", begin, ", ", end, ") failed: ",
-                std::strerror(errno));
-    TORCH_CHECK(got > 0, "features file ", path_, " ends at byte ", request_begin + done,
-                ", but row data reaches byte ", end, " (the file held ", file_size_, " bytes when the dataset was opened): it was truncated or "
-                "replaced while in use; restore it (or regenerate the dataset) and load it again");
+    TORCH_CHECK(got >= 0, read_failed(begin, end, errno));
+    TORCH_CHECK(got > 0, ended_early(first + done, end));
     done += got;
   }
 }
@@ -151,7 +180,7 @@ std::vector<FeatureStore::Read> FeatureStore::plan_reads(const std::vector<std::
 }
 
 int64_t FeatureStore::request_bytes(const Read& read) const {
-  return direct_ ? page_ceil(read.end) - page_floor(read.begin) : read.end - read.begin;
+  return request_end(read.end) - request_begin(read.begin);
 }
 
 std::pair<int64_t, int64_t> FeatureStore::count_reads(const at::Tensor& rows) const {
@@ -195,19 +224,114 @@ void FeatureStore::read_rows(const int64_t* rows, const int64_t* positions, int6
       }
     }
   } done_reading{*this};
-  pool_.run(static_cast<int64_t>(reads.size()), [&](int64_t k) {
-    const Read& read = reads[k];
-    const int64_t buffer_begin = direct_ ? page_floor(read.begin) : read.begin;
-    char* buffer = scratch.reserve(page_ceil(read.end) - buffer_begin);
-    read_exactly(buffer, read.begin, read.end);
-    for (int64_t j = read.first; j < read.last; ++j) {
-      const int64_t offset = data_offset_ + order[j].first * row_bytes_ - buffer_begin;
-      std::memcpy(out + order[j].second * row_bytes_, buffer + offset, static_cast<size_t>(row_bytes_));
-    }
-  });
+  if (io_uring_) {
+    read_with_ring(reads, order, out);
+  } else {
+    read_with_threads(reads, order, out);
+  }
   reads_ += static_cast<int64_t>(reads.size());
   bytes_read_ += bytes;
   read_gathers_ += 1;
+}
+
+void FeatureStore::place_rows(const Read& read, const std::vector<std::pair<int64_t, int64_t>>& order,
+                              const char* buffer, int64_t buffer_begin, char* out) const {
+  for (int64_t j = read.first; j < read.last; ++j) {
+    const int64_t offset = data_offset_ + order[j].first * row_bytes_ - buffer_begin;
+    std::memcpy(out + order[j].second * row_bytes_, buffer + offset, static_cast<size_t>(row_bytes_));
+  }
+}
+
+void FeatureStore::read_with_threads(const std::vector<Read>& reads,
+                                     const std::vector<std::pair<int64_t, int64_t>>& order, char* out) {
+  pool_.run(static_cast<int64_t>(reads.size()), [&](int64_t k) {
+    const Read& read = reads[k];
+    const int64_t buffer_begin = request_begin(read.begin);
+    char* buffer = scratch.reserve(page_ceil(read.end) - buffer_begin);
+    read_exactly(buffer, read.begin, read.end);
+    place_rows(read, order, buffer, buffer_begin, out);
+  });
+}
+
+void FeatureStore::read_with_ring(const std::vector<Read>& reads,
+                                  const std::vector<std::pair<int64_t, int64_t>>& order, char* out) {
+  const int64_t depth = io_threads_ + 1;
+  std::unique_ptr<Ring> lent;
+  {
+    std::lock_guard<std::mutex> lock(rings_mutex_);
+    if (!idle_rings_.empty()) {
+      lent = std::move(idle_rings_.back());
+      idle_rings_.pop_back();
+    }
+  }
+  if (!lent) lent = std::make_unique<Ring>(depth);
+  // Each entry of the ring serves one read at a time: which read, and how many of its bytes arrived.
+  struct Entry {
+    int64_t read = -1;
+    int64_t done = 0;
+  };
+  std::vector<Entry> entries(static_cast<size_t>(depth));
+  std::vector<int64_t> idle_entries;
+  for (int64_t e = depth - 1; e >= 0; --e) idle_entries.push_back(e);
+  const int64_t count = static_cast<int64_t>(reads.size());
+  int64_t next = 0, in_flight = 0;
+  std::string error;  // the first failure: no read is issued after it, those in flight are reaped before it is raised
+  auto issue = [&](int64_t e) {  // asks for the bytes of entry e's read that have not arrived yet
+    const Read& read = reads[entries[e].read];
+    const int64_t first = request_begin(read.begin);
+    char* buffer = lent->buffers[e].reserve(page_ceil(read.end) - first);
+    const int64_t done = entries[e].done;
+    lent->ring.queue_read(file_.fd, buffer + done,
+                          static_cast<uint32_t>(std::min(request_end(read.end) - first - done, kMaxRequest)),
+                          static_cast<uint64_t>(first + done), static_cast<uint64_t>(e));
+    ++in_flight;
+  };
+  try {
+    while (true) {
+      while (error.empty() && next < count && !idle_entries.empty()) {
+        const int64_t e = idle_entries.back();
+        idle_entries.pop_back();
+        entries[e] = {next++, 0};
+        issue(e);
+      }
+      if (in_flight == 0) break;
+      lent->ring.submit_and_wait(1);
+      uint64_t tag = 0;
+      int32_t result = 0;
+      while (lent->ring.next_completion(tag, result)) {
+        --in_flight;
+        const int64_t e = static_cast<int64_t>(tag);
+        const Read& read = reads[entries[e].read];
+        const int64_t first = request_begin(read.begin);
+        if ((result == -EINTR || result == -EAGAIN) && error.empty()) {
+          issue(e);
+          continue;
+        }
+        if (result > 0) entries[e].done += result;
+        if (result > 0 && first + entries[e].done < read.end) {  // a short read: ask for the rest
+          if (error.empty()) {
+            issue(e);
+            continue;
+          }
+        } else if (result > 0) {
+          place_rows(read, order, lent->buffers[e].data, first, out);
+        } else if (error.empty()) {
+          error = result < 0 ? read_failed(read.begin, read.end, -result)
+                             : ended_early(first + entries[e].done, read.end);
+        }
+        idle_entries.push_back(e);
+      }
+    }
+  } catch (...) {
+    // The ring failed with reads in flight: the kernel may still write into its buffers, so they are never freed.
+    (void)lent.release();
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(rings_mutex_);
+    idle_rings_.push_back(std::move(lent));
+  }
+  TORCH_CHECK(error.empty(), error);
 }
 
 void FeatureStore::gather_into(const int64_t* rows, int64_t count, at::Tensor& out) {

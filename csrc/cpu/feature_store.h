@@ -1,6 +1,7 @@
 // Node features on disk: the rows a batch needs are read from the dataset's feature file itself (the rows of a
 // row-major array starting at a byte offset, e.g. a .npy file's data), the hottest rows from a static host-RAM
-// cache and the rest with many preads in flight, rows close together in the file read with one pread.
+// cache and the rest with many reads in flight (an io_uring per gathering thread, or a pool of pread threads),
+// rows close together in the file read with one request.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -24,8 +25,8 @@ namespace morphpipe {
 struct FeatureStoreCounters {
   int64_t hits = 0;        // rows copied from the cache
   int64_t misses = 0;      // rows read from the file
-  int64_t reads = 0;       // preads issued for misses (after coalescing)
-  int64_t bytes_read = 0;  // bytes those preads asked for
+  int64_t reads = 0;       // reads issued for misses (after coalescing)
+  int64_t bytes_read = 0;  // bytes those reads asked for
   int64_t read_ns = 0;     // wall time with reads in flight (gathers reading side by side counted once)
   int64_t read_gathers = 0;  // gathers that issued reads
 };
@@ -33,10 +34,14 @@ struct FeatureStoreCounters {
 class FeatureStore {
  public:
   // Opens `path`, whose rows [num_rows, width] of `dtype` start at byte `data_offset`; `cached_rows` (int64 ids,
-  // any order, no repeats) are read into host RAM now. `io_threads` threads issue the misses' preads (beside the
-  // caller); `direct` opens the file with O_DIRECT (page-aligned reads into aligned buffers, no page cache).
+  // any order, no repeats) are read into host RAM now. A gather keeps io_threads + 1 reads in flight: with
+  // `io_uring`, submitted at once to a ring of that depth by the gathering thread itself (a ring per concurrent
+  // gather, none of the pool's threads started); else as preads by `io_threads` pool threads beside the caller
+  // (the pool shared by concurrent gathers). `direct` opens the file with O_DIRECT (page-aligned reads into
+  // aligned buffers, no page cache).
   FeatureStore(std::string path, int64_t data_offset, int64_t num_rows, int64_t width, at::ScalarType dtype,
-               const at::Tensor& cached_rows, int64_t io_threads, bool direct);
+               const at::Tensor& cached_rows, int64_t io_threads, bool direct, bool io_uring);
+  ~FeatureStore();
   FeatureStore(const FeatureStore&) = delete;
   FeatureStore& operator=(const FeatureStore&) = delete;
 
@@ -46,7 +51,7 @@ class FeatureStore {
   // must be in [0, num_rows) (the batcher's sampled ids are). Thread-safe.
   void gather_into(const int64_t* rows, int64_t count, at::Tensor& out);
 
-  // The preads and bytes the rows `rows` (any order, repeats allowed, ids in range) would take if none were
+  // The reads and bytes the rows `rows` (any order, repeats allowed, ids in range) would take if none were
   // cached, coalesced as a gather reads them; reads nothing.
   std::pair<int64_t, int64_t> count_reads(const at::Tensor& rows) const;
 
@@ -58,17 +63,18 @@ class FeatureStore {
   int64_t width() const { return width_; }
   at::ScalarType dtype() const { return dtype_; }
   int64_t num_cached() const { return num_cached_; }
-  int64_t io_threads() const { return pool_.num_threads(); }
+  int64_t io_threads() const { return io_threads_; }
   bool direct() const { return direct_; }
+  bool io_uring() const { return io_uring_; }
 
  private:
-  // A pread of file bytes [begin, end) serving sorted misses [first, last) (positions into the sorted miss list).
+  // A read of file bytes [begin, end) serving sorted misses [first, last) (positions into the sorted miss list).
   struct Read {
     int64_t begin, end;
     int64_t first, last;
   };
 
-  // The preads serving the sorted (row, position) pairs `order`, rows close together in the file read at once.
+  // The reads serving the sorted (row, position) pairs `order`, rows close together in the file read at once.
   std::vector<Read> plan_reads(const std::vector<std::pair<int64_t, int64_t>>& order) const;
   // Bytes a read asks the file for (whole pages with O_DIRECT).
   int64_t request_bytes(const Read& read) const;
@@ -76,8 +82,22 @@ class FeatureStore {
   void check_file_unchanged() const;
   // Reads rows[0..count) (all misses) into the rows `positions[i]` of `out`.
   void read_rows(const int64_t* rows, const int64_t* positions, int64_t count, char* out);
+  // Serves `reads` (of the sorted misses `order`) into `out` with the pool's preads, or with a ring.
+  void read_with_threads(const std::vector<Read>& reads, const std::vector<std::pair<int64_t, int64_t>>& order,
+                         char* out);
+  void read_with_ring(const std::vector<Read>& reads, const std::vector<std::pair<int64_t, int64_t>>& order,
+                      char* out);
+  // Copies the rows of `read`, whose bytes from file offset `buffer_begin` are in `buffer`, to their places in out.
+  void place_rows(const Read& read, const std::vector<std::pair<int64_t, int64_t>>& order, const char* buffer,
+                  int64_t buffer_begin, char* out) const;
+  // The file bytes a read of [begin, end) asks for: whole pages with O_DIRECT.
+  int64_t request_begin(int64_t begin) const;
+  int64_t request_end(int64_t end) const;
   // Fills `buffer` with file bytes [begin, end); a short read or an I/O error is an error naming the file.
   void read_exactly(char* buffer, int64_t begin, int64_t end) const;
+  // The errors a read of [begin, end) ends in, naming the file: the kernel's `error`, or the file's end at `at`.
+  std::string read_failed(int64_t begin, int64_t end, int error) const;
+  std::string ended_early(int64_t at, int64_t end) const;
 
   // Closes the file when the store dies, or when its constructor fails after opening it.
   struct FileDescriptor {
@@ -94,10 +114,16 @@ class FeatureStore {
   at::ScalarType dtype_;
   int64_t row_bytes_;
   bool direct_;
+  int64_t io_threads_;
+  bool io_uring_;
   int64_t num_cached_ = 0;
   at::Tensor cache_;               // uint8 [num_cached * row_bytes]
   std::vector<int32_t> slot_of_;  // row -> slot in cache_, -1 when not cached; empty without a cache
-  IoThreadPool pool_;
+  IoThreadPool pool_;  // no threads with io_uring
+  // Rings not lent to a gather now (io_uring only); a gather takes one, or opens one when none is idle.
+  struct Ring;
+  std::mutex rings_mutex_;
+  std::vector<std::unique_ptr<Ring>> idle_rings_;
   std::atomic<int64_t> hits_{0}, misses_{0}, reads_{0}, bytes_read_{0}, read_ns_{0}, read_gathers_{0};
   // Reads in flight: gathers reading now, and since when at least one was (one clock read per gather, not per row).
   std::mutex reading_mutex_;

@@ -9,6 +9,7 @@ import torch
 
 import morphpipe
 from morphpipe import native
+from morphpipe.data.feature_store import reader_line
 from morphpipe.huge_pages import huge_pages
 from morphpipe.openmp_env import wait_policy
 from morphpipe.profiler.hardware import HardwareFacts
@@ -36,6 +37,7 @@ def native_status(verbose: bool = False) -> list[tuple[str, str]]:
         ("OpenMP threads", str(openmp) if openmp else "built without OpenMP"),
         ("OpenMP wait policy", wait_policy().line()),
         ("huge pages for large tensors", huge_pages().line()),
+        ("feature store reader", reader_line()),
     ]
 
 

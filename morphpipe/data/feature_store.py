@@ -1,9 +1,10 @@
 """Node features on disk: rows read from the dataset's features.npy when a batch needs them, behind a static
 host-RAM cache of the hottest rows, so a graph whose features exceed RAM still trains.
 
-The native store keeps many preads in flight (a pool of I/O threads beside the caller), reads rows that lie
-close together in one request, and checks before every gather that the file is still the one it opened:
-a file truncated or replaced while in use is an error naming it, never a SIGBUS.
+The native store keeps many reads in flight: submitted at once to an io_uring by the gathering thread where the
+kernel offers io_uring, else as preads by a pool of I/O threads beside the caller. It reads rows that lie close
+together in one request, and checks before every gather that the file is still the one it opened: a file
+truncated or replaced while in use is an error naming it, never a SIGBUS.
 """
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from morphpipe.numeric import check_int
 # and the batcher over bench-10m under an 80% memory limit 1.4x the batches/s of 16 threads (BENCHMARKS.md).
 DEFAULT_IO_THREADS = 48
 
+# Forces the reader of every feature store opened without one named: "io_uring" or "pread" (the thread pool).
+READER_ENV = "MORPHPIPE_FEATURE_READER"
+READERS = ("io_uring", "pread")
+
 
 @dataclass(frozen=True)
 class NpyLayout:
@@ -36,7 +41,7 @@ class NpyLayout:
 
 @dataclass(frozen=True)
 class FeatureStoreCounters:
-    """Rows served from the cache (hits) and from the file (misses), the preads and bytes the misses took, the wall
+    """Rows served from the cache (hits) and from the file (misses), the reads and bytes the misses took, the wall
     time the store had reads in flight (`read_seconds`: gathers reading side by side count once, so it is the time
     the misses held the disk) and the gathers that read (`read_gathers`)."""
 
@@ -55,12 +60,13 @@ class FeatureStoreCounters:
 
     @property
     def reads_per_second(self) -> float | None:
-        """The random-read rate the misses achieved: preads per second of reading (None before any timed read)."""
+        """The random-read rate the misses achieved: reads per second of reading (None before any timed read)."""
         return self.reads / self.read_seconds if self.reads and self.read_seconds > 0 else None
 
     def read_latency_s(self, io_threads: int) -> float | None:
-        """Mean time one pread took, by Little's law: a gather keeps min(io_threads + 1, its reads) preads in flight
-        (the pool's threads and the caller), so each took about that many times the reading time per read."""
+        """Mean time one read took, by Little's law: a gather keeps min(io_threads + 1, its reads) reads in flight
+        (the pool's threads and the caller, or a ring of that depth), so each took about that many times the
+        reading time per read."""
         if not self.reads or self.read_seconds <= 0:
             return None
         in_flight = min(io_threads + 1, self.reads / max(self.read_gathers, 1))
@@ -104,18 +110,21 @@ class FeatureStore:
 
     `dtype` names the feature dtype ("float32", "float16", "bfloat16"; bfloat16 is stored as uint16 bits, so it
     must be named); by default the file's own. `cache_bytes` of host RAM hold the rows with the largest
-    `hotness` (one value per row, e.g. in-degree), read once now. `io_threads` threads issue the misses' reads.
-    `direct` reads with O_DIRECT, past the page cache (False: through it); by default it does so where the file
-    system allows it (measured faster under memory pressure: BENCHMARKS.md, bench_giant), else says so once and
-    reads through the page cache.
+    `hotness` (one value per row, e.g. in-degree), read once now. A gather keeps `io_threads` + 1 reads in
+    flight. `reader` "io_uring" submits them at once to a ring of that depth, "pread" has `io_threads` pool
+    threads issue them beside the caller; by default $MORPHPIPE_FEATURE_READER, else io_uring where this
+    process may set one up, else the pread pool (`reader_note` says why). `direct` reads with O_DIRECT, past the
+    page cache (False: through it); by default it does so where the file system allows it (measured faster under
+    memory pressure: BENCHMARKS.md, bench_giant), else says so once and reads through the page cache.
     """
 
     def __init__(self, path: str | os.PathLike, dtype: str | None = None, *, cache_bytes: int = 0,
                  hotness: torch.Tensor | None = None, io_threads: int = DEFAULT_IO_THREADS,
-                 direct: bool | None = None) -> None:
+                 direct: bool | None = None, reader: str | None = None) -> None:
         self.path = Path(path)
         # Pickling re-opens the file with these (a worker process gets its own threads and cache).
-        self._arguments = (path, dtype, cache_bytes, hotness, io_threads, direct)
+        self._arguments = (path, dtype, cache_bytes, hotness, io_threads, direct, reader)
+        self.reader, self.reader_note = choose_reader(reader)
         layout = npy_layout(self.path)
         self.dtype_name = _feature_dtype(self.path, layout.dtype, dtype)
         num_rows, width = layout.shape
@@ -134,7 +143,8 @@ class FeatureStore:
             cached = hottest_rows(hotness, num_cached)
         direct = _direct_reads_allowed(self.path) if direct is None else bool(direct)
         self._native = native.load().FeatureStore(str(self.path), layout.data_offset, num_rows, width,
-                                                  FEATURE_DTYPES[self.dtype_name], cached, io_threads, direct)
+                                                  FEATURE_DTYPES[self.dtype_name], cached, io_threads, direct,
+                                                  self.reader == "io_uring")
 
     @property
     def native(self) -> object:
@@ -167,6 +177,14 @@ class FeatureStore:
     def direct(self) -> bool:
         return self._native.direct
 
+    def describe_reader(self) -> str:
+        """How the misses are read, in a few words, with why where it is not the default."""
+        if self.reader == "io_uring":
+            text = f"io_uring, {self.io_threads + 1} reads in flight per gather"
+        else:
+            text = f"pread pool of {self.io_threads} I/O threads"
+        return text + (f" ({self.reader_note})" if self.reader_note else "")
+
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the file, as a new [len(ids), width] tensor (what `features[ids]` gives in RAM)."""
         ids = torch.as_tensor(ids)
@@ -176,12 +194,12 @@ class FeatureStore:
         return self._native.gather(ids.long())
 
     def counters(self) -> FeatureStoreCounters:
-        """Hits, misses, preads, bytes and time read since the store opened or `reset_counters`."""
+        """Hits, misses, reads, bytes and time read since the store opened or `reset_counters`."""
         hits, misses, reads, bytes_read, read_ns, read_gathers = self._native.counters()
         return FeatureStoreCounters(hits, misses, reads, bytes_read, read_ns * 1e-9, read_gathers)
 
     def count_reads(self, ids: torch.Tensor) -> tuple[int, int]:
-        """The (preads, bytes) rows `ids` would take were none cached, coalesced as `gather` reads them; reads
+        """The (reads, bytes) rows `ids` would take were none cached, coalesced as `gather` reads them; reads
         nothing, so the reads a miss costs can be counted at any cache size."""
         return tuple(self._native.count_reads(torch.as_tensor(ids).long()))
 
@@ -189,13 +207,12 @@ class FeatureStore:
         self._native.reset_counters()
 
     def __reduce__(self) -> tuple:
-        path, dtype, cache_bytes, hotness, io_threads, direct = self._arguments
-        return (_reopen, (path, dtype, cache_bytes, hotness, io_threads, direct))
+        return (_reopen, self._arguments)
 
     def __repr__(self) -> str:
         return (f"FeatureStore({str(self.path)!r}, {self.shape[0]}x{self.shape[1]} {self.dtype_name}, "
                 f"{self.num_cached} rows cached ({self.cache_bytes:,} bytes), io_threads={self.io_threads}, "
-                f"direct={self.direct})")
+                f"direct={self.direct}, reader={self.reader!r})")
 
 
 _announced_buffered: set[str] = set()
@@ -219,9 +236,42 @@ def _direct_reads_allowed(path: Path) -> bool:
 
 
 def _reopen(path: str | os.PathLike, dtype: str | None, cache_bytes: int, hotness: torch.Tensor | None,
-            io_threads: int, direct: bool | None) -> FeatureStore:
+            io_threads: int, direct: bool | None, reader: str | None) -> FeatureStore:
     """A pickled FeatureStore, opened again."""
-    return FeatureStore(path, dtype, cache_bytes=cache_bytes, hotness=hotness, io_threads=io_threads, direct=direct)
+    return FeatureStore(path, dtype, cache_bytes=cache_bytes, hotness=hotness, io_threads=io_threads, direct=direct,
+                        reader=reader)
+
+
+def reader_line() -> str:
+    """The reader a store opened now without one named would use, and why (for `morphpipe info`)."""
+    reader, note = choose_reader()
+    name = "io_uring" if reader == "io_uring" else "pread pool"
+    return f"{name} ({note or f'io_uring_setup works here; {READER_ENV}=pread forces the pread pool'})"
+
+
+def choose_reader(requested: str | None = None) -> tuple[str, str]:
+    """The reader a store uses and why, when that is not simply the default: `requested`, else the one
+    $MORPHPIPE_FEATURE_READER names, else io_uring where io_uring_setup works in this process, else the pread pool.
+    A reader that cannot work here is refused with the reason."""
+    forced = os.environ.get(READER_ENV, "").strip()
+    if requested is None and forced:
+        if forced not in READERS:
+            raise ValueError(f"{READER_ENV}={forced!r} is not a feature store reader; set it to one of "
+                             f"{', '.join(READERS)}, or unset it for io_uring where the kernel offers it")
+        requested, note = forced, f"forced by {READER_ENV}"
+    elif requested is not None:
+        if requested not in READERS:
+            raise ValueError(f"reader: {requested!r} is not a feature store reader; expected one of "
+                             f"{', '.join(READERS)}, or None for io_uring where the kernel offers it")
+        note = ""
+    unavailable = native.load().io_uring_unavailable_reason()
+    if requested is None:
+        return ("pread", f"io_uring unavailable: {unavailable}") if unavailable else ("io_uring", "")
+    if requested == "io_uring" and unavailable:
+        source = f"{READER_ENV}=io_uring" if note else "reader='io_uring'"
+        raise ValueError(f"{source}: io_uring cannot be used in this process ({unavailable}); read with the pread "
+                         "pool (reader='pread') or leave the reader unset")
+    return requested, note
 
 
 def _feature_dtype(path: Path, stored: np.dtype, named: str | None) -> str:

@@ -89,7 +89,8 @@ class GraphStore:
         self.feature_store = FeatureStore(path, dtype_name(self.feature_dtype), cache_bytes=cache_bytes,
                                           hotness=self.in_degrees(),
                                           io_threads=current.io_threads if current is not None else DEFAULT_IO_THREADS,
-                                          direct=current.direct if current is not None else None)
+                                          direct=current.direct if current is not None else None,
+                                          reader=current.reader if current is not None else None)
         return self.feature_store
 
     def in_degrees(self) -> torch.Tensor:

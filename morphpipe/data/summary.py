@@ -81,7 +81,7 @@ def array_tiers(store: GraphStore) -> dict[str, str]:
     if feature_store is not None:
         share = feature_store.num_cached / max(feature_store.shape[0], 1)
         direct = ", O_DIRECT" if feature_store.direct else ""
-        tiers["features"] = (f"disk (feature store, {feature_store.io_threads} I/O threads{direct}), "
+        tiers["features"] = (f"disk (feature store, {feature_store.describe_reader()}{direct}), "
                              f"{feature_store.num_cached:,} hottest rows ({share:.1%}, "
                              f"{feature_store.cache_bytes / 1e6:,.1f} MB) cached in RAM")
     return tiers

@@ -14,7 +14,7 @@ import psutil
 import torch
 
 from morphpipe import native
-from morphpipe.data.feature_store import FeatureStore, FeatureStoreCounters, hotness_order
+from morphpipe.data.feature_store import FeatureStore, FeatureStoreCounters, choose_reader, hotness_order
 from morphpipe.documents import FieldReader
 from morphpipe.numeric import check_float, check_int
 from morphpipe.sampling.cpu_batcher import sample_neighbors
@@ -212,13 +212,15 @@ class DiskProfile:
 
 
 def measure_disk_reads(path: str | os.PathLike, queue_depth: int, seconds: float = 2.0, block: int = PAGE,
-                       sequential_block: int = 4 << 20) -> DiskReadFacts:
-    """Measures the disk under `path` (best a file larger than the disk's own cache) for about 2 x `seconds`."""
+                       sequential_block: int = 4 << 20, reader: str | None = None) -> DiskReadFacts:
+    """Measures the disk under `path` (best a file larger than the disk's own cache) for about 2 x `seconds`, the
+    random reads kept in flight as the feature store's `reader` would (by default the one a store would use)."""
     queue_depth = check_int("queue_depth", queue_depth, 1)
     seconds = check_float("seconds", seconds, 0.0, above=True)
+    io_uring = choose_reader(reader)[0] == "io_uring"
     extension = native.load()
     reads, _, elapsed = extension.measure_random_reads(str(path), check_int("block", block, PAGE), queue_depth,
-                                                       seconds)
+                                                       seconds, io_uring)
     _, sequential_bytes, sequential_elapsed = extension.measure_sequential_reads(
         str(path), check_int("sequential_block", sequential_block, PAGE), seconds)
     return DiskReadFacts(str(path), block, queue_depth, reads / elapsed, sequential_bytes / sequential_elapsed,
@@ -302,7 +304,8 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
                          "features this small in RAM (drop --features-on-disk, or raise --memory-budget)")
     sequential_block = max(PAGE, min(4 << 20, size // PAGE * PAGE))
     try:
-        facts = measure_disk_reads(store.path, max(1, store.io_threads), seconds, block, sequential_block)
+        facts = measure_disk_reads(store.path, max(1, store.io_threads), seconds, block, sequential_block,
+                                   store.reader)
     except RuntimeError as error:
         if "O_DIRECT" not in str(error):
             raise
@@ -346,7 +349,8 @@ def read_rates_by_cache_size(store, hotness: torch.Tensor, gathered: Sequence[to
     MIN_TIMED_READS reads were timed. Meant for O_DIRECT stores: through the page cache, a later size's misses are
     rows an earlier size read."""
     rank = hotness_rank(hotness)
-    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=store.direct)
+    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=store.direct,
+                         reader=store.reader)
     share = seconds / max(len(cache_rows), 1)
     rates: list[float | None] = []
     for k in cache_rows:
@@ -367,7 +371,8 @@ def measure_store_reads(store, seconds: float, block: int, sequential_block: int
     """Read rates where the file system refuses O_DIRECT (tmpfs, some network file systems): random rows gathered
     through a cache-less feature store like `store` (its reads per second at its queue depth), and the file read
     through in `sequential_block`s (through the page cache, as the store reads there too)."""
-    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=False)
+    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=False,
+                         reader=store.reader)
     generator = torch.Generator().manual_seed(0)
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:

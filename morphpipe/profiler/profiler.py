@@ -257,7 +257,7 @@ class Profiler:
         hot[rows] = 1
         row_bytes = store.shape[1] * store.dtype.itemsize
         cached = FeatureStore(store.path, store.dtype_name, cache_bytes=rows.numel() * row_bytes, hotness=hot,
-                              io_threads=store.io_threads, direct=store.direct)
+                              io_threads=store.io_threads, direct=store.direct, reader=store.reader)
         self.graph.feature_store = cached
         try:
             yield

@@ -1,9 +1,13 @@
 """The feature store: rows read from features.npy (cache hits, misses, both) equal an in-RAM index_select bit for
-bit; hit accounting; a file truncated, replaced, removed or unreadable is an error naming it."""
+bit, with either reader (io_uring, the pread pool); hit accounting; a file truncated, replaced, removed or
+unreadable is an error naming it; which reader a store uses, and why."""
 from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -11,7 +15,7 @@ import torch
 
 from morphpipe import native
 from morphpipe.data.dtypes import tensor_to_numpy
-from morphpipe.data.feature_store import FeatureStore, hottest_rows, npy_layout
+from morphpipe.data.feature_store import READER_ENV, FeatureStore, choose_reader, hottest_rows, npy_layout
 from morphpipe.data.hetero_generator import MagSpec, mag_shaped
 from morphpipe.data.store import load_dataset
 
@@ -42,9 +46,18 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+@pytest.fixture(params=["io_uring", "pread"])
+def reader(request, monkeypatch) -> str:
+    """Each reader in turn, also for stores opened without one named (through the environment variable)."""
+    if request.param == "io_uring" and native.load().io_uring_unavailable_reason():
+        pytest.skip(f"io_uring is unavailable here: {native.load().io_uring_unavailable_reason()}")
+    monkeypatch.setenv(READER_ENV, request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=dtype_name)
 @pytest.mark.parametrize("width", [1, 3, 64, 127, 768])
-def test_rows_equal_index_select_for_hits_misses_and_both(tmp_path, dtype, width):
+def test_rows_equal_index_select_for_hits_misses_and_both(tmp_path, dtype, width, reader):
     num_rows = 3000 if width < 100 else 400  # every case spans many 4 KiB pages, rows straddling page ends
     features = random_rows(num_rows, width, dtype)
     path = save_features(tmp_path, features)
@@ -56,7 +69,7 @@ def test_rows_equal_index_select_for_hits_misses_and_both(tmp_path, dtype, width
     for cache_rows in (0, 5, num_rows // 2, num_rows):
         store = FeatureStore(path, dtype_name(dtype), cache_bytes=cache_rows * row_bytes, hotness=hotness,
                              io_threads=3)
-        assert store.num_cached == cache_rows
+        assert store.num_cached == cache_rows and store.reader == reader
         assert_same_bits(store.gather(ids), torch.index_select(features, 0, ids))
         counters = store.counters()
         assert counters.hits + counters.misses == ids.numel()
@@ -64,7 +77,7 @@ def test_rows_equal_index_select_for_hits_misses_and_both(tmp_path, dtype, width
 
 
 @pytest.mark.parametrize("io_threads", [0, 1, 8])
-def test_rows_are_the_same_for_any_number_of_io_threads(tmp_path, io_threads):
+def test_rows_are_the_same_for_any_number_of_io_threads(tmp_path, io_threads, reader):
     features = random_rows(20_000, 5, torch.float16)
     path = save_features(tmp_path, features)
     ids = torch.randperm(20_000, generator=torch.Generator().manual_seed(1))[:7000]
@@ -73,7 +86,7 @@ def test_rows_are_the_same_for_any_number_of_io_threads(tmp_path, io_threads):
     assert store.counters().reads < ids.numel(), "rows that share a page are read together"
 
 
-def test_direct_reads_equal_buffered_reads(tmp_path):
+def test_direct_reads_equal_buffered_reads(tmp_path, reader):
     features = random_rows(5000, 33, torch.float32)
     path = save_features(tmp_path, features)
     ids = torch.randint(0, 5000, (900,), generator=torch.Generator().manual_seed(2))
@@ -107,7 +120,7 @@ def test_hit_accounting_matches_a_count_by_hand(tmp_path):
     assert store.counters() == type(counters)(0, 0, 0, 0, 0.0, 0)
 
 
-def test_the_store_times_its_reads_and_counts_them_as_a_gather_reads(tmp_path):
+def test_the_store_times_its_reads_and_counts_them_as_a_gather_reads(tmp_path, reader):
     features = random_rows(20_000, 48, torch.float16)  # rows of 96 B: many share a page
     path = save_features(tmp_path, features)
     hotness = torch.arange(20_000, 0, -1)  # rows 0.. hottest
@@ -126,7 +139,8 @@ def test_the_store_times_its_reads_and_counts_them_as_a_gather_reads(tmp_path):
                                                                                     counters.bytes_read)
     assert counters.read_seconds > 0 and counters.reads_per_second == counters.reads / counters.read_seconds
     latency = counters.read_latency_s(store.io_threads)
-    assert latency == pytest.approx(counters.read_seconds * 5 / counters.reads)  # 5 in flight: 4 threads + caller
+    assert latency == pytest.approx(counters.read_seconds * 5 / counters.reads)  # 5 in flight: 4 threads + caller,
+    # or a ring 5 deep
     assert store.count_reads(torch.tensor([7, 7, 8])) == (1, 4096 if store.direct else 2 * 96)  # one page
     store.reset_counters()
     assert store.counters() == type(counters)(0, 0, 0, 0, 0.0, 0)
@@ -150,9 +164,9 @@ def test_data_offset_comes_from_the_npy_header(tmp_path):
 def test_a_pickled_store_reopens_the_file(tmp_path):
     features = random_rows(50, 4, torch.bfloat16)
     path = save_features(tmp_path, features)
-    store = FeatureStore(path, "bfloat16", cache_bytes=80, hotness=torch.arange(50))
+    store = FeatureStore(path, "bfloat16", cache_bytes=80, hotness=torch.arange(50), reader="pread")
     copy = pickle.loads(pickle.dumps(store))
-    assert copy.num_cached == 10
+    assert copy.num_cached == 10 and copy.reader == "pread"
     assert_same_bits(copy.gather(torch.arange(50)), features)
 
 
@@ -172,7 +186,7 @@ def test_bad_ids_and_dtypes_are_refused_with_the_value(tmp_path):
         FeatureStore(path, "bfloat16", cache_bytes=8)
 
 
-def test_a_file_truncated_in_use_is_an_error_naming_it(tmp_path):
+def test_a_file_truncated_in_use_is_an_error_naming_it(tmp_path, reader):
     features = random_rows(3000, 8, torch.float32)
     path = save_features(tmp_path, features)
     store = FeatureStore(path, cache_bytes=100 * 32, hotness=-torch.arange(3000))  # rows 0..99 cached
@@ -183,7 +197,7 @@ def test_a_file_truncated_in_use_is_an_error_naming_it(tmp_path):
             store.gather(ids)
 
 
-def test_a_file_replaced_or_removed_in_use_is_an_error_naming_it(tmp_path):
+def test_a_file_replaced_or_removed_in_use_is_an_error_naming_it(tmp_path, reader):
     features = random_rows(100, 8, torch.float32)
     path = save_features(tmp_path, features)
     store = FeatureStore(path)
@@ -196,7 +210,7 @@ def test_a_file_replaced_or_removed_in_use_is_an_error_naming_it(tmp_path):
         store.gather(torch.tensor([1]))
 
 
-def test_a_file_cut_short_or_unreadable_is_refused_naming_it(tmp_path):
+def test_a_file_cut_short_or_unreadable_is_refused_naming_it(tmp_path, reader):
     path = save_features(tmp_path, random_rows(100, 8, torch.float32))
     os.truncate(path, os.path.getsize(path) - 1)
     with pytest.raises(RuntimeError, match=f"features file {path} holds .* bytes, but 100 rows of 32 bytes"):
@@ -205,13 +219,14 @@ def test_a_file_cut_short_or_unreadable_is_refused_naming_it(tmp_path):
         FeatureStore(tmp_path / "missing.npy")
     # A path the kernel will not read rows from (a directory): the pread error names it.
     unreadable = native.load().FeatureStore(str(tmp_path), 0, 1, 1, torch.float32, torch.empty(0, dtype=torch.long),
-                                            0, False)
+                                            0, False, reader == "io_uring")
     with pytest.raises(RuntimeError, match=f"features file {tmp_path}: reading bytes \\[0, 4\\) failed"):
         unreadable.gather(torch.tensor([0]))
 
 
-def test_a_read_error_on_an_io_thread_reaches_the_caller(tmp_path):
-    """Reads far apart go to several I/O threads; the error of any of them comes back to the caller."""
+def test_a_read_error_on_an_io_thread_reaches_the_caller(tmp_path, reader):
+    """Reads far apart go to several I/O threads (or entries of a ring); the error of any of them comes back to the
+    caller, a ring's only after the reads still in flight were reaped."""
     directory = tmp_path / "rows"
     directory.mkdir()
     for index in range(400):  # a directory whose size spans many pages, and which pread refuses to read
@@ -220,7 +235,7 @@ def test_a_read_error_on_an_io_thread_reaches_the_caller(tmp_path):
     if num_rows < 20_000:
         pytest.skip(f"this file system keeps {directory} at {num_rows * 4} bytes")
     unreadable = native.load().FeatureStore(str(directory), 0, num_rows, 1, torch.float32,
-                                            torch.empty(0, dtype=torch.long), 4, False)
+                                            torch.empty(0, dtype=torch.long), 4, False, reader == "io_uring")
     with pytest.raises(RuntimeError, match=f"features file {directory}: reading bytes .* failed: Is a directory"):
         unreadable.gather(torch.arange(0, 20_000, 2000))  # 8 KB apart: ten separate reads
 
@@ -230,3 +245,101 @@ def test_features_on_disk_of_a_heterogeneous_graph_are_refused_naming_the_direct
         tmp_path / "mag")
     with pytest.raises(ValueError, match=f"features_on_disk: {tmp_path / 'mag'} holds a heterogeneous graph"):
         load_dataset(tmp_path / "mag", features_on_disk=True)
+
+
+def test_gathers_side_by_side_each_get_their_rows(tmp_path, reader):
+    """Concurrent gathers share the pool's threads, or each take a ring of their own; none sees another's rows."""
+    features = random_rows(30_000, 24, torch.float16)
+    path = save_features(tmp_path, features)
+    store = FeatureStore(path, cache_bytes=3000 * 48, hotness=torch.arange(30_000) % 11, io_threads=6)
+    results: dict[int, bool] = {}
+
+    def gather(seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        same = True
+        for _ in range(5):
+            ids = torch.randint(0, 30_000, (4000,), generator=generator)
+            same &= torch.equal(store.gather(ids).view(torch.int16), features[ids].view(torch.int16))
+        results[seed] = same
+
+    threads = [threading.Thread(target=gather, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {seed: True for seed in range(4)}
+    assert store.counters().misses > 0
+
+
+def test_the_reader_is_io_uring_where_the_kernel_offers_it_unless_forced(tmp_path, monkeypatch):
+    path = save_features(tmp_path, random_rows(10, 2, torch.float32))
+    monkeypatch.delenv(READER_ENV, raising=False)
+    unavailable = native.load().io_uring_unavailable_reason()
+    store = FeatureStore(path, io_threads=7)
+    if unavailable:
+        assert (store.reader, store.reader_note) == ("pread", f"io_uring unavailable: {unavailable}")
+        assert store.describe_reader() == f"pread pool of 7 I/O threads (io_uring unavailable: {unavailable})"
+    else:
+        assert (store.reader, store.reader_note) == ("io_uring", "")
+        assert store.describe_reader() == "io_uring, 8 reads in flight per gather"
+    pooled = FeatureStore(path, io_threads=7, reader="pread")
+    assert pooled.describe_reader() == "pread pool of 7 I/O threads" and pooled.io_threads == 7
+    monkeypatch.setenv(READER_ENV, "pread")
+    forced = FeatureStore(path, io_threads=7)
+    assert forced.reader == "pread" and forced.describe_reader().endswith(f"(forced by {READER_ENV})")
+    assert "reader='pread'" in repr(forced)
+
+
+def test_an_unknown_or_unavailable_reader_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setenv(READER_ENV, "aio")
+    with pytest.raises(ValueError, match=f"{READER_ENV}='aio' is not a feature store reader; set it to one of "
+                                         "io_uring, pread"):
+        choose_reader()
+    with pytest.raises(ValueError, match="reader: 'threads' is not a feature store reader"):
+        choose_reader("threads")
+    # Where io_uring_setup fails (a seccomp filter, kernel.io_uring_disabled, an old kernel), the pread pool reads.
+    refusal = "io_uring_setup failed: Operation not permitted"
+    monkeypatch.setattr(native.load(), "io_uring_unavailable_reason", lambda: refusal)
+    monkeypatch.delenv(READER_ENV)
+    assert choose_reader() == ("pread", f"io_uring unavailable: {refusal}")
+    with pytest.raises(ValueError, match=f"reader='io_uring': io_uring cannot be used in this process \\({refusal}\\); "
+                                         "read with the pread pool"):
+        choose_reader("io_uring")
+
+
+# Run in a child process under a seccomp filter that makes io_uring_setup fail with EPERM (as a container's
+# default profile may), then open a store: it must fall back to the pread pool, say why, and read the same rows.
+SECCOMP_CHILD = """
+import ctypes, struct, sys
+import torch
+libc = ctypes.CDLL(None, use_errno=True)
+IO_URING_SETUP, EPERM = 425, 1
+filter = b"".join(struct.pack("HBBI", *op) for op in [
+    (0x20, 0, 0, 0),                      # load the syscall number
+    (0x15, 0, 1, IO_URING_SETUP),         # io_uring_setup?
+    (0x06, 0, 0, 0x00050000 | EPERM),     # then fail with EPERM
+    (0x06, 0, 0, 0x7FFF0000)])            # else allow
+program = ctypes.create_string_buffer(filter)
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(filter) // 8, ctypes.addressof(program))
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
+from morphpipe.data.feature_store import FeatureStore
+store = FeatureStore(sys.argv[1], io_threads=3)
+ids = torch.tensor([5, 0, 99, 5])
+features = torch.from_numpy(__import__("numpy").load(sys.argv[1]))
+assert torch.equal(store.gather(ids).view(torch.int32), features[ids].view(torch.int32))  # NaNs too
+print(store.describe_reader())
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the filter names x86_64's io_uring_setup number")
+def test_where_seccomp_forbids_io_uring_the_pread_pool_reads_and_says_why(tmp_path):
+    path = save_features(tmp_path, random_rows(100, 4, torch.float32))
+    environment = {key: value for key, value in os.environ.items() if key != READER_ENV}
+    child = subprocess.run([sys.executable, "-c", SECCOMP_CHILD, str(path)], capture_output=True, text=True,
+                           env=environment, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip().splitlines()[-1] == ("pread pool of 3 I/O threads (io_uring unavailable: "
+                                                     "io_uring_setup failed: Operation not permitted)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from morphpipe import native
 from morphpipe.profiler.disk import hit_ratio_by_cache_size, measure_disk_reads, presampled_hit_ratios
 from tests.conftest import make_graph
 
@@ -22,11 +23,14 @@ def test_presampled_hit_ratios_grow_with_the_cache_to_one():
     assert ratios == sorted(ratios)
 
 
-def test_disk_read_rates_are_measured_on_a_file(tmp_path):
+@pytest.mark.parametrize("reader", ["io_uring", "pread"])
+def test_disk_read_rates_are_measured_on_a_file(tmp_path, reader):
+    if reader == "io_uring" and native.load().io_uring_unavailable_reason():
+        pytest.skip(f"io_uring is unavailable here: {native.load().io_uring_unavailable_reason()}")
     path = tmp_path / "blob"
     path.write_bytes(bytes(64 * 4096))
     try:
-        facts = measure_disk_reads(path, queue_depth=4, seconds=0.05, sequential_block=16 * 4096)
+        facts = measure_disk_reads(path, queue_depth=4, seconds=0.05, sequential_block=16 * 4096, reader=reader)
     except RuntimeError as error:
         if "O_DIRECT" not in str(error):
             raise
