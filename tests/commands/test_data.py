@@ -10,6 +10,7 @@ import pytest
 import scipy.sparse
 import torch
 
+from morphpipe import native
 from morphpipe.data import GraphStore
 from morphpipe.commands.data import register
 
@@ -40,7 +41,8 @@ def test_info_json(tmp_path, capsys):
     assert summary["in_degree"]["max"] >= summary["in_degree"]["mean"]
 
 
-def test_info_says_which_tier_each_array_is_on(tmp_path, capsys):
+def test_info_says_which_tier_each_array_is_on(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MORPHPIPE_FEATURE_READER", "pread")
     run("data", "generate", "tiny", "-o", str(tmp_path), "--quiet")
     capsys.readouterr()
     run("data", "info", str(tmp_path))
@@ -48,8 +50,15 @@ def test_info_says_which_tier_each_array_is_on(tmp_path, capsys):
     assert "tiers       indptr RAM; indices memory-mapped (page cache); features memory-mapped (page cache);" in out
     run("data", "info", str(tmp_path), "--features-on-disk", "--feature-cache-mb", "0.0384")  # 300 rows of 128 B
     out = capsys.readouterr().out
-    assert ("features disk (feature store, 48 I/O threads, O_DIRECT), 300 hottest rows (10.0%, 0.0 MB) cached "
-            "in RAM") in out
+    assert ("features disk (feature store, pread pool of 48 I/O threads (forced by MORPHPIPE_FEATURE_READER), "
+            "O_DIRECT), 300 hottest rows (10.0%, 0.0 MB) cached in RAM") in out
+    monkeypatch.delenv("MORPHPIPE_FEATURE_READER")
+    run("data", "info", str(tmp_path), "--features-on-disk")
+    out = capsys.readouterr().out
+    unavailable = native.load().io_uring_unavailable_reason()
+    reader = (f"pread pool of 48 I/O threads (io_uring unavailable: {unavailable})" if unavailable
+              else "io_uring, 49 reads in flight per gather")
+    assert f"features disk (feature store, {reader}, O_DIRECT)" in out
 
 
 def test_generate_preset_into_cache_and_info_by_name(tmp_path, capsys):

@@ -37,6 +37,19 @@ def test_data_info_says_the_features_go_on_disk_under_a_small_budget(tmp_path, c
     assert main(["data", "info", str(graph_dir), "--memory-budget", str(budget)]) == 0
     out = capsys.readouterr().out
     assert "do not fit the memory budget" in out
-    assert "features disk (feature store, 48 I/O threads" in out and "0 hottest rows (0.0%, 0.0 MB) cached" in out
+    assert "features disk (feature store, " in out and "0 hottest rows (0.0%, 0.0 MB) cached" in out
     assert main(["data", "info", str(graph_dir)]) == 0
     assert "features memory-mapped (page cache)" in capsys.readouterr().out
+
+
+def test_morphpipe_info_says_which_reader_the_feature_store_uses(monkeypatch):
+    from morphpipe import native
+    from morphpipe.commands.info import native_status
+
+    monkeypatch.delenv("MORPHPIPE_FEATURE_READER", raising=False)
+    unavailable = native.load().io_uring_unavailable_reason()
+    expected = (f"pread pool (io_uring unavailable: {unavailable})" if unavailable else
+                "io_uring (io_uring_setup works here; MORPHPIPE_FEATURE_READER=pread forces the pread pool)")
+    assert ("feature store reader", expected) in native_status()
+    monkeypatch.setenv("MORPHPIPE_FEATURE_READER", "pread")
+    assert ("feature store reader", "pread pool (forced by MORPHPIPE_FEATURE_READER)") in native_status()
