@@ -10,9 +10,10 @@ child process inside a cgroup-v1 memory group (/sys/fs/cgroup/memory; needs root
   where the kernel offers io_uring); `pread-direct` the same with the pool of pread threads (the default where
   it does not); `uring` and `pread` the same reading through the page cache.
 
-Both readers keep the same number of reads in flight in all: the pread pool's `--io-threads` threads and the
-`--threads` batcher threads calling it, or `--threads` rings of (io_threads + threads) / threads entries each
-(`--uring-depth` sets another depth).
+The pread pool keeps `--io-threads` + `--threads` reads in flight in all (its threads and the batcher threads
+calling it); io_uring keeps `--uring-depths` reads in flight per gathering thread, each depth a configuration of
+its own: by default the store's (io_threads + 1) and the pool's total shared among the batcher threads
+((io_threads + threads) / threads: the same reads in flight in all as the pool).
 
 Each child first builds 6 batches unlimited, takes the peak anonymous memory it held besides the arrays (its
 working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the
@@ -56,9 +57,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="batcher worker threads (default 2)")
     parser.add_argument("--io-threads", type=int, default=48,
                         help="the pread pool's I/O threads (default 48, the store's)")
-    parser.add_argument("--uring-depth", type=int, default=None,
-                        help="reads in flight per gathering thread with io_uring (default: the pread pool's reads in "
-                             "flight shared among the batcher threads, (io_threads + threads) / threads)")
+    parser.add_argument("--uring-depths", default=None,
+                        help="reads in flight per gathering thread with io_uring, one configuration each (default: "
+                             "the store's io_threads + 1, and (io_threads + threads) / threads, the pool's total)")
+    parser.add_argument("--uring-depth", type=int, default=None, help=argparse.SUPPRESS)  # a child's one depth
     parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per configuration (default 20)")
     parser.add_argument("--max-batches", type=int, default=200)
     parser.add_argument("--max-seconds", type=float, default=150.0,
@@ -73,8 +75,8 @@ def main() -> int:
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
         parser.error(f"--modes: {', '.join(sorted(unknown))} unknown; choose from {', '.join(MODES)}")
-    if args.uring_depth is None:
-        args.uring_depth = max(1, (args.io_threads + args.threads) // args.threads)
+    if args.uring_depths is None:
+        args.uring_depths = f"{args.io_threads + 1},{max(1, (args.io_threads + args.threads) // args.threads)}"
     if args.child is not None:
         return child(args)
     return parent(args)
@@ -133,36 +135,43 @@ def parent(args) -> int:
     queue_depth = args.io_threads + args.threads  # the store's I/O threads and the batcher threads calling it
     drop_page_cache()
     block = min(4 << 20, features.stat().st_size // 4096 * 4096)
-    with_threads = measure_disk_reads(features, queue_depth, seconds=3.0, sequential_block=block, reader="pread")
-    readers = ["pread"] + ([] if native.load().io_uring_unavailable_reason() else ["io_uring"])
-    with_ring = measure_disk_reads(features, queue_depth, seconds=3.0, sequential_block=block, reader="io_uring") \
-        if "io_uring" in readers else None
+    uring = not native.load().io_uring_unavailable_reason()
+    # The disk's random 4 KiB rate at every total of reads in flight a configuration keeps: with threads at the
+    # pool's, with one ring at each (the higher rate counting as the disk's).
+    depths = sorted({queue_depth} | ({int(d) * args.threads for d in args.uring_depths.split(",")} if uring else set()))
+    by_depth, sequential = {}, []
+    for depth in depths:
+        rates = {}
+        for reader in (["pread"] if depth == queue_depth else []) + (["io_uring"] if uring else []):
+            facts = measure_disk_reads(features, depth, seconds=3.0, sequential_block=block, reader=reader)
+            rates[reader] = facts.random_reads_per_s
+            sequential.append(facts.sequential_bytes_per_s)
+        by_depth[depth] = rates
     single = measure_disk_reads(features, 1, seconds=1.0, sequential_block=block, reader="pread")
-    best = max([with_threads] + ([with_ring] if with_ring else []), key=lambda facts: facts.random_reads_per_s)
-    disk = {"random_4k_iops": best.random_reads_per_s, "random_4k_mb_s": best.random_bytes_per_s / 1e6,
-            "random_4k_iops_threads": with_threads.random_reads_per_s,
-            "random_4k_iops_io_uring": with_ring.random_reads_per_s if with_ring else None,
-            "queue_depth": queue_depth, "random_4k_iops_qd1": single.random_reads_per_s,
-            "sequential_mb_s": max(f.sequential_bytes_per_s for f in (with_threads, single)) / 1e6,
+    disk = {"random_4k_iops_by_depth": {depth: max(rates.values()) for depth, rates in by_depth.items()},
+            "random_4k_iops_by_depth_and_reader": by_depth, "random_4k_iops_qd1": single.random_reads_per_s,
+            "sequential_mb_s": max(sequential + [single.sequential_bytes_per_s]) / 1e6,
             "io_uring": native.load().io_uring_unavailable_reason() or "available"}
-    ring = (f", {disk['random_4k_iops_io_uring']:,.0f} with one io_uring" if with_ring else
-            f"; io_uring unavailable ({disk['io_uring']})")
-    print(f"disk (O_DIRECT on {features.name}): random 4 KiB at QD {queue_depth}: "
-          f"{disk['random_4k_iops_threads']:,.0f} IOPS with threads{ring}; at QD 1: "
-          f"{disk['random_4k_iops_qd1']:,.0f} IOPS; sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s",
-          flush=True)
+    measured = "; ".join(f"QD {depth}: " + ", ".join(f"{rate:,.0f} with {'threads' if reader == 'pread' else 'one io_uring'}"
+                                                    for reader, rate in rates.items())
+                         for depth, rates in by_depth.items())
+    print(f"disk (O_DIRECT on {features.name}), random 4 KiB reads/s at {measured}; at QD 1: "
+          f"{disk['random_4k_iops_qd1']:,.0f}; sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s"
+          + ("" if uring else f"; io_uring unavailable ({disk['io_uring']})"), flush=True)
     results = []
+    configurations = [(mode, int(depth)) for mode in args.modes.split(",")
+                      for depth in (args.uring_depths.split(",") if mode.startswith("uring") else [0])]
     for share in [float(s) for s in args.shares.split(",")]:
-        for mode in args.modes.split(","):
+        for mode, depth in configurations:
             dropped = drop_page_cache()
-            group = CGROUP_ROOT / f"morphpipe-bench-giant-{os.getpid()}-{mode}-{share}"
+            group = CGROUP_ROOT / f"morphpipe-bench-giant-{os.getpid()}-{mode}-{depth}-{share}"
             group.mkdir()
             process = None
             try:
                 command = [sys.executable, __file__, str(directory), "--child", f"{mode}:{share}:{group}",
                            "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--threads",
                            str(args.threads), "--io-threads", str(args.io_threads), "--uring-depth",
-                           str(args.uring_depth), "--seconds", str(args.seconds),
+                           str(depth), "--seconds", str(args.seconds),
                            "--max-batches", str(args.max_batches), "--max-seconds", str(args.max_seconds)]
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 stdout, stderr = process.communicate()
@@ -202,7 +211,9 @@ def row(result: dict, disk: dict) -> str:
     hit = f"{result['hit_ratio']:.1%}" if on_disk else "-"
     # The misses' rates over the measured wall time (not just the time reads were in flight).
     store_iops = result["store_reads"] / seconds if on_disk else None
-    iops = f"{store_iops:,.0f} ({store_iops / disk['random_4k_iops']:.0%})" if on_disk else "-"
+    ceiling = disk["random_4k_iops_by_depth"].get(result.get("in_flight"))  # the disk at the store's depth
+    iops = (f"{store_iops:,.0f} ({store_iops / ceiling:.0%} of {ceiling:,.0f})" if ceiling else f"{store_iops:,.0f}") \
+        if on_disk else "-"
     miss_rows = f"{result['store_misses'] / seconds:,.0f}" if on_disk else "-"
     store_mb_s = f"{result['store_bytes'] / seconds / 1e6:,.0f}" if on_disk else "-"
     request = f"{result['store_bytes'] / result['store_reads'] / 1024:,.1f}" if result.get("store_reads") else "-"
@@ -214,7 +225,7 @@ def row(result: dict, disk: dict) -> str:
 
 def table(results: list[dict], disk: dict) -> str:
     header = ("| mode | limit (share of arrays) | limit MB | cache MB | reads in flight | batches | batches/s | "
-              "hit ratio | missed rows/s | store reads/s (share of the disk's random 4K IOPS) | store read MB/s | "
+              "hit ratio | missed rows/s | store reads/s (share of the disk's random 4 KiB reads/s at that depth) | store read MB/s | "
               "KiB per read | disk read MB/s (share of sequential) | group peak MB |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [header] + [row(result, disk) for result in results]

@@ -141,7 +141,7 @@ def disk_reads_note(reads: FeatureStoreCounters, io_threads: int) -> str:
     rate, latency = reads.reads_per_second, reads.read_latency_s(io_threads)
     if rate is None or latency is None:
         return ""
-    return f"; the disk served {rate:,.0f} preads/s, {latency * 1e3:.2f} ms each"
+    return f"; the disk served {rate:,.0f} reads/s, {latency * 1e3:.2f} ms each"
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ def test_the_store_timed_read_rate_replaces_the_profiled_one() -> None:
     slow = dataclasses.replace(reads, read_seconds=reads.reads / 5_000.0, read_gathers=BATCHES)  # half as fast
     decision = Replanner(profile).observe(dataclasses.replace(epoch, feature_reads=slow), plan)
     assert decision.current_s > plan.predicted_epoch_s * 1.5  # the disk bounds the epoch: about twice as long
-    assert "the disk served 5,000 preads/s" in decision.reason
+    assert "the disk served 5,000 reads/s" in decision.reason
     replanner = Replanner(profile)
     replanner.observe(dataclasses.replace(epoch, feature_reads=slow), plan)
     assert replanner.profile.disk.store_reads_per_s == pytest.approx(5_000.0)
