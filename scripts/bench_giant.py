@@ -5,10 +5,10 @@ child process inside a cgroup-v1 memory group (/sys/fs/cgroup/memory; needs root
 
 - `mmap`: GraphStore.load memory-maps indices and features and the CPU batcher gathers from the map, the
   page cache doing the work (what DGL and PyG users do, and what morphpipe did before the store);
-- `uring-direct`: the batcher gathers through the FeatureStore (hot rows by in-degree cached in RAM, the misses
-  read with O_DIRECT through an io_uring per gathering thread: GraphStore.load(features_on_disk=True)'s default
-  where the kernel offers io_uring); `pread-direct` the same with the pool of pread threads (the default where
-  it does not); `uring` and `pread` the same reading through the page cache.
+- `pread-direct`: the batcher gathers through the FeatureStore (hot rows by in-degree cached in RAM, the misses
+  read with O_DIRECT by the pool of pread threads: GraphStore.load(features_on_disk=True)'s default);
+  `uring-direct` the same through an io_uring per gathering thread; `uring` and `pread` the same reading through
+  the page cache.
 
 The pread pool keeps `--io-threads` + `--threads` reads in flight in all (its threads and the batcher threads
 calling it); io_uring keeps `--uring-depths` reads in flight per gathering thread, each depth a configuration of
@@ -220,14 +220,15 @@ def row(result: dict, disk: dict) -> str:
     return (f"| {result['mode']} | {result['share']:.0%} | {result['limit_bytes'] / 1e6:,.0f} | "
             f"{result['cache_bytes'] / 1e6:,.0f} | {result.get('in_flight') or '-'} | {batches} | {rate} | {hit} | "
             f"{miss_rows} | {iops} | {store_mb_s} | {request} | "
-            f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_mb_s']:.0%}) | {result['peak_bytes'] / 1e6:,.0f} |")
+            f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_mb_s']:.0%}) | "
+            f"{result['cpu_seconds'] / max(result['batches'], 1) * 1e3:,.0f} | {result['peak_bytes'] / 1e6:,.0f} |")
 
 
 def table(results: list[dict], disk: dict) -> str:
     header = ("| mode | limit (share of arrays) | limit MB | cache MB | reads in flight | batches | batches/s | "
               "hit ratio | missed rows/s | store reads/s (share of the disk's random 4 KiB reads/s at that depth) | store read MB/s | "
-              "KiB per read | disk read MB/s (share of sequential) | group peak MB |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "KiB per read | disk read MB/s (share of sequential) | CPU ms per batch | group peak MB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [header] + [row(result, disk) for result in results]
     baseline = {r["share"]: r for r in results if r.get("mode") == "mmap" and "failed" not in r}
     for result in results:
@@ -312,6 +313,7 @@ def child(args) -> int:
             store.reset_counters()
         progress["io_before"] = read_bytes()
         progress["started"] = time.perf_counter()
+        progress["cpu_before"] = cpu_seconds()
         while progress["count"] < args.max_batches and (
                 time.perf_counter() - progress["started"] < args.seconds or progress["count"] < 2):
             next(stream)
@@ -324,12 +326,13 @@ def child(args) -> int:
     count = progress["count"]
     started = progress["started"] if progress["started"] is not None else limited
     elapsed = time.perf_counter() - started
+    cpu = cpu_seconds() - progress.get("cpu_before", cpu_seconds())
     counters = store.counters() if store is not None else None
     if not capped:
         batcher.close()
     print(json.dumps({
         "mode": mode, "share": share, "limit_bytes": limit, "working_bytes": working, "cache_bytes": cache_bytes,
-        "batches": count, "seconds": elapsed, "batches_per_s": count / elapsed, "capped": capped,
+        "batches": count, "seconds": elapsed, "batches_per_s": count / elapsed, "capped": capped, "cpu_seconds": cpu,
         "read_bytes": read_bytes() - (progress["io_before"] or read_bytes()),
         "peak_bytes": int((group / "memory.max_usage_in_bytes").read_text()),
         "hit_ratio": counters.hit_ratio if counters else None, "store_reads": counters.reads if counters else None,
@@ -340,6 +343,12 @@ def child(args) -> int:
     if capped:
         os._exit(0)  # the consumer still waits in the native batcher; nothing else is left to do
     return 0
+
+
+def cpu_seconds() -> float:
+    """User and system CPU time this process (all its threads) has used."""
+    times = os.times()
+    return times.user + times.system
 
 
 def read_bytes() -> int:

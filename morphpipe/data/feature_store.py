@@ -1,8 +1,8 @@
 """Node features on disk: rows read from the dataset's features.npy when a batch needs them, behind a static
 host-RAM cache of the hottest rows, so a graph whose features exceed RAM still trains.
 
-The native store keeps many reads in flight: submitted at once to an io_uring by the gathering thread where the
-kernel offers io_uring, else as preads by a pool of I/O threads beside the caller. It reads rows that lie close
+The native store keeps many reads in flight: as preads by a pool of I/O threads beside the caller (the default,
+measured faster under load), or submitted at once to an io_uring by the gathering thread itself. It reads rows that lie close
 together in one request, and checks before every gather that the file is still the one it opened: a file
 truncated or replaced while in use is an error naming it, never a SIGBUS.
 """
@@ -28,6 +28,12 @@ DEFAULT_IO_THREADS = 48
 # Forces the reader of every feature store opened without one named: "io_uring" or "pread" (the thread pool).
 READER_ENV = "MORPHPIPE_FEATURE_READER"
 READERS = ("io_uring", "pread")
+# The reader a store uses unless told (io_uring falls back to the pread pool where io_uring_setup fails). The pread
+# pool: the CPU batcher over bench-10m under an 80% memory limit ran at 1.3-2.4x the batches/s with it than with
+# io_uring in 4 of 4 runs (BENCHMARKS.md, taken under load 25-50 on 2 cores: one ring's reaping thread waits for a
+# core at each completion, 48 pread threads wait side by side), though io_uring took 0.7x the CPU per batch.
+# To be re-measured quiet; "io_uring" here makes it the default.
+DEFAULT_READER = "pread"
 
 
 @dataclass(frozen=True)
@@ -112,8 +118,8 @@ class FeatureStore:
     must be named); by default the file's own. `cache_bytes` of host RAM hold the rows with the largest
     `hotness` (one value per row, e.g. in-degree), read once now. A gather keeps `io_threads` + 1 reads in
     flight. `reader` "io_uring" submits them at once to a ring of that depth, "pread" has `io_threads` pool
-    threads issue them beside the caller; by default $MORPHPIPE_FEATURE_READER, else io_uring where this
-    process may set one up, else the pread pool (`reader_note` says why). `direct` reads with O_DIRECT, past the
+    threads issue them beside the caller; by default $MORPHPIPE_FEATURE_READER, else DEFAULT_READER (io_uring
+    only where this process may set one up; `reader_note` says why not). `direct` reads with O_DIRECT, past the
     page cache (False: through it); by default it does so where the file system allows it (measured faster under
     memory pressure: BENCHMARKS.md, bench_giant), else says so once and reads through the page cache.
     """
@@ -246,27 +252,34 @@ def reader_line() -> str:
     """The reader a store opened now without one named would use, and why (for `morphpipe info`)."""
     reader, note = choose_reader()
     name = "io_uring" if reader == "io_uring" else "pread pool"
-    return f"{name} ({note or f'io_uring_setup works here; {READER_ENV}=pread forces the pread pool'})"
+    if not note:
+        unavailable = native.load().io_uring_unavailable_reason()
+        other = "pread" if reader == "io_uring" else "io_uring"
+        note = (f"the default; io_uring unavailable here: {unavailable}" if unavailable else
+                f"the default; {READER_ENV}={other} switches to the {'pread pool' if other == 'pread' else other}")
+    return f"{name} ({note})"
 
 
 def choose_reader(requested: str | None = None) -> tuple[str, str]:
     """The reader a store uses and why, when that is not simply the default: `requested`, else the one
-    $MORPHPIPE_FEATURE_READER names, else io_uring where io_uring_setup works in this process, else the pread pool.
-    A reader that cannot work here is refused with the reason."""
+    $MORPHPIPE_FEATURE_READER names, else DEFAULT_READER (the pread pool where that is io_uring and io_uring_setup
+    fails in this process). A reader asked for that cannot work here is refused with the reason."""
     forced = os.environ.get(READER_ENV, "").strip()
     if requested is None and forced:
         if forced not in READERS:
             raise ValueError(f"{READER_ENV}={forced!r} is not a feature store reader; set it to one of "
-                             f"{', '.join(READERS)}, or unset it for io_uring where the kernel offers it")
+                             f"{', '.join(READERS)}, or unset it for the default ({DEFAULT_READER})")
         requested, note = forced, f"forced by {READER_ENV}"
     elif requested is not None:
         if requested not in READERS:
             raise ValueError(f"reader: {requested!r} is not a feature store reader; expected one of "
-                             f"{', '.join(READERS)}, or None for io_uring where the kernel offers it")
+                             f"{', '.join(READERS)}, or None for the default ({DEFAULT_READER})")
         note = ""
     unavailable = native.load().io_uring_unavailable_reason()
     if requested is None:
-        return ("pread", f"io_uring unavailable: {unavailable}") if unavailable else ("io_uring", "")
+        if DEFAULT_READER == "io_uring" and unavailable:
+            return "pread", f"io_uring unavailable: {unavailable}"
+        return DEFAULT_READER, ""
     if requested == "io_uring" and unavailable:
         source = f"{READER_ENV}=io_uring" if note else "reader='io_uring'"
         raise ValueError(f"{source}: io_uring cannot be used in this process ({unavailable}); read with the pread "

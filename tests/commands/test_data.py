@@ -12,6 +12,7 @@ import torch
 
 from morphpipe import native
 from morphpipe.data import GraphStore
+from morphpipe.data.feature_store import DEFAULT_READER
 from morphpipe.commands.data import register
 
 
@@ -56,8 +57,9 @@ def test_info_says_which_tier_each_array_is_on(tmp_path, capsys, monkeypatch):
     run("data", "info", str(tmp_path), "--features-on-disk")
     out = capsys.readouterr().out
     unavailable = native.load().io_uring_unavailable_reason()
-    reader = (f"pread pool of 48 I/O threads (io_uring unavailable: {unavailable})" if unavailable
-              else "io_uring, 49 reads in flight per gather")
+    reader = {"pread": "pread pool of 48 I/O threads",
+              "io_uring": (f"pread pool of 48 I/O threads (io_uring unavailable: {unavailable})" if unavailable
+                           else "io_uring, 49 reads in flight per gather")}[DEFAULT_READER]
     assert f"features disk (feature store, {reader}, O_DIRECT)" in out
 
 

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from morphpipe import native
+from morphpipe.data import feature_store
 from morphpipe.data.dtypes import tensor_to_numpy
-from morphpipe.data.feature_store import READER_ENV, FeatureStore, choose_reader, hottest_rows, npy_layout
+from morphpipe.data.feature_store import (READER_ENV, FeatureStore, choose_reader, hottest_rows, npy_layout,
+                                         reader_line)
 from morphpipe.data.hetero_generator import MagSpec, mag_shaped
 from morphpipe.data.store import load_dataset
 
@@ -271,23 +273,35 @@ def test_gathers_side_by_side_each_get_their_rows(tmp_path, reader):
     assert store.counters().misses > 0
 
 
-def test_the_reader_is_io_uring_where_the_kernel_offers_it_unless_forced(tmp_path, monkeypatch):
+@pytest.mark.parametrize("default", ["pread", "io_uring"])
+def test_the_reader_is_the_default_one_unless_forced(tmp_path, monkeypatch, default):
     path = save_features(tmp_path, random_rows(10, 2, torch.float32))
     monkeypatch.delenv(READER_ENV, raising=False)
+    monkeypatch.setattr(feature_store, "DEFAULT_READER", default)
     unavailable = native.load().io_uring_unavailable_reason()
     store = FeatureStore(path, io_threads=7)
-    if unavailable:
+    if default == "pread":
+        assert (store.reader, store.reader_note) == ("pread", "")
+        assert store.describe_reader() == "pread pool of 7 I/O threads"
+        if not unavailable:
+            assert reader_line() == f"pread pool (the default; {READER_ENV}=io_uring switches to the io_uring)"
+    elif unavailable:
         assert (store.reader, store.reader_note) == ("pread", f"io_uring unavailable: {unavailable}")
         assert store.describe_reader() == f"pread pool of 7 I/O threads (io_uring unavailable: {unavailable})"
     else:
         assert (store.reader, store.reader_note) == ("io_uring", "")
         assert store.describe_reader() == "io_uring, 8 reads in flight per gather"
-    pooled = FeatureStore(path, io_threads=7, reader="pread")
-    assert pooled.describe_reader() == "pread pool of 7 I/O threads" and pooled.io_threads == 7
-    monkeypatch.setenv(READER_ENV, "pread")
-    forced = FeatureStore(path, io_threads=7)
-    assert forced.reader == "pread" and forced.describe_reader().endswith(f"(forced by {READER_ENV})")
-    assert "reader='pread'" in repr(forced)
+        assert reader_line() == f"io_uring (the default; {READER_ENV}=pread switches to the pread pool)"
+    for forced in ("pread", "io_uring"):
+        if forced == "io_uring" and unavailable:
+            continue
+        monkeypatch.setenv(READER_ENV, forced)
+        store = FeatureStore(path, io_threads=7)
+        assert store.reader == forced and store.describe_reader().endswith(f"(forced by {READER_ENV})")
+        assert f"reader={forced!r}" in repr(store)
+        assert reader_line().endswith(f"(forced by {READER_ENV})")
+    named = FeatureStore(path, io_threads=7, reader="pread")  # a reader named wins over the environment
+    assert named.describe_reader() == "pread pool of 7 I/O threads" and named.io_threads == 7
 
 
 def test_an_unknown_or_unavailable_reader_is_refused_with_the_fix(monkeypatch):
@@ -301,6 +315,7 @@ def test_an_unknown_or_unavailable_reader_is_refused_with_the_fix(monkeypatch):
     refusal = "io_uring_setup failed: Operation not permitted"
     monkeypatch.setattr(native.load(), "io_uring_unavailable_reason", lambda: refusal)
     monkeypatch.delenv(READER_ENV)
+    monkeypatch.setattr(feature_store, "DEFAULT_READER", "io_uring")
     assert choose_reader() == ("pread", f"io_uring unavailable: {refusal}")
     with pytest.raises(ValueError, match=f"reader='io_uring': io_uring cannot be used in this process \\({refusal}\\); "
                                          "read with the pread pool"):
@@ -325,8 +340,9 @@ class Fprog(ctypes.Structure):
 fprog = Fprog(len(filter) // 8, ctypes.addressof(program))
 assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
 assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
-from morphpipe.data.feature_store import FeatureStore
-store = FeatureStore(sys.argv[1], io_threads=3)
+from morphpipe.data import feature_store
+feature_store.DEFAULT_READER = "io_uring"  # whatever the default, a store falls back when io_uring is refused
+store = feature_store.FeatureStore(sys.argv[1], io_threads=3)
 ids = torch.tensor([5, 0, 99, 5])
 features = torch.from_numpy(__import__("numpy").load(sys.argv[1]))
 assert torch.equal(store.gather(ids).view(torch.int32), features[ids].view(torch.int32))  # NaNs too
