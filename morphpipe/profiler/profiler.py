@@ -213,9 +213,14 @@ class Profiler:
         if chosen_because is not None:
             self.log(chosen_because)  # once the progress bar is gone, not through it
         if disk is not None:
+            needed = disk.resident_bytes
+            over = (f"; the memory budget ({format_bytes(self.memory_budget)}) is below the "
+                    f"{format_bytes(needed)} they need together, so the run will hold more than it (raise "
+                    "--memory-budget, or lower --gbs or --batch-size)"
+                    if self.memory_budget is not None and self.memory_budget < needed else "")
             self.log(f"profiling: training holds {format_bytes(working)} in RAM beside the graph's "
                      f"{format_bytes(resident_bytes(self.graph))} (batches in flight and a step's peak): a feature "
-                     f"cache may take {format_bytes(disk.cache_budget_bytes)} of the memory budget")
+                     f"cache may take {format_bytes(disk.cache_budget_bytes)} of the memory budget{over}")
         num_seeds = len(self.task.seeds(self.graph))
         return Profile(
             hardware=self.hardware,

@@ -26,6 +26,7 @@ def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(
     # The budget holds the batches in flight and a step beside the cache: here (batches of 1 MB, features of 1 MB)
     # they take the 300 kB the topology left, and more.
     assert "profiling: training holds " in out and "a feature cache may take 0.0 MiB of the memory budget" in out
+    assert "so the run will hold more than it (raise --memory-budget, or lower --gbs or --batch-size)" in out
     assert plan.tiering.cache_budget_bytes == 0 and plan.tiering.candidates_s
     assert f"features on disk: {plan.tiering.cache_bytes // 256:,} hottest rows" in out and "as planned" in out
     assert "features on disk behind a host cache" in out
