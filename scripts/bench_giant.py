@@ -158,6 +158,13 @@ def parent(args) -> int:
     print(f"disk (O_DIRECT on {features.name}), random 4 KiB reads/s at {measured}; at QD 1: "
           f"{disk['random_4k_iops_qd1']:,.0f}; sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s"
           + ("" if uring else f"; io_uring unavailable ({disk['io_uring']})"), flush=True)
+    miss_path = [measure_miss_path(features, args, reader, depth)
+                 for reader, depth in [("pread", 0)] + ([("io_uring", int(d)) for d in args.uring_depths.split(",")]
+                                                        if uring else [])]
+    for line in miss_path:
+        print(f"miss path, {line['reader']} ({line['in_flight']} in flight): {line['rows_per_s']:,.0f} rows/s, "
+              f"{line['reads_per_s']:,.0f} reads/s, {line['mb_per_s']:,.0f} MB/s, {line['cpu_us_per_read']:.1f} CPU us "
+              "per read", flush=True)
     results = []
     configurations = [(mode, int(depth)) for mode in args.modes.split(",")
                       for depth in (args.uring_depths.split(",") if mode.startswith("uring") else [0])]
@@ -193,9 +200,46 @@ def parent(args) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"dataset": str(directory), "arrays_bytes": total, "cpu": cpu,
-                                         "load": os.getloadavg(), "disk": disk, "results": results,
+                                         "load": os.getloadavg(), "disk": disk, "miss_path": miss_path,
+                                         "results": results,
                                          "settings": vars(args)}, indent=2, default=str))
     return 0
+
+
+def measure_miss_path(features: Path, args, reader: str, depth: int, seconds: float = 4.0) -> dict:
+    """The store's misses alone, no batcher, no memory limit: `--threads` threads gather random rows (a batch's
+    worth of misses each call) through a cache-less O_DIRECT store with `reader` (io_uring rings `depth` deep) for
+    about `seconds`; rows, reads and bytes per second, and the process's CPU time per read."""
+    import torch
+
+    from morphpipe.data.feature_store import FeatureStore
+    from morphpipe.data.ondisk import read_meta
+
+    io_threads = depth - 1 if reader == "io_uring" else args.io_threads
+    store = FeatureStore(features, read_meta(features.parent).feature_dtype, io_threads=io_threads, direct=True,
+                         reader=reader)
+    generator = torch.Generator().manual_seed(0)
+    calls = [torch.randint(0, store.shape[0], (40_000,), generator=generator) for _ in range(8)]
+    store.gather(calls[0])
+    store.reset_counters()
+    began, cpu_before = time.perf_counter(), cpu_seconds()
+
+    def gather(lane: int) -> None:
+        index = lane
+        while time.perf_counter() - began < seconds:
+            store.gather(calls[index % len(calls)])
+            index += args.threads
+
+    threads = [threading.Thread(target=gather, args=(lane,)) for lane in range(args.threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed, cpu = time.perf_counter() - began, cpu_seconds() - cpu_before
+    counted = store.counters()
+    return {"reader": reader, "in_flight": depth * args.threads if reader == "io_uring" else io_threads + args.threads,
+            "rows_per_s": counted.misses / elapsed, "reads_per_s": counted.reads / elapsed,
+            "mb_per_s": counted.bytes_read / elapsed / 1e6, "cpu_us_per_read": cpu / max(counted.reads, 1) * 1e6}
 
 
 def row(result: dict, disk: dict) -> str:
