@@ -57,6 +57,8 @@ struct FeatureStore::Ring {
   explicit Ring(int64_t depth) : ring(static_cast<unsigned>(depth)), buffers(static_cast<size_t>(depth)) {}
   IoUring ring;
   std::vector<ScratchBuffer> buffers;
+  // A forked child shares the ring's memory with its parent: it must open rings of its own.
+  pid_t owner = ::getpid();
 };
 
 FeatureStore::FeatureStore(std::string path, int64_t data_offset, int64_t num_rows, int64_t width,
@@ -259,6 +261,7 @@ void FeatureStore::read_with_ring(const std::vector<Read>& reads,
   std::unique_ptr<Ring> lent;
   {
     std::lock_guard<std::mutex> lock(rings_mutex_);
+    if (!idle_rings_.empty() && idle_rings_.back()->owner != ::getpid()) idle_rings_.clear();  // the parent's
     if (!idle_rings_.empty()) {
       lent = std::move(idle_rings_.back());
       idle_rings_.pop_back();

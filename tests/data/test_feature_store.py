@@ -367,3 +367,21 @@ def test_where_seccomp_forbids_io_uring_the_pread_pool_reads_and_says_why(tmp_pa
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip().splitlines()[-1] == ("pread pool of 3 I/O threads (io_uring unavailable: "
                                                      "io_uring_setup failed: Operation not permitted)")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_through_rings_of_its_own(tmp_path, reader):
+    features = random_rows(20_000, 8, torch.float16)
+    path = save_features(tmp_path, features)
+    store = FeatureStore(path, io_threads=4)
+    ids = torch.randperm(20_000, generator=torch.Generator().manual_seed(5))[:3000]
+    assert_same_bits(store.gather(ids), features[ids])  # the parent's ring (or pool) is open before the fork
+    expected = features[ids].view(torch.int16).numpy().tobytes()
+    pid = os.fork()
+    if pid == 0:  # the child gathers while the parent does too; each must get its own rows (no torch op after fork)
+        same = all(store.gather(ids).view(torch.int16).numpy().tobytes() == expected for _ in range(3))
+        os._exit(0 if same else 1)
+    for _ in range(3):
+        assert_same_bits(store.gather(ids), features[ids])
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
