@@ -30,7 +30,7 @@ READER_ENV = "MORPHPIPE_FEATURE_READER"
 READERS = ("io_uring", "pread")
 # The reader a store uses unless told (io_uring falls back to the pread pool where io_uring_setup fails). The pread
 # pool: the CPU batcher over bench-10m under an 80% memory limit ran at 1.3-2.4x the batches/s with it than with
-# io_uring in 4 of 4 runs (BENCHMARKS.md, taken under load 25-50 on 2 cores: one ring's reaping thread waits for a
+# io_uring in 5 of 5 runs (BENCHMARKS.md, taken under load 16-50 on 2 cores: one ring's reaping thread waits for a
 # core at each completion, 48 pread threads wait side by side), though io_uring took 0.7x the CPU per batch.
 # To be re-measured quiet; "io_uring" here makes it the default.
 DEFAULT_READER = "pread"
