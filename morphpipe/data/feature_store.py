@@ -264,7 +264,7 @@ def reader_line() -> str:
         unavailable = native.load().io_uring_unavailable_reason()
         other = "pread" if reader == "io_uring" else "io_uring"
         note = (f"the default; io_uring unavailable here: {unavailable}" if unavailable else
-                f"the default; {READER_ENV}={other} switches to the {'pread pool' if other == 'pread' else other}")
+                f"the default; {READER_ENV}={other} switches to {'the pread pool' if other == 'pread' else other}")
     return f"{name} ({note})"
 
 

@@ -292,7 +292,7 @@ def test_the_reader_is_the_default_one_unless_forced(tmp_path, monkeypatch, defa
         assert (store.reader, store.reader_note) == ("pread", "")
         assert store.describe_reader() == "pread pool of 7 I/O threads"
         if not unavailable:
-            assert reader_line() == f"pread pool (the default; {READER_ENV}=io_uring switches to the io_uring)"
+            assert reader_line() == f"pread pool (the default; {READER_ENV}=io_uring switches to io_uring)"
     elif unavailable:
         assert (store.reader, store.reader_note) == ("pread", f"io_uring unavailable: {unavailable}")
         assert store.describe_reader() == f"pread pool of 7 I/O threads (io_uring unavailable: {unavailable})"
