@@ -23,6 +23,8 @@ from morphpipe.numeric import check_int
 # Reads in flight besides the callers': this VM's disk gave 63k random 4 KiB reads/s at 18 in flight, 83k at 50,
 # and the batcher over bench-10m under an 80% memory limit 1.4x the batches/s of 16 threads (BENCHMARKS.md).
 DEFAULT_IO_THREADS = 48
+# More I/O threads than this are refused (a plan file asking for them is wrong, not a deeper queue).
+MAX_IO_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ class FeatureStore:
             raise ValueError(f"features file {self.path} has rows of width 0; nothing to gather")
         cache_bytes = check_int("cache_bytes", cache_bytes, 0)
         io_threads = check_int("io_threads", io_threads, 0)
+        if io_threads > MAX_IO_THREADS:
+            raise ValueError(f"io_threads: {io_threads} I/O threads is more than the {MAX_IO_THREADS} the feature "
+                             "store allows; a few dozen keep this disk's queue full")
         num_cached = min(num_rows, cache_bytes // row_bytes)
         cached = torch.empty(0, dtype=torch.int64)
         if num_cached > 0:

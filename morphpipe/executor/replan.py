@@ -75,7 +75,9 @@ def predicted_phases(profile: Profile, plan: Plan) -> dict[str, float | None]:
     cpu_batch = profile.cpu_batch_time(plan.cpu_threads, cores)
     if profile.disk is not None and plan.tiering is not None:
         readers = 1 if plan.shares_cores else plan.cpu_threads  # batching threads waiting on reads side by side
-        cpu_batch += profile.disk.read_s_per_batch(plan.tiering.cache_bytes) / readers
+        tiering = plan.tiering
+        cpu_batch += (profile.disk.read_s_per_batch(tiering.cache_bytes, tiering.io_threads)
+                      + profile.disk.read_cpu_s_per_batch(tiering.cache_bytes, tiering.io_threads)) / readers
     if plan.kind == "cpu-only":
         assert profile.cpu_training is not None and plan.train_threads is not None
         return {"cpu_batch": cpu_batch, "gpu_batch": None, "dma": None,
@@ -253,13 +255,15 @@ class Replanner:
 def same_schedule(first: Plan, second: Plan) -> bool:
     """True when two plans run the same split, buffers and threads (re-planning to it changes nothing)."""
     keys = ("kind", "n_cpu", "n_gpu", "cbs", "gbs", "cpu_threads", "train_threads", "shares_cores")
-    caches = [plan.tiering.cache_bytes if plan.tiering is not None else None for plan in (first, second)]
+    caches = [(plan.tiering.cache_bytes, plan.tiering.io_threads) if plan.tiering is not None else None
+              for plan in (first, second)]
     return all(getattr(first, key) == getattr(second, key) for key in keys) and caches[0] == caches[1]
 
 
 def describe_schedule(plan: Plan) -> str:
     """A short description of how a plan runs: split, threads, turn-taking, feature cache."""
-    cache = f", feature cache {plan.tiering.cache_bytes / 1e6:,.1f} MB" if plan.tiering is not None else ""
+    cache = "" if plan.tiering is None else f", feature cache {plan.tiering.cache_bytes / 1e6:,.1f} MB" + (
+        f" read by {plan.tiering.io_threads} I/O threads" if plan.tiering.io_threads is not None else "")
     if plan.kind == "cpu-only":
         if plan.shares_cores:
             return f"batching and training take turns on {plan.cpu_threads} threads{cache}"
