@@ -131,9 +131,11 @@ def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, ba
         reads_per_miss, per_size = reads_per_miss * counted, tuple(value * counted for value in per_size)
     rates, store_rate = disk.reads_per_s_curve, disk.store_reads_per_s
     if reads.reads >= MIN_TIMED_READS and reads.reads_per_second is not None:
-        timed = reads.reads_per_second / disk.reads_per_s_at(cache_bytes)
+        # Timed with the plan's I/O threads; the profile's rates are at those it was profiled with.
+        depth = disk.reads_per_s_at(cache_bytes, plan.tiering.io_threads) / disk.reads_per_s_at(cache_bytes)
+        timed = reads.reads_per_second / depth / disk.reads_per_s_at(cache_bytes)
         rates = tuple(rate * timed for rate in rates)
-        store_rate = store_rate * timed if store_rate is not None else reads.reads_per_second
+        store_rate = store_rate * timed if store_rate is not None else reads.reads_per_second / depth
     return replace(disk, rows_per_batch=rows / batches, hit_curve=tuple(monotone), reads_per_miss=reads_per_miss,
                    reads_per_miss_curve=per_size, store_reads_per_s=store_rate, reads_per_s_curve=rates)
 
@@ -225,7 +227,9 @@ class Replanner:
         changed = note or ", ".join(f"{phase} x{factor:.2f}" for phase, factor in self.factors.items()
                                     if abs(factor - 1.0) >= 0.05) or "phases as profiled"
         if self.profile.disk is not None and result.feature_reads is not None:
-            changed += disk_reads_note(result.feature_reads, self.profile.disk.facts.queue_depth)
+            planned = plan.tiering.io_threads if plan.tiering is not None else None
+            changed += disk_reads_note(result.feature_reads,
+                                       planned if planned is not None else self.profile.disk.facts.queue_depth)
         if switched:
             reason = (f"re-planned ({changed}): {describe_schedule(plan)} -> {describe_schedule(candidate)}, "
                       f"predicted {current_s:.2f} s -> {candidate.predicted_epoch_s:.2f} s")
