@@ -1,8 +1,8 @@
 """The split of cores between I/O, batching and training with features on disk (issue 21, Build 3): profile a workload
 whose features are read through the feature store, plan it (host cache, I/O threads, batching and training
 threads), and train one cut epoch under that plan and under the plan the planner made before it chose the I/O
-threads (the store's default I/O threads, no CPU charged for reading: the profile's `io_curve` removed), at the same
-cache, side by side in one run. Reports each plan's split, predicted epoch (both priced by the same profile, with
+threads (the store's default I/O threads, no CPU charged for reading: the profile's `io_curve` removed), and
+optionally at fixed I/O thread counts (`--also-io-threads`), all at the same cache, side by side in one run. Reports each plan's split, predicted epoch (both priced by the same profile, with
 the reads' CPU) and measured epoch, and prints a table for BENCHMARKS.md.
 
 The epoch is cut to `--batches` batches (a seeded subset of the training split) as in bench_giant_train.py. Not run
@@ -53,7 +53,10 @@ def main() -> int:
     parser.add_argument("--memory-budget-gib", type=float, default=0.2,
                         help="memory the run's data may hold: topology, labels, splits and the cache (default 0.2)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per profiler measurement")
-    parser.add_argument("--order", default="default,chosen", help="the order the plans train in")
+    parser.add_argument("--also-io-threads", default="",
+                        help="also train the plan made at the chosen cache with these I/O threads, e.g. 1,4")
+    parser.add_argument("--order", default=None,
+                        help="the order the plans train in (default: default, the --also-io-threads ones, chosen)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -73,12 +76,16 @@ def main() -> int:
     chosen = plan_from_profile(profile, seed=args.seed)
     before = profile.replaced(disk=dataclasses.replace(profile.disk, io_curve=(), io_threads=None))
     default = plan_from_profile(before, seed=args.seed, cache_bytes=chosen.tiering.cache_bytes)
-    plans = {"chosen": chosen, "default": default}
+    plans = {"default": default}
+    for count in filter(None, args.also_io_threads.split(",")):
+        plans[f"io {int(count)}"] = plan_from_profile(profile, seed=args.seed, cache_bytes=chosen.tiering.cache_bytes,
+                                                      io_threads=int(count))
+    plans["chosen"] = chosen
     print("I/O threads timed: " + ", ".join(f"{p.io_threads}: {p.reads_per_s:,.0f} reads/s, "
                                             f"{p.cpu_s_per_read * 1e6:.1f} us CPU a read"
                                             for p in profile.disk.io_curve), flush=True)
     rows = {}
-    for name in args.order.split(","):
+    for name in args.order.split(",") if args.order else plans:
         plan = plans[name]
         predicted = simulate_plan(profile, plan).epoch_s  # both priced by the same profile, reads' CPU included
         store = graph.open_feature_store(plan.tiering.cache_bytes, plan.tiering.io_threads)

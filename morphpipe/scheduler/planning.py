@@ -25,7 +25,8 @@ never makes the simulated epoch longer (fewer misses hold the disk), so the plan
 bisection over the candidate sizes within the memory budget, for the smallest cache whose best
 plan is within CACHE_TOLERANCE of the best plan at the largest cache: RAM that buys less than
 that is left to the rest of the machine. At each cache size the feature store's I/O threads are chosen as well:
-every count the profile timed (its `io_curve`) is planned, and the fastest kept (ties: the fewest threads). More
+every count the profile timed (its `io_curve`) is planned, and the fewest threads whose epoch is within TOLERANCE of
+the fastest kept (more would hold CPU and memory for nothing). More
 I/O threads read faster (a deeper queue) but may cost more CPU per read, which the batching side's cores pay
 (partitioner/times.py); the batching and training threads are chosen inside each plan (CPU-only: the core split;
 with a GPU every core batches, as without features on disk: training's host threads are not profiled).
@@ -127,12 +128,14 @@ def plan_from_profile(profile: Profile, gbs: int = 10, seed: int = 0, *, cpu_thr
     evaluations = 0
 
     def best_at(size: int) -> tuple[int | None, Plan]:
-        """The I/O thread count with the shortest planned epoch at a cache of `size`, and that plan (fast engine)."""
+        """The fewest I/O threads whose planned epoch at a cache of `size` is within TOLERANCE of the shortest, and
+        that plan (fast engine)."""
         nonlocal evaluations
         if size not in best:
             plans = [(count, _plan_at(profile, gbs, seed, cpu_threads, "fast", size, count)) for count in counts]
             evaluations += sum(plan.evaluations for _, plan in plans)
-            best[size] = min(plans, key=lambda item: (item[1].predicted_epoch_s, item[0] or 0))
+            fastest = min(plan.predicted_epoch_s for _, plan in plans)
+            best[size] = next(item for item in plans if item[1].predicted_epoch_s <= fastest * (1.0 + TOLERANCE))
         return best[size]
 
     if cache_bytes is None:
