@@ -25,6 +25,7 @@ from bench_giant_train import cpu_model  # this script's folder is on sys.path w
 
 from morphpipe import native
 from morphpipe.data import load_dataset
+from morphpipe.data.feature_store import DEFAULT_IO_THREADS
 from morphpipe.executor.trainer import Trainer
 from morphpipe.nn import build_model
 from morphpipe.profiler.profiler import Profiler
@@ -36,7 +37,7 @@ GIB = 1 << 30
 
 def split_of(plan) -> str:
     """`io 24 / batch 1 / train 1` (or `batch+train 2 taking turns`)."""
-    io = plan.tiering.io_threads if plan.tiering.io_threads is not None else "store default"
+    io = plan.tiering.io_threads if plan.tiering.io_threads is not None else f"{DEFAULT_IO_THREADS} (store default)"
     cores = (f"batch+train {plan.cpu_threads} taking turns" if plan.shares_cores else
              f"batch {plan.cpu_threads} / train {plan.train_threads}")
     return f"io {io} / {cores}"
@@ -88,7 +89,9 @@ def main() -> int:
     for name in args.order.split(",") if args.order else plans:
         plan = plans[name]
         predicted = simulate_plan(profile, plan).epoch_s  # both priced by the same profile, reads' CPU included
-        store = graph.open_feature_store(plan.tiering.cache_bytes, plan.tiering.io_threads)
+        # A plan without I/O threads runs with the store's default, not those the plan before it left open.
+        io_threads = plan.tiering.io_threads if plan.tiering.io_threads is not None else DEFAULT_IO_THREADS
+        store = graph.open_feature_store(plan.tiering.cache_bytes, io_threads)
         print(f"{name}: {split_of(plan)}, {store}; predicted {predicted:.1f} s", flush=True)
         torch.manual_seed(args.seed)
         model = build_model(args.model, graph.feature_dim, graph.num_classes, num_layers=len(fanouts),
