@@ -14,16 +14,8 @@ import collections
 import time
 
 from morphpipe.data import load_dataset
+from morphpipe.profiler.resident import resident
 from morphpipe.sampling import CpuBatcher
-
-
-def anonymous_bytes() -> int:
-    """RssAnon of this process (/proc/self/status, in kB there)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("/proc/self/status has no RssAnon line (not Linux?)")
 
 
 def main() -> int:
@@ -48,7 +40,7 @@ def main() -> int:
             held.append(batch)
         held.clear()
         del batch
-        rows.append((anonymous_bytes() / 2**20, batcher.pool_bytes / 2**20))
+        rows.append((resident()["anon"] / 2**20, batcher.pool_bytes / 2**20))
         print(f"{epoch + 1:5d}  {rows[-1][0]:13.0f}  {rows[-1][1]:10.0f}  {time.perf_counter() - started:7.1f}")
     batcher.close()
     for name, column in (("RssAnon", 0), ("pool", 1)):

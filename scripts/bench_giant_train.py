@@ -19,50 +19,20 @@ import os
 import platform
 import resource
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
-from bench_rss import resident  # this script's folder is on sys.path when it runs
 
 from morphpipe import native
 from morphpipe.data import load_dataset
 from morphpipe.executor.trainer import Trainer
 from morphpipe.nn import build_model
 from morphpipe.profiler.profiler import Profiler
+from morphpipe.profiler.resident import PeakResident
 from morphpipe.scheduler.planning import plan_from_profile
 
 GIB = 1 << 30
-
-
-class RssSampler:
-    """Peak resident memory of this process, split into anonymous and file-backed pages (`bench_rss.resident`),
-    sampled every `interval_s` in a thread: the file-backed part is the memory-mapped topology and is reclaimable."""
-
-    def __init__(self, interval_s: float = 0.2) -> None:
-        self.interval_s = interval_s
-        self.peak = {"rss": 0, "anon": 0, "file": 0, "shmem": 0}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval_s)
-
-    def sample(self) -> None:
-        for key, value in resident(os.getpid()).items():
-            self.peak[key] = max(self.peak[key], value)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
 
 
 def process_read_bytes() -> int:
@@ -100,7 +70,8 @@ def main() -> int:
     parser.add_argument("--cache-mb", type=float, default=None,
                         help="host cache of hot feature rows (MB; default: the size the plan chooses)")
     parser.add_argument("--memory-budget-gib", type=float, default=16.0,
-                        help="memory the run's data may hold: topology, labels, splits and the cache (default 16)")
+                        help="memory the run may hold: topology, labels, splits, the batches in flight, a training "
+                             "step's peak and the cache (default 16)")
     parser.add_argument("--eval-nodes", type=int, default=8192, help="validation nodes evaluated after the epoch")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per profiler measurement")
     parser.add_argument("--seed", type=int, default=0)
@@ -109,7 +80,7 @@ def main() -> int:
     fanouts = [int(f) for f in args.fanouts.split(",")]
 
     started = time.perf_counter()
-    with RssSampler() as rss:
+    with PeakResident() as rss:
         graph = load_dataset(args.dataset, features_on_disk=True)
         loaded_s = time.perf_counter() - started
         generator = torch.Generator().manual_seed(args.seed)

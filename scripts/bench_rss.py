@@ -22,21 +22,11 @@ import threading
 import time
 from pathlib import Path
 
+from morphpipe.profiler.resident import resident
+
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+):")
 MEASURES = ("rss", "anon", "file", "shmem")  # VmRSS and its three parts in /proc/PID/status
-STATUS_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
-
-
-def resident(pid: int) -> dict[str, int]:
-    """The process's resident bytes now: total and its anonymous, file-backed and shared-memory parts."""
-    found = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            name, _, rest = line.partition(":")  # "RssAnon:\t  1234 kB"
-            if name in STATUS_FIELDS:
-                found[STATUS_FIELDS[name]] = int(rest.split()[0]) * 1024  # the kernel reports kB
-    return found
 
 
 def spread(values: list[float]) -> float:

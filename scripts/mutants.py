@@ -523,6 +523,15 @@ MUTANTS: list[dict] = [
          find="TORCH_CHECK(info.st_size >= file_size_,",
          replace="TORCH_CHECK(true || info.st_size >= file_size_,",
          tests=[f"{FEATURE_STORE}::test_a_file_truncated_in_use_is_an_error_naming_it"], ci=False),
+    dict(name="cache-budget-ignores-training-memory", file="morphpipe/profiler/disk.py",
+         find="return max(0, budget - resident_bytes(graph) - working_bytes)",
+         replace="return max(0, budget - resident_bytes(graph))",
+         tests=["tests/profiler/test_disk_profile_run.py", "tests/commands/test_disk_tier.py"], ci=False),
+    dict(name="pickled-feature-store-keeps-the-hotness", file="morphpipe/data/feature_store.py",
+         find="            cached = hottest_rows(hotness, num_cached)\n        self._open(path, dtype, cached, io_threads, direct)",
+         replace="            cached = hottest_rows(hotness, num_cached)\n        self._open(path, dtype, cached, io_threads, direct)"
+                 "\n        self._arguments = (*self._arguments, hotness)",
+         tests=[f"{FEATURE_STORE}::test_a_store_keeps_its_cached_rows_not_the_hotness_they_were_chosen_by"], ci=False),
     # --- issue 25: mid-epoch checkpoints (SIGTERM) ----------------------------------------------------
     dict(name="partial-resume-repeats-the-last-applied-batch", file="morphpipe/executor/executor.py",
          find="batches, count = _batches(self.cpu_batcher, epoch, first_cpu), self.split.n_cpu - first_cpu",

@@ -16,7 +16,7 @@ from morphpipe.nn.task import TASKS, NodeClassification, Task, is_hetero, make_t
 from morphpipe.nn.train_step import PRECISIONS
 from morphpipe.numeric import format_bytes
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
-from morphpipe.profiler.profiler import Profiler
+from morphpipe.profiler.profiler import BUFFER_BATCHES, Profiler
 from morphpipe.sampling.edge_batcher import NEGATIVE_KINDS
 
 DEFAULTS = {"task": "node", "model": "sage", "fanouts": "15,10,5", "batch_size": 1024, "hidden": None,
@@ -141,7 +141,8 @@ def workload_profiler(graph, args: argparse.Namespace, settings: dict[str, objec
         hidden=settings["hidden"], device=args.device,
         thread_counts=parse_int_list(args.threads, "--threads") if args.threads else None, steps=args.steps,
         seed=args.seed, progress=progress, task=workload_task(settings),
-        memory_budget=getattr(args, "memory_budget", None), precision=str(settings["precision"]), **options,
+        memory_budget=getattr(args, "memory_budget", None), precision=str(settings["precision"]),
+        buffer_batches=getattr(args, "gbs", BUFFER_BATCHES), **options,
     )
 
 

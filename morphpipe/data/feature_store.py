@@ -115,21 +115,12 @@ class FeatureStore:
     def __init__(self, path: str | os.PathLike, dtype: str | None = None, *, cache_bytes: int = 0,
                  hotness: torch.Tensor | None = None, io_threads: int = DEFAULT_IO_THREADS,
                  direct: bool | None = None) -> None:
-        self.path = Path(path)
-        # Pickling re-opens the file with these (a worker process gets its own threads and cache).
-        self._arguments = (path, dtype, cache_bytes, hotness, io_threads, direct)
-        layout = npy_layout(self.path)
-        self.dtype_name = _feature_dtype(self.path, layout.dtype, dtype)
+        layout = npy_layout(Path(path))
         num_rows, width = layout.shape
-        row_bytes = width * layout.dtype.itemsize
         if width < 1:
-            raise ValueError(f"features file {self.path} has rows of width 0; nothing to gather")
+            raise ValueError(f"features file {path} has rows of width 0; nothing to gather")
         cache_bytes = check_int("cache_bytes", cache_bytes, 0)
-        io_threads = check_int("io_threads", io_threads, 0)
-        if io_threads > MAX_IO_THREADS:
-            raise ValueError(f"io_threads: {io_threads} I/O threads is more than the {MAX_IO_THREADS} the feature "
-                             "store allows; a few dozen keep this disk's queue full")
-        num_cached = min(num_rows, cache_bytes // row_bytes)
+        num_cached = min(num_rows, cache_bytes // (width * layout.dtype.itemsize))
         cached = torch.empty(0, dtype=torch.int64)
         if num_cached > 0:
             if hotness is None or hotness.dim() != 1 or hotness.numel() != num_rows:
@@ -137,6 +128,22 @@ class FeatureStore:
                 raise ValueError(f"hotness: a cache of {cache_bytes:,} bytes needs one hotness value per row "
                                  f"({num_rows} rows), got {shape}; pass e.g. the graph's in-degrees")
             cached = hottest_rows(hotness, num_cached)
+        self._open(path, dtype, cached, io_threads, direct)
+
+    def _open(self, path: str | os.PathLike, dtype: str | None, cached: torch.Tensor, io_threads: int,
+              direct: bool | None) -> None:
+        """Opens the file with `cached` (row ids) read into the cache. Pickling re-opens it with the same rows (a
+        worker process gets its own threads and cache); the hotness they were chosen by is not kept: at
+        papers100M scale it is 0.9 GB, the ids of a cache a third of that."""
+        self.path = Path(path)
+        self._arguments = (path, dtype, cached, io_threads, direct)
+        layout = npy_layout(self.path)
+        self.dtype_name = _feature_dtype(self.path, layout.dtype, dtype)
+        num_rows, width = layout.shape
+        io_threads = check_int("io_threads", io_threads, 0)
+        if io_threads > MAX_IO_THREADS:
+            raise ValueError(f"io_threads: {io_threads} I/O threads is more than the {MAX_IO_THREADS} the feature "
+                             "store allows; a few dozen keep this disk's queue full")
         direct = _direct_reads_allowed(self.path) if direct is None else bool(direct)
         self._native = native.load().FeatureStore(str(self.path), layout.data_offset, num_rows, width,
                                                   FEATURE_DTYPES[self.dtype_name], cached, io_threads, direct)
@@ -194,8 +201,7 @@ class FeatureStore:
         self._native.reset_counters()
 
     def __reduce__(self) -> tuple:
-        path, dtype, cache_bytes, hotness, io_threads, direct = self._arguments
-        return (_reopen, (path, dtype, cache_bytes, hotness, io_threads, direct))
+        return (_reopen, self._arguments)
 
     def __repr__(self) -> str:
         return (f"FeatureStore({str(self.path)!r}, {self.shape[0]}x{self.shape[1]} {self.dtype_name}, "
@@ -223,10 +229,12 @@ def _direct_reads_allowed(path: Path) -> bool:
     return False
 
 
-def _reopen(path: str | os.PathLike, dtype: str | None, cache_bytes: int, hotness: torch.Tensor | None,
-            io_threads: int, direct: bool | None) -> FeatureStore:
-    """A pickled FeatureStore, opened again."""
-    return FeatureStore(path, dtype, cache_bytes=cache_bytes, hotness=hotness, io_threads=io_threads, direct=direct)
+def _reopen(path: str | os.PathLike, dtype: str | None, cached: torch.Tensor, io_threads: int,
+            direct: bool | None) -> FeatureStore:
+    """A pickled FeatureStore, opened again with the same cached rows."""
+    store = FeatureStore.__new__(FeatureStore)
+    store._open(path, dtype, cached, io_threads, direct)
+    return store
 
 
 def _feature_dtype(path: Path, stored: np.dtype, named: str | None) -> str:

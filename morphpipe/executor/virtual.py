@@ -39,15 +39,6 @@ from morphpipe.scheduler.durations import Durations
 from morphpipe.scheduler.result import CPU_ONLY_DEVICES
 
 
-def work(group: ThreadGroup, start: float, seconds: float) -> float:
-    """Sleeps until `start + seconds` (perf_counter clock) unless the group stops; returns when it woke."""
-    remaining = start + seconds - time.perf_counter()
-    if remaining > 0 and group.stopping.wait(remaining):
-        raise Stopped
-    group.check_stopping()
-    return time.perf_counter()
-
-
 class VirtualResource:
     """A device doing one phase at a time, granted in request order (like work queued on a CUDA stream)."""
 
@@ -124,12 +115,28 @@ class VirtualMachine:
         self.gpu = VirtualResource()
         self.pcie = VirtualResource()
         self.disk = VirtualResource()
+        self.latest_wake_s = 0.0
+        self._wakes = threading.Lock()
+
+    def work(self, start: float, seconds: float) -> float:
+        """Sleeps until `start + seconds` (perf_counter clock) unless the epoch stops; returns when it woke.
+
+        How late the sleep woke is kept in `latest_wake_s` (the epoch's worst): a loaded machine wakes threads
+        late, and a trace compared at millisecond resolution is only as faithful as that."""
+        remaining = start + seconds - time.perf_counter()
+        if remaining > 0 and self.group.stopping.wait(remaining):
+            raise Stopped
+        self.group.check_stopping()
+        woke = time.perf_counter()
+        with self._wakes:
+            self.latest_wake_s = max(self.latest_wake_s, woke - (start + seconds))
+        return woke
 
     def read_misses(self, index: int, turn: int) -> None:
         """Route-0 batch `index`'s cache misses: holds the disk at `turn` for their drawn read time."""
         with self.disk.hold(turn, self.group):
             start = time.perf_counter()
-            end = work(self.group, start, self.durations.disk[index])
+            end = self.work(start, self.durations.disk[index])
         self.record(index, 0, "read", ("disk",), 0, start, end)
 
     def record(self, batch: int, route: int, phase: str, devices: tuple[str, ...], lane: int, start: float,
@@ -199,7 +206,7 @@ class _VirtualCpuEpoch:
         if disk_turn is not None:
             machine.read_misses(index, disk_turn)
         start = time.perf_counter()
-        end = work(machine.group, start, machine.durations.cpu_batch[index])
+        end = machine.work(start, machine.durations.cpu_batch[index])
         machine.record(index, 0, "batch", (machine.cpu_device,), lane, start, end)
         return virtual_batch(batch_seeds(self.order, index, self.batch_size), index, 0)
 
@@ -285,7 +292,7 @@ class VirtualSerialBatcher(_VirtualRoute):
         for index in range(len(self)):
             if self.machine.durations.disk:
                 self.machine.read_misses(index, self.machine.disk.request())
-            work(self.machine.group, time.perf_counter(), self.machine.durations.cpu_batch[index])
+            self.machine.work(time.perf_counter(), self.machine.durations.cpu_batch[index])
             yield virtual_batch(batch_seeds(order, index, self.batch_size), index, 0)
 
 
@@ -310,7 +317,7 @@ class VirtualGpuBatcher(_VirtualRoute):
         with machine.gpu.hold(machine.gpu.request(), machine.group):
             with machine.pcie.hold(machine.pcie.request(), machine.group):
                 start = time.perf_counter()
-                end = work(machine.group, start, machine.durations.gpu_batch[number])
+                end = machine.work(start, machine.durations.gpu_batch[number])
         machine.record(self.first_position + number, 1, "uva", ("gpu", "pcie"), 0, start, end)
         return virtual_batch(batch_seeds(order, number, self.batch_size), number, 1)
 
@@ -326,7 +333,7 @@ class VirtualTrainer:
     def __call__(self, batch: MiniBatch) -> torch.Tensor:
         number = self.steps % len(self.machine.durations.train)
         self.steps += 1
-        work(self.machine.group, time.perf_counter(), self.machine.durations.train[number])
+        self.machine.work(time.perf_counter(), self.machine.durations.train[number])
         self.trained.append(batch.seeds)
         return torch.zeros(())
 
@@ -355,7 +362,7 @@ class VirtualDevices(Devices):
         def dma() -> None:
             with machine.pcie.hold(ticket, machine.group):
                 start = time.perf_counter()
-                end = work(machine.group, start, machine.durations.dma[number])
+                end = machine.work(start, machine.durations.dma[number])
             machine.record(position, 0, "dma", ("pcie",), 0, start, end)
             ready.set()
 

@@ -92,7 +92,8 @@ class DiskProfile:
     of `row_bytes`), the rows a batch gathers (`rows_per_batch`), the preads a missed row costs (`reads_per_miss`
     without a cache, below 1 when neighbouring rows share a read), the share of rows a static cache of the hottest
     rows serves at each size of `hit_curve` ((cache bytes, hit ratio), increasing), `cache_budget_bytes`, the host
-    RAM the cache may take, and `resident_bytes`, what the graph needs in RAM besides (their sum: the memory budget).
+    RAM the cache may take, and `resident_bytes`, what the process needs in RAM besides: the topology, labels and
+    splits, and what training holds (batches in flight, a step's peak) (their sum: the memory budget).
 
     `reads_per_miss_curve` holds the preads per missed row at each size of `hit_curve`, counted with that cache in
     place (the rows a hot cache misses lie sparser, so fewer share a read); empty: `reads_per_miss` at every size.
@@ -515,7 +516,8 @@ def features_fit(graph, memory_budget: int | None = None) -> bool:
     return resident_bytes(graph) + features <= budget
 
 
-def cache_budget(graph, memory_budget: int | None = None) -> int:
-    """Host RAM a feature cache may take: the memory budget less what the graph needs besides its features."""
+def cache_budget(graph, memory_budget: int | None = None, working_bytes: int = 0) -> int:
+    """Host RAM a feature cache may take: the memory budget less what the graph needs besides its features and
+    `working_bytes` training holds (batches in flight, a step's activations)."""
     budget = default_memory_budget() if memory_budget is None else memory_budget
-    return max(0, budget - resident_bytes(graph))
+    return max(0, budget - resident_bytes(graph) - working_bytes)

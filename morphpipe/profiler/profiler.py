@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from morphpipe.data.feature_store import FeatureStore, FeatureStoreCounters
 from morphpipe.data.fingerprint import dataset_fingerprint
+from morphpipe.numeric import format_bytes
 from morphpipe.nn.task import NodeClassification, Task
 from morphpipe.nn.train_step import PRECISIONS
 from morphpipe.profiler.ceiling import BF16_FLAGS, best_seconds, isa_flags
@@ -19,9 +20,15 @@ from morphpipe.profiler.disk import cache_budget, measure_disk_profile, resident
 from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.profiler.operators import MIN_TIMED_STEPS, OPERATORS, ProfilingSession
 from morphpipe.profiler.profile import Profile
+from morphpipe.profiler.resident import PeakResident
 from morphpipe.sampling.validation import check_fanouts, check_positive
 
 DEVICES = ("auto", "cuda", "cpu")
+# The batch buffer a plan holds by default (`train --gbs`, `plan_from_profile`'s gbs), whose batches count against
+# the memory budget with features on disk.
+BUFFER_BATCHES = 10
+# How often a training step's resident memory is sampled while its peak is measured (a step takes 0.1-2 s).
+STEP_MEMORY_INTERVAL_S = 0.005
 
 
 def default_thread_counts(cores: int) -> list[int]:
@@ -59,7 +66,8 @@ class Profiler:
 
     With features on disk (the graph has a feature store) the disk is profiled too (profiler/disk.py): its
     read rate at the store's queue depth, and the hit ratio of a host cache of hot rows up to what
-    `memory_budget` (bytes; default: a share of the memory available now) leaves beside the topology, with the
+    `memory_budget` (bytes; default: a share of the memory available now) leaves beside the topology and what
+    training holds (`working_bytes`: the batches a plan's buffer of `buffer_batches` holds, and a step's peak), with the
     preads a missed row costs at each cache size, and the read rate the store achieved while it gathered the
     sampled batches (its own read timer). CPU batching is then timed on those same batches with every row they
     gather cached, so its time is the CPU's alone and the disk, a resource of its own, is counted once; the
@@ -89,6 +97,7 @@ class Profiler:
         memory_budget: int | None = None,
         disk_seconds: float = 1.0,
         precision: str = "float32",
+        buffer_batches: int = BUFFER_BATCHES,
     ) -> None:
         self.task = task or NodeClassification()
         self.task.check_graph(graph)
@@ -113,6 +122,7 @@ class Profiler:
         self.log = log
         self.memory_budget = memory_budget
         self.disk_seconds = disk_seconds
+        self.buffer_batches = check_positive("buffer_batches", buffer_batches)
         if precision not in (*PRECISIONS, "auto"):
             raise ValueError(f"precision={precision!r}: choose one of {(*PRECISIONS, 'auto')}")
         self.precision = precision
@@ -194,12 +204,23 @@ class Profiler:
                     timings[phase] = OPERATORS[(phase, hardware)](session)
             disk = None
             if store is not None:
+                bar.set_postfix_str("training's memory")
+                working = self.working_bytes(session)
                 bar.set_postfix_str("disk reads")
                 disk = measure_disk_profile(store, gathered, self.graph.in_degrees(),
-                                            cache_budget(self.graph, self.memory_budget), self.disk_seconds,
-                                            resident_bytes(self.graph), sampled_reads)
+                                            cache_budget(self.graph, self.memory_budget, working), self.disk_seconds,
+                                            resident_bytes(self.graph) + working, sampled_reads)
         if chosen_because is not None:
             self.log(chosen_because)  # once the progress bar is gone, not through it
+        if disk is not None:
+            needed = disk.resident_bytes
+            over = (f"; the memory budget ({format_bytes(self.memory_budget)}) is below the "
+                    f"{format_bytes(needed)} they need together, so the run will hold more than it (raise "
+                    "--memory-budget, or lower --gbs or --batch-size)"
+                    if self.memory_budget is not None and self.memory_budget < needed else "")
+            self.log(f"profiling: training holds {format_bytes(working)} in RAM beside the graph's "
+                     f"{format_bytes(resident_bytes(self.graph))} (batches in flight and a step's peak): a feature "
+                     f"cache may take {format_bytes(disk.cache_budget_bytes)} of the memory budget{over}")
         num_seeds = len(self.task.seeds(self.graph))
         return Profile(
             hardware=self.hardware,
@@ -242,6 +263,22 @@ class Profiler:
         chosen = min(PRECISIONS, key=lambda precision: seconds[precision])
         return chosen, (f"precision {chosen} (auto: {hardware}; a training step takes "
                         + ", ".join(f"{seconds[p] * 1e3:.0f} ms in {p}" for p in PRECISIONS) + ")")
+
+    def working_bytes(self, session: ProfilingSession) -> int:
+        """Host RAM training takes beside the graph and the feature cache, which the memory budget must hold too:
+        the batches in flight (a plan's buffer of `buffer_batches`, one in training, one being built) at the
+        sampled batches' mean size, and the peak a CPU training step adds (its activations, gradients and optimizer
+        state, sampled over two steps of the model training will build)."""
+        batch_bytes = sum(batch.nbytes for batch in session.sample_batches) / len(session.sample_batches)
+        step_bytes = 0
+        if self.device == "cpu":
+            step = session.new_train_step(torch.device("cpu"))
+            batches = session.cycled_batches()
+            with PeakResident(interval_s=STEP_MEMORY_INTERVAL_S) as peak:
+                for _ in range(2):
+                    step(next(batches))
+            step_bytes = peak.growth("anon")
+        return int(batch_bytes * (self.buffer_batches + 2)) + step_bytes
 
     @contextmanager
     def rows_cached(self, gathered: list[torch.Tensor]) -> Iterator[None]:

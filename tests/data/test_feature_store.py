@@ -153,7 +153,15 @@ def test_a_pickled_store_reopens_the_file(tmp_path):
     store = FeatureStore(path, "bfloat16", cache_bytes=80, hotness=torch.arange(50))
     copy = pickle.loads(pickle.dumps(store))
     assert copy.num_cached == 10
+    assert_same_bits(copy.gather(torch.arange(40, 50)), features[40:])  # the same ten hottest rows, cached
+    assert (copy.counters().hits, copy.counters().misses) == (10, 0)
     assert_same_bits(copy.gather(torch.arange(50)), features)
+
+
+def test_a_store_keeps_its_cached_rows_not_the_hotness_they_were_chosen_by(tmp_path):
+    path = save_features(tmp_path, random_rows(100_000, 1, torch.float16))
+    store = FeatureStore(path, cache_bytes=20, hotness=torch.arange(100_000))
+    assert len(pickle.dumps(store)) < 10_000  # ten row ids, not 100,000 hotness values (800 kB)
 
 
 def test_bad_ids_and_dtypes_are_refused_with_the_value(tmp_path):

@@ -10,6 +10,7 @@ import torch
 
 from morphpipe.data import GraphStore
 from morphpipe.executor.replan import rescaled_profile
+from morphpipe.profiler.disk import resident_bytes
 from morphpipe.profiler.profiler import Profiler
 from morphpipe.scheduler import plan_from_profile
 from morphpipe.scheduler.whatif import what_if
@@ -75,3 +76,11 @@ def test_a_disk_bound_epoch_follows_the_disk_not_the_cpu(profiled):
                                    engine="fast").predicted_epoch_s
     assert faster_disk == pytest.approx(base / 2, rel=0.05)
     assert faster_cpu == pytest.approx(base, rel=0.02)
+
+
+def test_the_memory_budget_holds_the_batches_in_flight_and_a_step_beside_the_cache(on_disk, profiled):
+    profiler, profile = profiled
+    disk = profile.disk
+    in_flight = (profiler.buffer_batches + 2) * profile.batch_bytes
+    assert disk.resident_bytes >= resident_bytes(on_disk) + in_flight * 0.99  # batch_bytes is a rounded mean
+    assert disk.cache_budget_bytes == max(0, profiler.memory_budget - disk.resident_bytes)
