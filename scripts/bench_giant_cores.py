@@ -57,7 +57,8 @@ def main() -> int:
     parser.add_argument("--also-io-threads", default="",
                         help="also train the plan made at the chosen cache with these I/O threads, e.g. 1,4")
     parser.add_argument("--order", default=None,
-                        help="the order the plans train in (default: default, the --also-io-threads ones, chosen)")
+                        help="the order the plans train in, a plan may come again (default: default, the "
+                             "--also-io-threads ones, chosen)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -86,7 +87,8 @@ def main() -> int:
                                             f"{p.cpu_s_per_read * 1e6:.1f} us CPU a read"
                                             for p in profile.disk.io_curve), flush=True)
     rows = {}
-    for name in args.order.split(",") if args.order else plans:
+    order = args.order.split(",") if args.order else list(plans)
+    for turn, name in enumerate(order):
         plan = plans[name]
         predicted = simulate_plan(profile, plan).epoch_s  # both priced by the same profile, reads' CPU included
         # A plan without I/O threads runs with the store's default, not those the plan before it left open.
@@ -102,7 +104,7 @@ def main() -> int:
                      progress=True) as trainer:
             (stats,) = trainer.fit(1, validate=False)
         counters = store.counters()
-        rows[name] = {"split": split_of(plan), "io_threads": store.io_threads, "cache_mb": store.cache_bytes / 1e6,
+        rows[name if order.count(name) == 1 else f"{name} (turn {turn + 1})"] = {"split": split_of(plan), "io_threads": store.io_threads, "cache_mb": store.cache_bytes / 1e6,
                       "predicted_epoch_s": predicted, "planned_epoch_s": plan.predicted_epoch_s,
                       "epoch_s": stats.epoch_s, "wall_s": time.perf_counter() - t0,
                       "process_cpu_s": time.process_time() - cpu0,
