@@ -30,14 +30,19 @@ def planned_cache_bytes(args: argparse.Namespace) -> int | None:
 
 
 def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
-    """Gives the feature store the cache `plan` chose (unless --feature-cache-mb fixed it); says so."""
+    """Gives the feature store the cache `plan` chose (unless --feature-cache-mb fixed it) and the I/O threads it
+    chose (plans from before the planner chose them: the store keeps its own); says so."""
     store = getattr(graph, "feature_store", None)
-    if store is None or plan.tiering is None or args.feature_cache_mb is not None:
+    if store is None or plan.tiering is None:
         return
-    if store.cache_bytes != plan.tiering.cache_bytes:
-        store = graph.open_feature_store(plan.tiering.cache_bytes)
+    cache_bytes = store.cache_bytes if args.feature_cache_mb is not None else plan.tiering.cache_bytes
+    io_threads = plan.tiering.io_threads
+    if store.cache_bytes != cache_bytes or io_threads not in (None, store.io_threads):
+        store = graph.open_feature_store(cache_bytes, io_threads)
     print(f"features on disk: {store.num_cached:,} hottest rows ({format_bytes(store.cache_bytes)}) cached in RAM, "
-          f"as planned (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
+          + ("as you fixed" if args.feature_cache_mb is not None else
+             f"as planned (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
+          + f"; {store.io_threads} I/O threads" + (", as planned" if io_threads is not None else ""))
 
 
 def describe_tiers(graph, plan) -> str:
@@ -46,6 +51,7 @@ def describe_tiers(graph, plan) -> str:
         return "tiers: every array in RAM or memory-mapped (the feature store reads homogeneous graphs only)"
     tiers = array_tiers(graph)
     if plan.tiering is not None:
+        reads = "" if plan.tiering.io_threads is None else f", read by {plan.tiering.io_threads} I/O threads"
         tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows cached "
-                             f"in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
+                             f"in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%}){reads}")
     return "tiers: " + "; ".join(f"{name} {tier}" for name, tier in tiers.items())

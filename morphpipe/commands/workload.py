@@ -230,4 +230,9 @@ def format_profile(profile: Profile) -> str:
             lines.append("  store reads/s    " + ", ".join(f"{format_bytes(size)} {disk.reads_per_s_at(size):,.0f}"
                                                           for size, _ in disk.hit_curve)
                          + " (timed reading each cache size's misses)")
+        if disk.io_curve:
+            lines.append("  by I/O threads   " + ", ".join(f"{point.io_threads}: {point.reads_per_s:,.0f} reads/s, "
+                                                          f"{point.cpu_s_per_read * 1e6:.3g} us CPU a read"
+                                                          for point in disk.io_curve)
+                         + f" (the rates above at {disk.io_threads})")
     return "\n".join(lines)

@@ -24,6 +24,8 @@ from morphpipe.numeric import check_int
 # Reads in flight besides the callers': this VM's disk gave 63k random 4 KiB reads/s at 18 in flight, 83k at 50,
 # and the batcher over bench-10m under an 80% memory limit 1.4x the batches/s of 16 threads (BENCHMARKS.md).
 DEFAULT_IO_THREADS = 48
+# More I/O threads than this are refused (a plan file asking for them is wrong, not a deeper queue).
+MAX_IO_THREADS = 1024
 
 # Forces the reader of every feature store opened without one named: "io_uring" or "pread" (the thread pool).
 READER_ENV = "MORPHPIPE_FEATURE_READER"
@@ -154,6 +156,9 @@ class FeatureStore:
         self.dtype_name = _feature_dtype(self.path, layout.dtype, dtype)
         num_rows, width = layout.shape
         io_threads = check_int("io_threads", io_threads, 0)
+        if io_threads > MAX_IO_THREADS:
+            raise ValueError(f"io_threads: {io_threads} I/O threads is more than the {MAX_IO_THREADS} the feature "
+                             "store allows; a few dozen keep this disk's queue full")
         direct = _direct_reads_allowed(self.path) if direct is None else bool(direct)
         self._native = native.load().FeatureStore(str(self.path), layout.data_offset, num_rows, width,
                                                   FEATURE_DTYPES[self.dtype_name], cached, io_threads, direct,

@@ -75,10 +75,11 @@ class GraphStore:
     def feature_dtype(self) -> torch.dtype:
         return self.features.dtype
 
-    def open_feature_store(self, cache_bytes: int = 0) -> FeatureStore:
+    def open_feature_store(self, cache_bytes: int = 0, io_threads: int | None = None) -> FeatureStore:
         """From now on the batcher reads the features from their file through a FeatureStore caching `cache_bytes`
-        of the hottest rows by in-degree (replacing the store open now, whose I/O settings it keeps): how a run
-        moves its features to the disk tier, or gives the cache the size its plan chose."""
+        of the hottest rows by in-degree with `io_threads` I/O threads (replacing the store open now, whose I/O
+        settings it keeps where not given): how a run moves its features to the disk tier, or gives the cache and
+        the I/O threads the sizes its plan chose."""
         path = next((file for file in self.mapped_files if Path(file).stem == "features"), None)
         if path is None:
             raise ValueError(f"features of {self.name!r} are not memory-mapped from a features.npy, so the feature "
@@ -88,7 +89,8 @@ class GraphStore:
         self.feature_store = None  # the old store's cache is freed before the new one is read
         self.feature_store = FeatureStore(path, dtype_name(self.feature_dtype), cache_bytes=cache_bytes,
                                           hotness=self.in_degrees(),
-                                          io_threads=current.io_threads if current is not None else DEFAULT_IO_THREADS,
+                                          io_threads=(io_threads if io_threads is not None else current.io_threads
+                                                      if current is not None else DEFAULT_IO_THREADS),
                                           direct=current.direct if current is not None else None,
                                           reader=current.reader if current is not None else None)
         return self.feature_store

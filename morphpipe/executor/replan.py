@@ -75,7 +75,9 @@ def predicted_phases(profile: Profile, plan: Plan) -> dict[str, float | None]:
     cpu_batch = profile.cpu_batch_time(plan.cpu_threads, cores)
     if profile.disk is not None and plan.tiering is not None:
         readers = 1 if plan.shares_cores else plan.cpu_threads  # batching threads waiting on reads side by side
-        cpu_batch += profile.disk.read_s_per_batch(plan.tiering.cache_bytes) / readers
+        tiering = plan.tiering
+        cpu_batch += (profile.disk.read_s_per_batch(tiering.cache_bytes, tiering.io_threads)
+                      + profile.disk.read_cpu_s_per_batch(tiering.cache_bytes, tiering.io_threads)) / readers
     if plan.kind == "cpu-only":
         assert profile.cpu_training is not None and plan.train_threads is not None
         return {"cpu_batch": cpu_batch, "gpu_batch": None, "dma": None,
@@ -129,9 +131,11 @@ def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, ba
         reads_per_miss, per_size = reads_per_miss * counted, tuple(value * counted for value in per_size)
     rates, store_rate = disk.reads_per_s_curve, disk.store_reads_per_s
     if reads.reads >= MIN_TIMED_READS and reads.reads_per_second is not None:
-        timed = reads.reads_per_second / disk.reads_per_s_at(cache_bytes)
+        # Timed with the plan's I/O threads; the profile's rates are at those it was profiled with.
+        depth = disk.reads_per_s_at(cache_bytes, plan.tiering.io_threads) / disk.reads_per_s_at(cache_bytes)
+        timed = reads.reads_per_second / depth / disk.reads_per_s_at(cache_bytes)
         rates = tuple(rate * timed for rate in rates)
-        store_rate = store_rate * timed if store_rate is not None else reads.reads_per_second
+        store_rate = store_rate * timed if store_rate is not None else reads.reads_per_second / depth
     return replace(disk, rows_per_batch=rows / batches, hit_curve=tuple(monotone), reads_per_miss=reads_per_miss,
                    reads_per_miss_curve=per_size, store_reads_per_s=store_rate, reads_per_s_curve=rates)
 
@@ -223,7 +227,9 @@ class Replanner:
         changed = note or ", ".join(f"{phase} x{factor:.2f}" for phase, factor in self.factors.items()
                                     if abs(factor - 1.0) >= 0.05) or "phases as profiled"
         if self.profile.disk is not None and result.feature_reads is not None:
-            changed += disk_reads_note(result.feature_reads, self.profile.disk.facts.queue_depth)
+            planned = plan.tiering.io_threads if plan.tiering is not None else None
+            changed += disk_reads_note(result.feature_reads,
+                                       planned if planned is not None else self.profile.disk.facts.queue_depth)
         if switched:
             reason = (f"re-planned ({changed}): {describe_schedule(plan)} -> {describe_schedule(candidate)}, "
                       f"predicted {current_s:.2f} s -> {candidate.predicted_epoch_s:.2f} s")
@@ -253,13 +259,15 @@ class Replanner:
 def same_schedule(first: Plan, second: Plan) -> bool:
     """True when two plans run the same split, buffers and threads (re-planning to it changes nothing)."""
     keys = ("kind", "n_cpu", "n_gpu", "cbs", "gbs", "cpu_threads", "train_threads", "shares_cores")
-    caches = [plan.tiering.cache_bytes if plan.tiering is not None else None for plan in (first, second)]
+    caches = [(plan.tiering.cache_bytes, plan.tiering.io_threads) if plan.tiering is not None else None
+              for plan in (first, second)]
     return all(getattr(first, key) == getattr(second, key) for key in keys) and caches[0] == caches[1]
 
 
 def describe_schedule(plan: Plan) -> str:
     """A short description of how a plan runs: split, threads, turn-taking, feature cache."""
-    cache = f", feature cache {plan.tiering.cache_bytes / 1e6:,.1f} MB" if plan.tiering is not None else ""
+    cache = "" if plan.tiering is None else f", feature cache {plan.tiering.cache_bytes / 1e6:,.1f} MB" + (
+        f" read by {plan.tiering.io_threads} I/O threads" if plan.tiering.io_threads is not None else "")
     if plan.kind == "cpu-only":
         if plan.shares_cores:
             return f"batching and training take turns on {plan.cpu_threads} threads{cache}"

@@ -203,8 +203,9 @@ class Trainer:
             raise ValueError("a CPU-only plan cannot replace a GPU plan during training")
         self.close()
         store = getattr(self.graph, "feature_store", None)
-        if store is not None and plan.tiering is not None and store.cache_bytes != plan.tiering.cache_bytes:
-            self.graph.open_feature_store(plan.tiering.cache_bytes)  # the new batchers read through the new cache
+        if store is not None and plan.tiering is not None and not plan.tiering.matches(store):
+            # the new batchers read through the new cache, with the plan's I/O threads
+            self.graph.open_feature_store(plan.tiering.cache_bytes, plan.tiering.io_threads)
         self.plan, self.executor = plan, self._executor(plan)
 
     def fit(self, epochs: int, *, validate: bool = True) -> list[EpochStats]:

@@ -6,7 +6,10 @@ counted as throughput), T_GB (UVA batching), T_DMA and T_M, each with its coeffi
 variation (for CPU batching, the spread of one thread's batch, measured at the fewest
 threads). On a CPU-only machine T_GB and T_DMA are None and T_M is the CPU training step at
 `train_threads` threads. With features on disk, `disk_read_s` is the time a Route-0 batch's cache
-misses hold the disk (0: every row from RAM), for the host cache size it was read at.
+misses hold the disk (0: every row from RAM), for the host cache size and the store's `io_threads` it was read at,
+and `read_cpu_s` the CPU time those reads take on the cores, which T_CB includes: the cores are shared by the
+three, the I/O threads' work lands on the batching side's cores (a batching thread waits for its batch's reads and
+its core serves them), the training threads keep theirs (CPU-only: P + Q cores).
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ class PhaseTimes:
     train_threads: int | None = None
     device: str = "cuda"
     disk_read_s: float = 0.0
+    io_threads: int | None = None
+    read_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_batches < 1:
@@ -45,6 +50,8 @@ class PhaseTimes:
             raise ValueError("PhaseTimes on device 'cuda' needs gpu_batch_s > 0 and dma_s > 0")
         if not self.disk_read_s >= 0:
             raise ValueError(f"PhaseTimes.disk_read_s must be >= 0 seconds, got {self.disk_read_s!r}")
+        if not self.read_cpu_s >= 0:
+            raise ValueError(f"PhaseTimes.read_cpu_s must be >= 0 seconds, got {self.read_cpu_s!r}")
         if self.device == "cpu" and (self.train_threads is None or self.train_threads < 1):
             raise ValueError(f"PhaseTimes on device 'cpu' needs train_threads >= 1, got {self.train_threads!r}")
 
@@ -55,19 +62,22 @@ class PhaseTimes:
 
     @classmethod
     def from_profile(cls, profile: Profile, cpu_threads: int | None = None,
-                     train_threads: int | None = None, cache_bytes: int | None = None) -> PhaseTimes:
+                     train_threads: int | None = None, cache_bytes: int | None = None,
+                     io_threads: int | None = None) -> PhaseTimes:
         """Reads the phase times at the given thread counts (default: every usable core batches).
 
         On a CPU-only profile both thread counts are needed: they split the cores. With features on disk,
-        `cache_bytes` is the host cache of hot rows (default: the largest the profile's memory budget allows).
+        `cache_bytes` is the host cache of hot rows (default: the largest the profile's memory budget allows) and
+        `io_threads` the feature store's I/O threads (default: those it was profiled with).
         """
         cores = profile.cores
         threads = cores if cpu_threads is None else cpu_threads
-        batching = PhaseTiming.from_mean(profile.cpu_batching.per_batch_time(threads, cores),
-                                         profile.cpu_batching.fewest_threads_cv())
         disk = profile.disk
-        disk_read_s = 0.0 if disk is None else disk.read_s_per_batch(
-            disk.cache_candidates()[-1] if cache_bytes is None else cache_bytes)
+        cache = None if disk is None else disk.cache_candidates()[-1] if cache_bytes is None else cache_bytes
+        disk_read_s = 0.0 if disk is None else disk.read_s_per_batch(cache, io_threads)
+        read_cpu_s = 0.0 if disk is None else disk.read_cpu_s_per_batch(cache, io_threads)
+        batching = PhaseTiming.from_mean(profile.cpu_batching.per_batch_time(threads, cores) + read_cpu_s / threads,
+                                         profile.cpu_batching.fewest_threads_cv())
         if profile.device == "cpu":
             if train_threads is None:
                 raise ValueError("PhaseTimes.from_profile on a CPU-only profile needs train_threads")
@@ -75,13 +85,13 @@ class PhaseTimes:
             training = profile.cpu_training.timing(train_threads, cores)
             return cls(profile.num_batches, batching.mean_s, threads, training.mean_s,
                        cpu_batch_cv=batching.cv, train_cv=training.cv, train_threads=train_threads, device="cpu",
-                       disk_read_s=disk_read_s)
+                       disk_read_s=disk_read_s, io_threads=io_threads, read_cpu_s=read_cpu_s)
         assert profile.gpu_batching is not None and profile.dma is not None and profile.training is not None
         return cls(
             profile.num_batches, batching.mean_s, threads, profile.training.mean_s,
             gpu_batch_s=profile.gpu_batching.mean_s, dma_s=profile.dma.mean_s,
             cpu_batch_cv=batching.cv, gpu_batch_cv=profile.gpu_batching.cv, dma_cv=profile.dma.cv,
-            train_cv=profile.training.cv, disk_read_s=disk_read_s,
+            train_cv=profile.training.cv, disk_read_s=disk_read_s, io_threads=io_threads, read_cpu_s=read_cpu_s,
         )
 
     def summary(self) -> dict[str, float | int | str | None]:
@@ -90,4 +100,5 @@ class PhaseTimes:
             "device": self.device, "num_batches": self.num_batches, "cpu_threads": self.cpu_threads,
             "train_threads": self.train_threads, "t_cb_s": self.cpu_batch_s, "t_gb_s": self.gpu_batch_s,
             "t_dma_s": self.dma_s, "t_m_s": self.train_s, "t_disk_s": self.disk_read_s,
+            "io_threads": self.io_threads, "t_read_cpu_s": self.read_cpu_s,
         }

@@ -1,7 +1,8 @@
 """The disk as a measured resource for features on disk: its random-read rate at the feature store's queue depth,
 its sequential rate, and the hit ratio of a static hot-row cache as a function of its size (from presampled
-batches); `DiskProfile` holds them in the Profile, where the planner reads the time a batch's cache misses hold the
-disk for any cache size (scheduler/planning.py chooses the size)."""
+batches), and the store's read rate and CPU time per read at several I/O thread counts (its queue depths);
+`DiskProfile` holds them in the Profile, where the planner reads the time a batch's cache misses hold the disk and the
+CPU time their reads take for any cache size and I/O thread count (scheduler/planning.py chooses both)."""
 from __future__ import annotations
 
 import math
@@ -53,6 +54,38 @@ class DiskReadFacts:
                    reader.number("sequential_bytes_per_s", positive=True), reader.integer("sequential_block", minimum=1))
 
 
+# The I/O thread counts the profiler times the store's reads at (besides the store's own): its queue depth is one more.
+IO_THREAD_COUNTS = (1, 4, 12, 24, 48, 96)
+
+
+@dataclass(frozen=True)
+class IoThreadsRate:
+    """The feature store's reads with `io_threads` I/O threads: preads per second of reading (its read timer) and
+    the process CPU seconds each pread took (the I/O threads' and the caller's, summed over cores)."""
+
+    io_threads: int
+    reads_per_s: float
+    cpu_s_per_read: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.io_threads, bool) or not isinstance(self.io_threads, int) or self.io_threads < 0:
+            raise ValueError(f"IoThreadsRate.io_threads must be an integer >= 0, got {self.io_threads!r}")
+        if not (math.isfinite(self.reads_per_s) and self.reads_per_s > 0):
+            raise ValueError(f"IoThreadsRate.reads_per_s must be a finite number > 0, got {self.reads_per_s!r}")
+        if not (math.isfinite(self.cpu_s_per_read) and self.cpu_s_per_read >= 0):
+            raise ValueError(f"IoThreadsRate.cpu_s_per_read must be a finite number >= 0, got "
+                             f"{self.cpu_s_per_read!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_fields(cls, reader: FieldReader) -> IoThreadsRate:
+        with reader.as_document_errors():
+            return cls(reader.integer("io_threads", minimum=0), reader.number("reads_per_s", positive=True),
+                       reader.number("cpu_s_per_read", minimum=0.0))
+
+
 @dataclass(frozen=True)
 class DiskProfile:
     """What the planner knows about features on disk: the disk's read rates (`facts`), the feature rows (`num_rows`
@@ -68,7 +101,12 @@ class DiskProfile:
     preads per second of reading, at its queue depth and read sizes); None: the disk's random-read rate in `facts`
     stands in. `reads_per_s_curve` holds the rate the store's reads of each hit_curve size's misses achieved (the
     sparser misses of a larger cache take smaller reads, more of them a second); empty: the rate above at every
-    size. A missed row holds the disk for reads per miss / that rate, both at the cache's size."""
+    size. A missed row holds the disk for reads per miss / that rate, both at the cache's size.
+
+    `io_curve` holds the store's read rate and CPU time per read at several I/O thread counts (increasing), one of
+    them `io_threads`, the count every rate above was measured at: at another count the rates scale by the curve's
+    rate there over its rate at `io_threads`, and each pread costs the curve's CPU time there. Empty (profiles from
+    before it was measured): the store's own I/O threads only, and no CPU time charged for reading."""
 
     facts: DiskReadFacts
     row_bytes: int
@@ -81,6 +119,8 @@ class DiskProfile:
     reads_per_miss_curve: tuple[float, ...] = ()
     store_reads_per_s: float | None = None
     reads_per_s_curve: tuple[float, ...] = ()
+    io_curve: tuple[IoThreadsRate, ...] = ()
+    io_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.row_bytes < 1 or self.num_rows < 1:
@@ -110,17 +150,44 @@ class DiskProfile:
                                                        and self.store_reads_per_s > 0):
             raise ValueError(f"DiskProfile.store_reads_per_s must be a finite number > 0 (or None: not measured), "
                              f"got {self.store_reads_per_s!r}")
+        counts = [point.io_threads for point in self.io_curve]
+        if counts != sorted(set(counts)):
+            raise ValueError(f"DiskProfile.io_curve: I/O thread counts must increase, got {counts}")
+        if self.io_curve and self.io_threads not in counts:
+            raise ValueError(f"DiskProfile.io_threads ({self.io_threads!r}), the I/O thread count the read rates were "
+                             f"measured at, must be one of io_curve's {counts}")
 
     @property
     def features_bytes(self) -> int:
         return self.row_bytes * self.num_rows
 
-    def reads_per_s_at(self, cache_bytes: int) -> float:
-        """The preads per second the misses of a cache of `cache_bytes` are served at: the store's rate timed on
-        such misses, else its rate on the profiled batches, else the disk's random-read rate."""
+    def reads_per_s_at(self, cache_bytes: int, io_threads: int | None = None) -> float:
+        """The preads per second the misses of a cache of `cache_bytes` are served at with `io_threads` I/O threads
+        (None: those the rates were measured with): the store's rate timed on such misses, else its rate on the
+        profiled batches, else the disk's random-read rate; scaled along `io_curve` to `io_threads`."""
         if self.reads_per_s_curve:
-            return self._along_curve(self.reads_per_s_curve, cache_bytes)
-        return self.store_reads_per_s if self.store_reads_per_s is not None else self.facts.random_reads_per_s
+            rate = self._along_curve(self.reads_per_s_curve, cache_bytes)
+        else:
+            rate = self.store_reads_per_s if self.store_reads_per_s is not None else self.facts.random_reads_per_s
+        if io_threads is None or not self.io_curve:
+            return rate
+        return rate * self._along_io_curve("reads_per_s", io_threads) / self._along_io_curve("reads_per_s",
+                                                                                             self.io_threads)
+
+    def io_thread_counts(self) -> list[int]:
+        """The I/O thread counts the planner compares: those timed (none: the profile does not say)."""
+        return [point.io_threads for point in self.io_curve]
+
+    def _along_io_curve(self, name: str, io_threads: int) -> float:
+        """`io_curve`'s `name` at `io_threads`: linear between the counts timed, the nearest end's value beyond."""
+        counts = [point.io_threads for point in self.io_curve]
+        values = [getattr(point, name) for point in self.io_curve]
+        if io_threads <= counts[0]:
+            return values[0]
+        for (c0, v0), (c1, v1) in zip(zip(counts, values), zip(counts[1:], values[1:])):
+            if io_threads <= c1:
+                return v0 + (v1 - v0) * (io_threads - c0) / (c1 - c0)
+        return values[-1]
 
     def reads_per_miss_at(self, cache_bytes: int) -> float:
         """Preads per missed row with a cache of `cache_bytes` (`reads_per_miss` at every size when none were
@@ -140,9 +207,10 @@ class DiskProfile:
         low, high = values[index - 1], values[index]
         return low + (high - low) * (cache_bytes - sizes[index - 1]) / (sizes[index] - sizes[index - 1])
 
-    def seconds_per_miss(self, cache_bytes: int = 0) -> float:
-        """Time one row missed with a cache of `cache_bytes` holds the disk at the store's queue depth."""
-        return self.reads_per_miss_at(cache_bytes) / self.reads_per_s_at(cache_bytes)
+    def seconds_per_miss(self, cache_bytes: int = 0, io_threads: int | None = None) -> float:
+        """Time one row missed with a cache of `cache_bytes` holds the disk with `io_threads` I/O threads (None: the
+        store's queue depth when profiled)."""
+        return self.reads_per_miss_at(cache_bytes) / self.reads_per_s_at(cache_bytes, io_threads)
 
     def hit_ratio(self, cache_bytes: int) -> float:
         """The measured hit ratio at `cache_bytes`, linear between measured sizes and from the largest measured one
@@ -159,9 +227,18 @@ class DiskProfile:
             (size, ratio), end = self.hit_curve[index - 1], self.hit_curve[index]
         return ratio + (end[1] - ratio) * (cache_bytes - size) / (end[0] - size)
 
-    def read_s_per_batch(self, cache_bytes: int) -> float:
-        """Time a batch's cache misses hold the disk with a cache of `cache_bytes`."""
-        return self.rows_per_batch * (1.0 - self.hit_ratio(cache_bytes)) * self.seconds_per_miss(cache_bytes)
+    def read_s_per_batch(self, cache_bytes: int, io_threads: int | None = None) -> float:
+        """Time a batch's cache misses hold the disk with a cache of `cache_bytes` and `io_threads` I/O threads."""
+        return (self.rows_per_batch * (1.0 - self.hit_ratio(cache_bytes))
+                * self.seconds_per_miss(cache_bytes, io_threads))
+
+    def read_cpu_s_per_batch(self, cache_bytes: int, io_threads: int | None = None) -> float:
+        """CPU time the preads of a batch's cache misses take on the cores (0 when `io_curve` was not measured)."""
+        if not self.io_curve:
+            return 0.0
+        reads = self.rows_per_batch * (1.0 - self.hit_ratio(cache_bytes)) * self.reads_per_miss_at(cache_bytes)
+        count = self.io_threads if io_threads is None else io_threads
+        return reads * self._along_io_curve("cpu_s_per_read", count)
 
     def cache_candidates(self) -> list[int]:
         """The cache sizes the planner compares: the measured ones within the budget, and the budget itself (or
@@ -178,6 +255,7 @@ class DiskProfile:
                                            sequential_bytes_per_s=self.facts.sequential_bytes_per_s * disk),
                        store_reads_per_s=store_rate,
                        reads_per_s_curve=tuple(rate * disk for rate in self.reads_per_s_curve),
+                       io_curve=tuple(replace(point, reads_per_s=point.reads_per_s * disk) for point in self.io_curve),
                        cache_budget_bytes=max(0, int(budget) - self.resident_bytes))
 
     def to_dict(self) -> dict:
@@ -189,7 +267,8 @@ class DiskProfile:
                                **({"reads_per_s": self.reads_per_s_curve[i]} if self.reads_per_s_curve else {})}
                               for i, (size, ratio) in enumerate(self.hit_curve)],
                 "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes,
-                "store_reads_per_s": self.store_reads_per_s}
+                "store_reads_per_s": self.store_reads_per_s,
+                "io_curve": [point.to_dict() for point in self.io_curve], "io_threads": self.io_threads}
 
     @classmethod
     def from_fields(cls, reader: FieldReader) -> DiskProfile:
@@ -202,6 +281,8 @@ class DiskProfile:
         for name, values in (("reads_per_miss", counted), ("reads_per_s", rates)):
             if any(value is None for value in values) and any(value is not None for value in values):
                 raise reader.error("hit_curve", f"must give {name} at every point or at none", values)
+        io_points = reader.sections("io_curve") if reader.data.get("io_curve") is not None else []
+        io_curve = tuple(IoThreadsRate.from_fields(point) for point in io_points)
         with reader.as_document_errors():
             return cls(DiskReadFacts.from_fields(reader.section("facts")), reader.integer("row_bytes", minimum=1),
                        reader.integer("num_rows", minimum=1), reader.number("rows_per_batch", minimum=0.0),
@@ -209,7 +290,8 @@ class DiskProfile:
                        reader.integer("cache_budget_bytes", minimum=0), reader.integer("resident_bytes", minimum=0),
                        tuple(value for value in counted if value is not None),
                        reader.number("store_reads_per_s", positive=True, optional=True),
-                       tuple(value for value in rates if value is not None))
+                       tuple(value for value in rates if value is not None), io_curve,
+                       reader.integer("io_threads", minimum=0, optional=True))
 
 
 def measure_disk_reads(path: str | os.PathLike, queue_depth: int, seconds: float = 2.0, block: int = PAGE,
@@ -324,8 +406,42 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
     timed = read_rates_by_cache_size(store, hotness, gathered, cache_rows, seconds) if store.direct else []
     stand_in = rate if rate is not None else facts.random_reads_per_s
     rates = tuple(increasing_fit([value if value is not None else stand_in for value in timed])) if any(timed) else ()
+    io_curve = read_rates_by_io_threads(store, hotness, gathered, cache_rows, seconds) if store.direct else ()
     return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss[0], tuple(zip(sizes, ratios)),
-                       int(cache_budget_bytes), int(resident), tuple(reads_per_miss), rate, rates)
+                       int(cache_budget_bytes), int(resident), tuple(reads_per_miss), rate, rates, io_curve,
+                       store.io_threads if io_curve else None)
+
+
+def read_rates_by_io_threads(store, hotness: torch.Tensor, gathered: Sequence[torch.Tensor],
+                             cache_rows: Sequence[int], seconds: float) -> tuple[IoThreadsRate, ...]:
+    """The read rate and CPU time per pread of cache-less twins of FeatureStore `store` with each of
+    IO_THREAD_COUNTS and its own I/O threads, reading the misses `gathered` batches leave in the largest cache of
+    `cache_rows` that leaves MIN_TIMED_READS of them (else no cache), for about `seconds` in all (a pass over the
+    batches each at least). CPU time is the process's (every thread's) while reading. Empty when no count timed
+    MIN_TIMED_READS reads. Meant for O_DIRECT stores, as read_rates_by_cache_size."""
+    rank = hotness_rank(hotness)
+    misses: list[torch.Tensor] = []
+    for k in sorted(cache_rows, reverse=True):
+        misses = [left for ids in gathered if (left := ids[rank[ids] >= k]).numel()]
+        if sum(store.count_reads(ids)[0] for ids in misses) >= MIN_TIMED_READS or k == 0:
+            break
+    points = []
+    counts = sorted({*IO_THREAD_COUNTS, store.io_threads})
+    for count in counts:
+        probe = FeatureStore(store.path, store.dtype_name, io_threads=count, direct=store.direct,
+                             reader=store.reader)
+        cpu_began, began = time.process_time(), time.perf_counter()
+        while True:
+            for ids in misses:
+                probe.gather(ids)
+            if time.perf_counter() - began >= seconds / len(counts) or not misses:
+                break
+        cpu = time.process_time() - cpu_began
+        counted = probe.counters()
+        if counted.reads < MIN_TIMED_READS or counted.reads_per_second is None:
+            return ()
+        points.append(IoThreadsRate(count, counted.reads_per_second, cpu / counted.reads))
+    return tuple(points)
 
 
 def increasing_fit(values: Sequence[float]) -> list[float]:

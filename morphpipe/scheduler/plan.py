@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from morphpipe.data.feature_store import MAX_IO_THREADS
 from morphpipe.documents import FieldReader, JsonDocument
 from morphpipe.numeric import format_bytes
 from morphpipe.partitioner.partitioner import Split
@@ -20,31 +21,56 @@ SCHEDULE_KINDS = ("adaptive", "all-cpu", "all-gpu", "cpu-only")
 class FeatureTiering:
     """Where the feature rows live under a plan: on disk behind a host cache of `cache_bytes` of the hottest rows
     (of `cache_budget_bytes` the memory budget allows), which serves `hit_ratio` of the rows batches gather; the
-    misses hold the disk `disk_read_s` per batch. `candidates_s`: the predicted epoch at each cache size tried."""
+    misses hold the disk `disk_read_s` per batch. `candidates_s`: the predicted epoch at each cache size tried.
+    `io_threads`: the feature store's I/O threads the plan runs with, its misses' reads taking `read_cpu_s` of CPU
+    per batch on the batching side's cores (None: the store keeps its own, as plans made before the planner chose
+    them; `read_cpu_s` is then 0, not predicted)."""
 
     cache_bytes: int
     cache_budget_bytes: int
     hit_ratio: float
     disk_read_s: float
     candidates_s: dict[int, float]
+    io_threads: int | None = None
+    read_cpu_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.io_threads is not None and (isinstance(self.io_threads, bool) or not isinstance(self.io_threads, int)
+                                            or not 0 <= self.io_threads <= MAX_IO_THREADS):
+            raise ValueError(f"FeatureTiering.io_threads must be an integer in [0, {MAX_IO_THREADS}] (or None: the "
+                             f"store's own), got {self.io_threads!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"features": "disk", "cache_bytes": self.cache_bytes, "cache_budget_bytes": self.cache_budget_bytes,
                 "hit_ratio": self.hit_ratio, "disk_read_s": self.disk_read_s,
-                "candidates": [{"cache_bytes": size, "epoch_s": epoch} for size, epoch in self.candidates_s.items()]}
+                "candidates": [{"cache_bytes": size, "epoch_s": epoch} for size, epoch in self.candidates_s.items()],
+                "io_threads": self.io_threads, "read_cpu_s": self.read_cpu_s}
 
     @classmethod
     def from_fields(cls, reader: FieldReader) -> FeatureTiering:
         reader.string("features", choices=("disk",))
         candidates = {item.integer("cache_bytes", minimum=0): item.number("epoch_s", positive=True)
                       for item in reader.sections("candidates")}
+        read_cpu_s = reader.number("read_cpu_s", minimum=0.0, optional=True)
+        io_threads = reader.integer("io_threads", minimum=0, optional=True)
+        if io_threads is not None and io_threads > MAX_IO_THREADS:
+            raise reader.error("io_threads", f"must be at most {MAX_IO_THREADS}", io_threads)
         return cls(reader.integer("cache_bytes", minimum=0), reader.integer("cache_budget_bytes", minimum=0),
-                   reader.number("hit_ratio", minimum=0.0), reader.number("disk_read_s", minimum=0.0), candidates)
+                   reader.number("hit_ratio", minimum=0.0), reader.number("disk_read_s", minimum=0.0), candidates,
+                   io_threads, read_cpu_s or 0.0)
+
+    def matches(self, store) -> bool:
+        """True when FeatureStore `store` already has the planned cache and I/O threads (None: any)."""
+        return store.cache_bytes == self.cache_bytes and self.io_threads in (None, store.io_threads)
 
     def describe(self) -> str:
+        reads = "" if self.io_threads is None else (
+            f"; read by {count_of(self.io_threads, 'I/O thread')}, taking {self.read_cpu_s * 1e3:.3g} ms of CPU per "
+            "batch")
         return (f"features on disk behind a host cache of {format_bytes(self.cache_bytes)} of hot rows (budget "
                 f"{format_bytes(self.cache_budget_bytes)}, {len(self.candidates_s)} sizes simulated): predicted hit "
-                f"ratio {self.hit_ratio:.1%}, the misses hold the disk {self.disk_read_s * 1e3:.3g} ms per batch")
+                f"ratio {self.hit_ratio:.1%}, the misses hold the disk {self.disk_read_s * 1e3:.3g} ms per batch"
+                + reads)
 
 
 def count_of(count: int, noun: str) -> str:

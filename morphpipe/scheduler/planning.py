@@ -24,7 +24,12 @@ With features on disk (Profile.disk) the host cache of hot rows is chosen too: a
 never makes the simulated epoch longer (fewer misses hold the disk), so the planner looks, by
 bisection over the candidate sizes within the memory budget, for the smallest cache whose best
 plan is within CACHE_TOLERANCE of the best plan at the largest cache: RAM that buys less than
-that is left to the rest of the machine.
+that is left to the rest of the machine. At each cache size the feature store's I/O threads are chosen as well:
+every count the profile timed (its `io_curve`) is planned, and the fewest threads whose epoch is within TOLERANCE of
+the fastest kept (more would hold CPU and memory for nothing). More
+I/O threads read faster (a deeper queue) but may cost more CPU per read, which the batching side's cores pay
+(partitioner/times.py); the batching and training threads are chosen inside each plan (CPU-only: the core split;
+with a GPU every core batches, as without features on disk: training's host threads are not profiled).
 """
 from __future__ import annotations
 
@@ -111,26 +116,38 @@ def converge(partitioner: Partitioner, scheduler: Scheduler, tolerance: float = 
 
 
 def plan_from_profile(profile: Profile, gbs: int = 10, seed: int = 0, *, cpu_threads: int | None = None,
-                      engine: str = "simpy", cache_bytes: int | None = None) -> Plan:
+                      engine: str = "simpy", cache_bytes: int | None = None, io_threads: int | None = None) -> Plan:
     """Plans an epoch for a profile: the converged split, or a baseline if that is predicted faster. With features
-    on disk, at the host cache of `cache_bytes` when given, else at the cache size `choose_cache` finds."""
+    on disk, at the host cache of `cache_bytes` when given, else at the cache size `choose_cache` finds, and with
+    `io_threads` I/O threads when given, else the count the profile's timed counts predict fastest."""
     disk = profile.disk
     if disk is None:
-        return _plan_at(profile, gbs, seed, cpu_threads, engine, None)
-    tried: dict[int, float] = {}
+        return _plan_at(profile, gbs, seed, cpu_threads, engine, None, None)
+    counts: list[int | None] = [io_threads] if io_threads is not None else [*disk.io_thread_counts()] or [None]
+    best: dict[int, tuple[int | None, Plan]] = {}
+    evaluations = 0
 
-    def epoch_at(size: int) -> float:
-        if size not in tried:
-            tried[size] = _plan_at(profile, gbs, seed, cpu_threads, "fast", size).predicted_epoch_s
-        return tried[size]
+    def best_at(size: int) -> tuple[int | None, Plan]:
+        """The fewest I/O threads whose planned epoch at a cache of `size` is within TOLERANCE of the shortest, and
+        that plan (fast engine)."""
+        nonlocal evaluations
+        if size not in best:
+            plans = [(count, _plan_at(profile, gbs, seed, cpu_threads, "fast", size, count)) for count in counts]
+            evaluations += sum(plan.evaluations for _, plan in plans)
+            fastest = min(plan.predicted_epoch_s for _, plan in plans)
+            best[size] = next(item for item in plans if item[1].predicted_epoch_s <= fastest * (1.0 + TOLERANCE))
+        return best[size]
 
     if cache_bytes is None:
-        cache_bytes = choose_cache(disk.cache_candidates(), epoch_at)
-    plan = _plan_at(profile, gbs, seed, cpu_threads, engine, cache_bytes)
+        cache_bytes = choose_cache(disk.cache_candidates(), lambda size: best_at(size)[1].predicted_epoch_s)
+    count = best_at(cache_bytes)[0]
+    plan = _plan_at(profile, gbs, seed, cpu_threads, engine, cache_bytes, count)
+    tried = {size: chosen.predicted_epoch_s for size, (_, chosen) in best.items()}
     tried[cache_bytes] = plan.predicted_epoch_s
     tiering = FeatureTiering(cache_bytes, disk.cache_budget_bytes, disk.hit_ratio(cache_bytes),
-                             disk.read_s_per_batch(cache_bytes), dict(sorted(tried.items())))
-    return replace(plan, tiering=tiering, evaluations=plan.evaluations + len(tried) - 1)
+                             disk.read_s_per_batch(cache_bytes, count), dict(sorted(tried.items())), count,
+                             disk.read_cpu_s_per_batch(cache_bytes, count))
+    return replace(plan, tiering=tiering, evaluations=evaluations + plan.evaluations)
 
 
 def choose_cache(candidates: list[int], epoch_at, tolerance: float = CACHE_TOLERANCE) -> int:
@@ -148,11 +165,12 @@ def choose_cache(candidates: list[int], epoch_at, tolerance: float = CACHE_TOLER
 
 
 def _plan_at(profile: Profile, gbs: int, seed: int, cpu_threads: int | None, engine: str,
-             cache_bytes: int | None) -> Plan:
-    """The plan for a profile with a given host cache of feature rows (None: features in RAM)."""
+             cache_bytes: int | None, io_threads: int | None) -> Plan:
+    """The plan for a profile with a given host cache of feature rows (None: features in RAM) and feature store I/O
+    threads (None: those it was profiled with)."""
     if profile.device == "cpu":
-        return _plan_cpu_only(profile, gbs, seed, engine, cache_bytes)
-    times = PhaseTimes.from_profile(profile, cpu_threads, cache_bytes=cache_bytes)
+        return _plan_cpu_only(profile, gbs, seed, engine, cache_bytes, io_threads)
+    times = PhaseTimes.from_profile(profile, cpu_threads, cache_bytes=cache_bytes, io_threads=io_threads)
     max_cbs = pinned_buffer_limit(profile.batch_bytes, profile.hardware.memory_available_bytes)
     partitioner = Partitioner(times, gbs, max_cbs)
     scheduler = Scheduler(times, seed)
@@ -180,7 +198,8 @@ def _plan_at(profile: Profile, gbs: int, seed: int, cpu_threads: int | None, eng
     )
 
 
-def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str, cache_bytes: int | None) -> Plan:
+def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str, cache_bytes: int | None,
+                   io_threads: int | None) -> Plan:
     """CPU-only planning: the core split (batching vs training threads) with the shortest simulated epoch.
 
     Splits (disjoint, bound n * max(T_CB(P), T_M(Q)), or taking turns on all cores, bound
@@ -195,13 +214,15 @@ def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str, cache_byt
         if core_split.lower_bound_s * (1.0 + TOLERANCE) >= best or len(results) >= max_evaluations:
             gap = max(0.0, best / core_split.lower_bound_s - 1.0)
             break
-        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads, cache_bytes)
+        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads, cache_bytes,
+                                        io_threads)
         results[core_split] = Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core, engine="fast")
     even_split = even_core_split(profile.cores)
     chosen_split = min(results, key=lambda s: (results[s].epoch_s, s.lower_bound_s))
     plans = {}
     for name, core_split in (("chosen", chosen_split), ("even-split", even_split)):
-        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads, cache_bytes)
+        times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads, cache_bytes,
+                                        io_threads)
         plans[name] = core_split, times, Scheduler(times, seed).simulate_cpu_only(cbs, core_split.shared_core,
                                                                                   engine=engine)
     chosen_split, times, chosen = min(plans.values(), key=lambda item: item[2].epoch_s)

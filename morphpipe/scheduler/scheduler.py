@@ -34,10 +34,12 @@ class Scheduler:
 
     @classmethod
     def from_profile(cls, profile: Profile, seed: int = 0, cpu_threads: int | None = None,
-                     train_threads: int | None = None, cache_bytes: int | None = None) -> Scheduler:
+                     train_threads: int | None = None, cache_bytes: int | None = None,
+                     io_threads: int | None = None) -> Scheduler:
         """A scheduler for a profile at the given thread counts (default: every usable core batches) and, with
-        features on disk, host cache size (default: the largest the memory budget allows)."""
-        return cls(PhaseTimes.from_profile(profile, cpu_threads, train_threads, cache_bytes), seed)
+        features on disk, host cache size (default: the largest the memory budget allows) and feature store I/O
+        threads (default: those it was profiled with)."""
+        return cls(PhaseTimes.from_profile(profile, cpu_threads, train_threads, cache_bytes, io_threads), seed)
 
     def simulate(self, split: Split, *, engine: str = "simpy", trace: bool = False) -> SimulationResult:
         """One epoch of dual-buffer scheduling with this split."""

@@ -17,8 +17,9 @@ def simulate_plan(profile: Profile, plan: Plan, *, engine: str = "simpy", trace:
             f"the plan is for {plan.num_batches} batches per epoch, the profile has {profile.num_batches}; "
             "re-plan with this profile"
         )
-    cache_bytes = plan.tiering.cache_bytes if plan.tiering is not None else None
-    scheduler = Scheduler.from_profile(profile, plan.seed, plan.cpu_threads, plan.train_threads, cache_bytes)
+    cache_bytes, io_threads = (plan.tiering.cache_bytes, plan.tiering.io_threads) if plan.tiering else (None, None)
+    scheduler = Scheduler.from_profile(profile, plan.seed, plan.cpu_threads, plan.train_threads, cache_bytes,
+                                       io_threads)
     if plan.kind == "cpu-only":
         return scheduler.simulate_cpu_only(plan.cbs, plan.shares_cores, engine=engine, trace=trace)
     return scheduler.simulate(plan.split, engine=engine, trace=trace)

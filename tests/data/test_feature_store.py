@@ -194,6 +194,19 @@ def test_bad_ids_and_dtypes_are_refused_with_the_value(tmp_path):
         store.gather(torch.tensor([0.0]))
     with pytest.raises(ValueError, match="hotness: a cache of 8 bytes needs one hotness value per row"):
         FeatureStore(path, "bfloat16", cache_bytes=8)
+    with pytest.raises(ValueError, match="io_threads: 5000 I/O threads is more than the 1024"):
+        FeatureStore(path, "bfloat16", io_threads=5000)
+
+
+def test_a_graph_reopens_its_store_with_the_planned_cache_and_io_threads(tmp_path):
+    from morphpipe.data import GeneratorSpec, generate
+
+    generate(GeneratorSpec(kind="community", num_nodes=500, avg_degree=4, feature_dim=16), tmp_path / "graph",
+             progress=False)
+    graph = load_dataset(tmp_path / "graph", features_on_disk=True)
+    store = graph.open_feature_store(64 * 10, io_threads=5)  # float32 rows of 64 B: 10 cached
+    assert (store.io_threads, store.num_cached, graph.feature_store is store) == (5, 10, True)
+    assert graph.open_feature_store(0).io_threads == 5  # not given: the open store's I/O threads kept
 
 
 def test_a_file_truncated_in_use_is_an_error_naming_it(tmp_path, reader):

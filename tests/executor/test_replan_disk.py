@@ -9,7 +9,7 @@ import pytest
 from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.executor.executor import EpochResult
 from morphpipe.executor.replan import Replanner, predicted_phases, same_schedule
-from morphpipe.profiler.disk import DiskProfile, DiskReadFacts
+from morphpipe.profiler.disk import DiskProfile, DiskReadFacts, IoThreadsRate
 from morphpipe.profiler.profile import Profile
 from morphpipe.scheduler import plan_from_profile
 
@@ -85,3 +85,20 @@ def test_the_store_timed_read_rate_replaces_the_profiled_one() -> None:
     replanner = Replanner(profile)
     replanner.observe(dataclasses.replace(epoch, feature_reads=few), plan)
     assert replanner.profile.disk.store_reads_per_s is None and replanner.profile.disk.reads_per_s_at(0) == 10_000.0
+
+
+def test_plans_that_differ_only_in_their_io_threads_are_different_schedules_and_rates_are_read_at_them() -> None:
+    curve = (IoThreadsRate(4, 5_000.0, 1e-5), IoThreadsRate(48, 10_000.0, 1e-5))
+    profile = disk_profile()
+    profile = profile.replaced(disk=dataclasses.replace(profile.disk, io_curve=curve, io_threads=48))
+    few, many = (plan_from_profile(profile, engine="fast", cache_bytes=256_000, io_threads=count) for count in (4, 48))
+    assert not same_schedule(few, many) and few.tiering.io_threads == 4
+    assert few.tiering.disk_read_s == pytest.approx(2 * many.tiering.disk_read_s)  # half the rate at 4 threads
+    # An epoch run with 4 I/O threads whose reads went as fast as predicted there leaves the profile's rates alone.
+    epoch = epoch_with(few, profile, few.tiering.hit_ratio, 1.0)
+    reads = epoch.feature_reads
+    seconds = reads.reads / profile.disk.reads_per_s_at(256_000, 4)
+    epoch = dataclasses.replace(epoch, feature_reads=dataclasses.replace(reads, read_seconds=seconds, read_gathers=1))
+    replanner = Replanner(profile)
+    replanner.observe(epoch, few)
+    assert replanner.profile.disk.reads_per_s_at(256_000) == pytest.approx(10_000.0)

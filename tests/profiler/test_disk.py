@@ -112,3 +112,21 @@ def test_the_timed_read_rates_are_fitted_non_decreasing():
     assert increasing_fit([10.0, 2.0, 12.0, 13.0]) == [6.0, 6.0, 12.0, 13.0]  # a low point pooled with the one before
     assert increasing_fit([4.0, 9.0, 3.0, 2.0, 20.0]) == [4.0, 14 / 3, 14 / 3, 14 / 3, 20.0]
     assert increasing_fit([]) == []
+
+
+def test_the_stores_reads_are_timed_at_each_io_thread_count(tmp_path):
+    import numpy as np
+
+    from morphpipe.data.feature_store import FeatureStore
+    from morphpipe.profiler.disk import IO_THREAD_COUNTS, MIN_TIMED_READS, read_rates_by_io_threads
+
+    path = tmp_path / "features.npy"
+    np.save(path, np.zeros((4000, 1024), dtype=np.float16))  # rows of 2 KiB: two a page
+    store = FeatureStore(path, io_threads=3)
+    if not store.direct:
+        pytest.skip("this filesystem refuses O_DIRECT: the I/O thread counts are not timed through the page cache")
+    hotness = torch.arange(4000) % 89
+    gathered = [torch.randperm(4000, generator=torch.Generator().manual_seed(seed))[:400] for seed in range(3)]
+    curve = read_rates_by_io_threads(store, hotness, gathered, [0, 100, 2000], seconds=0.05)
+    assert [point.io_threads for point in curve] == sorted({*IO_THREAD_COUNTS, 3})
+    assert all(point.reads_per_s > 0 and point.cpu_s_per_read > 0 for point in curve)

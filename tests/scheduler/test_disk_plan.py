@@ -1,5 +1,6 @@
-"""The disk in the plan: misses of the host feature cache hold the disk in the simulator, and the planner chooses
-the cache size (checked against every candidate simulated)."""
+"""The disk in the plan: misses of the host feature cache hold the disk in the simulator and their reads take CPU
+time on the shared cores, and the planner chooses the cache size, the feature store's I/O threads and the core split
+(checked against every candidate simulated)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,10 +10,11 @@ import pytest
 
 from morphpipe.commands.cli import main
 from morphpipe.partitioner import Partitioner, PhaseTimes
-from morphpipe.profiler.disk import DiskProfile, DiskReadFacts
+from morphpipe.partitioner.cores import even_core_split, split_cores
+from morphpipe.profiler.disk import DiskProfile, DiskReadFacts, IoThreadsRate
 from morphpipe.profiler.profile import Profile
 from morphpipe.scheduler import Plan, Scheduler, plan_from_profile, simulate_plan
-from morphpipe.scheduler.planning import CACHE_TOLERANCE
+from morphpipe.scheduler.planning import CACHE_TOLERANCE, TOLERANCE
 from morphpipe.scheduler.whatif import what_if
 
 ROW_BYTES = 256
@@ -137,3 +139,96 @@ def test_hit_ratio_between_and_beyond_measured_sizes() -> None:
     short = dataclasses.replace(disk, hit_curve=disk.hit_curve[:3])  # measured up to 256 kB (0.4)
     assert short.hit_ratio(256_000 + (NUM_ROWS * ROW_BYTES - 256_000) // 2) == pytest.approx(0.7)  # towards 1 at all
     assert disk.read_s_per_batch(256_000) == pytest.approx(4_000 * 0.6 / 50_000.0)
+
+
+IO_CURVE = (IoThreadsRate(1, 4_000.0, 20e-6), IoThreadsRate(4, 12_000.0, 25e-6), IoThreadsRate(16, 30_000.0, 40e-6),
+            IoThreadsRate(48, 40_000.0, 80e-6))
+
+
+def io_profiles() -> list[Profile]:
+    """Profiles whose I/O threads trade a deeper queue (faster reads) for more CPU per read on the shared cores."""
+    with_curve = dataclasses.replace(disk_profile(reads_per_s=40_000.0), io_curve=IO_CURVE, io_threads=48)
+    cpu = Profile.synthetic(t_cb=0.08, t_m=0.05, cores=4, cpu_efficiency=0.8, num_batches=40, cv=0.2)
+    cuda = Profile.synthetic(t_cb=0.05, t_m=0.01, t_gb=0.02, t_dma=0.004, cores=8, num_batches=50)
+    return [cpu.replaced(disk=with_curve), cuda.replaced(disk=with_curve),
+            cpu.replaced(disk=dataclasses.replace(with_curve, cache_budget_bytes=1_000_000))]
+
+
+def exhaustive_epochs(profile: Profile, size: int, count: int) -> float:
+    """The shortest simulated epoch (fast engine) over every core split (CPU-only) or CPU:GPU split, at a cache of
+    `size` bytes read by `count` I/O threads."""
+    if profile.device == "cpu":
+        splits = [*split_cores(profile), even_core_split(profile.cores)]
+        return min(Scheduler.from_profile(profile, 0, s.batch_threads, s.train_threads, size, count)
+                   .simulate_cpu_only(10, s.shared_core, engine="fast").epoch_s for s in splits)
+    scheduler = Scheduler.from_profile(profile, 0, None, None, size, count)
+    partitioner = Partitioner(scheduler.times, 10, 10**9)
+    return min(scheduler.simulate(partitioner.split(k), engine="fast").epoch_s
+               for k in range(profile.num_batches + 1))
+
+
+def test_the_planner_chooses_cache_io_threads_and_core_split_as_an_exhaustive_search_does() -> None:
+    for profile in io_profiles():
+        plan = plan_from_profile(profile, engine="fast")
+        sizes, counts = profile.disk.cache_candidates(), profile.disk.io_thread_counts()
+        epochs = {(size, count): exhaustive_epochs(profile, size, count) for size in sizes for count in counts}
+        best_at = {size: min(epochs[size, count] for count in counts) for size in sizes}
+        expected = min(size for size in sizes if best_at[size] <= best_at[sizes[-1]] * (1.0 + CACHE_TOLERANCE))
+        assert plan.tiering.cache_bytes == expected
+        assert plan.predicted_epoch_s <= best_at[expected] * (1.0 + TOLERANCE)
+        # The fewest I/O threads within the planner's tolerance of the fastest (each count's plan is itself within
+        # it of that count's exhaustive best).
+        fastest = min(epochs[expected, count] for count in counts)
+        assert epochs[expected, plan.tiering.io_threads] <= fastest * (1.0 + TOLERANCE) ** 2
+        fewer = [count for count in counts if count < plan.tiering.io_threads]
+        assert all(epochs[expected, count] > fastest for count in fewer)  # fewer threads: beyond the tolerance
+        # Neither the most nor the fewest I/O threads win everywhere: the cores pay for every read.
+        assert len({min(counts, key=lambda count: epochs[size, count]) for size in sizes}) > 1 or \
+            plan.tiering.io_threads not in (counts[0], counts[-1])
+        assert plan.tiering.read_cpu_s == pytest.approx(
+            profile.disk.read_cpu_s_per_batch(plan.tiering.cache_bytes, plan.tiering.io_threads))
+
+
+def test_reads_cost_the_cores_cpu_time_and_a_deeper_queue_reads_faster() -> None:
+    disk = dataclasses.replace(disk_profile(reads_per_s=40_000.0), io_curve=IO_CURVE, io_threads=48)
+    misses = 4_000 * 0.6  # rows a batch misses with 256 kB cached (hit ratio 0.4), one pread each
+    assert disk.read_s_per_batch(256_000) == disk.read_s_per_batch(256_000, 48) == pytest.approx(misses / 40_000.0)
+    assert disk.read_s_per_batch(256_000, 4) == pytest.approx(misses / 12_000.0)
+    assert disk.read_s_per_batch(256_000, 10) == pytest.approx(misses / 21_000.0)  # between 4 and 16 threads
+    assert disk.read_cpu_s_per_batch(256_000, 16) == pytest.approx(misses * 40e-6)
+    assert disk_profile().read_cpu_s_per_batch(256_000) == 0.0  # not measured: no CPU charged, as before
+    cpu = io_profiles()[0]
+    at_16 = PhaseTimes.from_profile(cpu, 2, 2, 256_000, 16)
+    unread = PhaseTimes.from_profile(cpu.replaced(disk=None), 2, 2)
+    assert at_16.cpu_batch_s == pytest.approx(unread.cpu_batch_s + misses * 40e-6 / 2)  # on the 2 batching cores
+    assert at_16.disk_read_s == pytest.approx(misses / 30_000.0)
+
+
+def test_the_chosen_io_threads_go_through_json_and_old_plans_keep_the_stores_own() -> None:
+    profile = io_profiles()[0]
+    assert Profile.from_dict(profile.to_dict()) == profile
+    plan = plan_from_profile(profile)
+    data = plan.to_dict()
+    again = Plan.from_dict(data)
+    assert again.tiering == plan.tiering and again.tiering.io_threads in profile.disk.io_thread_counts()
+    assert f"read by {plan.tiering.io_threads} I/O thread" in again.describe()
+    assert simulate_plan(profile, again).epoch_s == pytest.approx(plan.predicted_epoch_s)
+    del data["tiering"]["io_threads"], data["tiering"]["read_cpu_s"]
+    old = Plan.from_dict(data)
+    assert old.tiering.io_threads is None and old.tiering.read_cpu_s == 0.0
+    for bad, message in ((0.5, "must be an integer"), (-1, "must be >= 0"), (100_000, "must be at most 1024"),
+                         (True, "must be an integer")):
+        data["tiering"]["io_threads"] = bad
+        with pytest.raises(ValueError, match=rf"tiering\.io_threads.*{message}|{message}.*io_threads"):
+            Plan.from_dict(data)
+
+
+def test_a_bad_io_curve_is_refused_with_the_field_named() -> None:
+    data = io_profiles()[0].to_dict()
+    data["disk"]["io_curve"][1]["cpu_s_per_read"] = -1.0
+    with pytest.raises(ValueError, match=r"io_curve\[1\]\.cpu_s_per_read"):
+        Profile.from_dict(data)
+    data = io_profiles()[0].to_dict()
+    data["disk"]["io_threads"] = 7
+    with pytest.raises(ValueError, match="io_threads .*must be one of io_curve's"):
+        Profile.from_dict(data)
