@@ -66,8 +66,10 @@ def test_a_disk_bound_epoch_follows_the_disk_not_the_cpu(profiled):
     work = profile.cpu_batch_time(1, profile.cores) + profile.cpu_training.per_batch_time(1, profile.cores)
     disk = profile.disk
     # Reads of a batch's misses taking 100x its CPU work (batching and training) over 50 batches: a disk-bound epoch.
+    # Without the I/O-thread curve: its measured CPU per read (charged to the batching cores) is the load's at
+    # profiling time, and is tested apart (tests/scheduler/test_disk_plan.py).
     slow = dataclasses.replace(disk, store_reads_per_s=disk.rows_per_batch * disk.reads_per_miss / (100 * work),
-                               reads_per_s_curve=())
+                               reads_per_s_curve=(), io_curve=())
     profile = profile.replaced(disk=slow, num_batches=50)
     base = plan_from_profile(profile, cache_bytes=0, engine="fast").predicted_epoch_s
     faster_disk = plan_from_profile(what_if(profile, disk_speed=2.0).profile, cache_bytes=0,
