@@ -391,16 +391,29 @@ at::Tensor FeatureStore::gather(const at::Tensor& rows) {
 }
 
 FeatureStoreCounters FeatureStore::counters() const {
-  return {hits_.load(), misses_.load(), reads_.load(), bytes_read_.load(), read_ns_.load(), read_gathers_.load()};
+  // Gathers reading side by side may keep the reading time open for a whole epoch: the open part counts up to now.
+  int64_t read_ns;
+  {
+    std::lock_guard<std::mutex> lock(reading_mutex_);
+    read_ns = read_ns_.load();
+    if (gathers_reading_ > 0) {
+      read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                       reading_since_)
+                     .count();
+    }
+  }
+  return {hits_.load(), misses_.load(), reads_.load(), bytes_read_.load(), read_ns, read_gathers_.load()};
 }
 
 void FeatureStore::reset_counters() {
+  std::lock_guard<std::mutex> lock(reading_mutex_);
   hits_ = 0;
   misses_ = 0;
   reads_ = 0;
   bytes_read_ = 0;
   read_ns_ = 0;
   read_gathers_ = 0;
+  if (gathers_reading_ > 0) reading_since_ = std::chrono::steady_clock::now();  // the open part counts from now
 }
 
 }  // namespace morphpipe

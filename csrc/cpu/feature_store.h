@@ -126,7 +126,7 @@ class FeatureStore {
   std::vector<std::unique_ptr<Ring>> idle_rings_;
   std::atomic<int64_t> hits_{0}, misses_{0}, reads_{0}, bytes_read_{0}, read_ns_{0}, read_gathers_{0};
   // Reads in flight: gathers reading now, and since when at least one was (one clock read per gather, not per row).
-  std::mutex reading_mutex_;
+  mutable std::mutex reading_mutex_;
   int64_t gathers_reading_ = 0;
   std::chrono::steady_clock::time_point reading_since_;
 };

@@ -122,6 +122,33 @@ def test_hit_accounting_matches_a_count_by_hand(tmp_path):
     assert store.counters() == type(counters)(0, 0, 0, 0, 0.0, 0)
 
 
+def test_read_time_counts_while_gathers_read_side_by_side(tmp_path, reader):
+    """Two threads gathering back to back keep reads in flight without a gap: the counters, read meanwhile, still
+    hold the reading time so far (it was added only when no gather was reading, so re-planning saw 0 s)."""
+    path = save_features(tmp_path, random_rows(20_000, 48, torch.float16))
+    store = FeatureStore(path, io_threads=2)
+    ids = torch.randperm(20_000, generator=torch.Generator().manual_seed(3))[:4000]
+    stop = threading.Event()
+
+    def gather_until_stopped() -> None:
+        while not stop.is_set():
+            store.gather(ids)
+
+    threads = [threading.Thread(target=gather_until_stopped) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        while store.counters().read_gathers < 4:
+            stop.wait(0.01)
+        during = store.counters()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert during.read_seconds > 0 and during.reads_per_second is not None
+    assert store.counters().read_seconds >= during.read_seconds
+
+
 def test_the_store_times_its_reads_and_counts_them_as_a_gather_reads(tmp_path, reader):
     features = random_rows(20_000, 48, torch.float16)  # rows of 96 B: many share a page
     path = save_features(tmp_path, features)
