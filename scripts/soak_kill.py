@@ -263,14 +263,17 @@ def sigterm(watched: Watched, timeout_s: float) -> tuple[str, int]:
     return f"SIGTERM, stopped mid epoch (checkpoint at step {mid_epoch.group(2)} of {mid_epoch.group(3)})", code
 
 
-def check_checkpoint(run: SoakRun, report: SoakReport) -> int:
-    """The checkpoint after a kill: readable (or absent); returns its completed epochs."""
+def check_checkpoint(run: SoakRun, report: SoakReport) -> tuple[int, int]:
+    """The checkpoint after a kill: readable (or absent); returns its completed epochs and the steps it holds of the
+    next one (a mid-epoch checkpoint; 0 at an epoch's end)."""
     try:
         state = load_checkpoint(run.directory / "checkpoint")
     except ValueError as error:
         report.unreadable.append(str(error))
-        return -1
-    return 0 if state is None else state.epoch
+        return -1, 0
+    if state is None:
+        return 0, 0
+    return state.epoch, len(state.partial_epoch["order"]) if state.partial_epoch else 0
 
 
 def finish(run: SoakRun, timeout_s: float) -> None:
@@ -308,11 +311,12 @@ def soak(dataset: Path, workdir: Path, *, kills: int, kills_per_trial: int = 4, 
             outcome = kill_once(run, target, delay, timeout_s)
             if outcome is None:
                 break  # finished before the kill: that trial is complete
-            epochs_done = check_checkpoint(run, report)
+            epochs_done, steps = check_checkpoint(run, report)
             left = len(partials(run))
             report.kills.append(Kill(trial, target, outcome[0], epochs_done, left))
+            held = f"{epochs_done} epochs" + (f" and {steps} steps of epoch {epochs_done + 1}" if steps else "")
             log(f"kill {len(report.kills)}: trial {trial}, {target} -> landed in {outcome[0]}; checkpoint holds "
-                f"{epochs_done} epochs; {left} partial entries left")
+                f"{held}; {left} partial entries left")
         finish(run, timeout_s)
         report.resumes += 1
         report.trials += 1
