@@ -202,7 +202,7 @@ def draw_negatives(rng: np.random.Generator, src: np.ndarray, count: int, num_no
     """[len(src), count] destinations drawn uniformly, none of them `src` itself or a true edge src -> destination
     (`true_keys`: sorted keys of every edge of the original graph, both ways when undirected)."""
     negatives = rng.integers(0, num_nodes, (src.size, count), dtype=np.int64)
-    drawn, sources = negatives.reshape(-1), np.repeat(src.astype(np.int64), count)
+    drawn, sources = negatives.reshape(-1), np.repeat(np.asarray(src, dtype=np.int64), count)
     pending = np.arange(drawn.size)  # flat positions whose draw is not checked yet: all, then the redrawn ones
     for _ in range(MAX_NEGATIVE_REDRAWS):
         source, negative = sources[pending], drawn[pending]
