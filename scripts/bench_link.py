@@ -26,7 +26,9 @@ node by full-graph inference either way), `--val-edges -1` skips validation.
 
 Usage: python scripts/bench_link.py [--dataset link] [--batches 30] [--epoch-edges 32768] [--epochs 1]
        [--seeds 0] [--phases 0] [--top-ops 0] [--out bench_link.json]
-       python scripts/bench_link.py --split-from /work/bench_scratch/bench-1m --dataset DIR --val-edges 2000
+       python scripts/bench_link.py --split-from /work/bench_scratch/bench-1m --dataset DIR --negatives 1 \
+           --batches 5 --epoch-edges 4096 --val-edges -1   (the bench-1m row: the split about 12 s of CPU, then
+           both sides in about 5 minutes under load; 100 negatives on 1M nodes not run: see BENCHMARKS.md)
 """
 from __future__ import annotations
 
