@@ -5,7 +5,9 @@ EdgeBatcher with `--threads` threads; DGL's `as_edge_prediction_sampler` + `Neig
 reverse-edge exclusion and a uniform negative sampler, single-process loader, OMP/torch threads =
 `--threads`), features gathered on both sides; (b) a training epoch of GraphSAGE (`--layers` x
 `--hidden`, mean aggregation) + dot decoder with BCE on `--epoch-edges` training edges (32768 by
-default; 0: all), then validation MRR against the stored negatives by exact full-graph inference.
+default; 0: all; `--epochs N` such epochs, their mean time reported), then validation MRR against the stored
+negatives by exact full-graph inference; `--seeds 0,1,2` trains one row per seed (same seed on both sides) and
+prints each side's MRR mean and spread over them.
 morphpipe trains through its Trainer under a CPU-only plan made from this machine's measured
 batch and step times; DGL loads batches and trains them in turn (what its single-process loader
 does). Same graph (the dataset directory's .npy arrays), fanouts, batch size, seed; features
@@ -22,9 +24,11 @@ DGL runs as a subprocess of its own interpreter (`--dgl-python`), never imported
 already holds one; `--val-edges N` ranks the first N validation edges only (both sides embed every
 node by full-graph inference either way), `--val-edges -1` skips validation.
 
-Usage: python scripts/bench_link.py [--dataset link] [--batches 30] [--epoch-edges 32768] [--phases 0]
-       [--top-ops 0] [--out bench_link.json]
-       python scripts/bench_link.py --split-from /work/bench_scratch/bench-1m --dataset DIR --val-edges 2000
+Usage: python scripts/bench_link.py [--dataset link] [--batches 30] [--epoch-edges 32768] [--epochs 1]
+       [--seeds 0] [--phases 0] [--top-ops 0] [--out bench_link.json]
+       python scripts/bench_link.py --split-from /work/bench_scratch/bench-1m --dataset DIR --negatives 1 \
+           --batches 5 --epoch-edges 4096 --val-edges -1   (the bench-1m row: the split about 12 s of CPU, then
+           both sides in about 5 minutes under load; 100 negatives on 1M nodes not run: see BENCHMARKS.md)
 """
 from __future__ import annotations
 
@@ -148,6 +152,43 @@ def phases(negatives):
                for e in sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:args["top_ops"]]]
     return [float(np.median([row[i] for row in times[1:]])) for i in range(6)], ops
 
+def train(negatives, seed):
+    """`args["epochs"]` epochs over the epoch edges from seed `seed`: mean epoch seconds, then exact val MRR."""
+    torch.manual_seed(seed)
+    dgl.seed(seed)
+    model = Model(g.ndata["feat"].shape[1], args["hidden"], len(fanouts))
+    optimizer = torch.optim.Adam(model.parameters(), lr=args["lr"])
+    eids = train_eids[:args["epoch_edges"]] if args["epoch_edges"] else train_eids
+    epochs_s, batches, losses = [], 0, []
+    for _ in range(args["epochs"]):
+        start = time.perf_counter()
+        total, count = torch.zeros(()), 0
+        for input_nodes, pair_graph, negative_graph, blocks in loader(negatives, eids):
+            h = model(blocks, blocks[0].srcdata["feat"].float())
+            pos, neg = score(h, pair_graph), score(h, negative_graph)
+            loss = F.binary_cross_entropy_with_logits(torch.cat([pos, neg]),
+                                                      torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+            total += loss.detach(); count += 1
+        epochs_s.append(time.perf_counter() - start)
+        batches = count
+        losses.append(float(total) / max(count, 1))
+    result = {"epoch_s": sum(epochs_s) / len(epochs_s), "epochs_s": epochs_s, "batches": batches, "losses": losses,
+              "val_mrr": None}
+    if args["val_edges"] < 0:
+        return result
+    model.eval()
+    with torch.no_grad():
+        h = model.full(g, g.ndata["feat"].float())
+        rows = args["val_edges"] or None
+        val = torch.from_numpy(np.load(f"{root}/val_edges.npy")[:, :rows])
+        val_neg = torch.from_numpy(np.load(f"{root}/val_negatives.npy")[:rows])
+        pos = (h[val[0]] * h[val[1]]).sum(-1)
+        neg = (h[val[0]][:, None] * h[val_neg]).sum(-1)
+        rank = 1 + (neg > pos[:, None]).sum(1).double() + 0.5 * (neg == pos[:, None]).sum(1).double()
+    result["val_mrr"] = float((1 / rank).mean())
+    return result
+
 out = {"batching": {}, "training": {}, "phases": {}}
 for negatives in args["negatives"]:
     if args["phases"]:
@@ -160,33 +201,8 @@ for negatives in args["negatives"]:
         x = blocks[0].srcdata["feat"].float()
     out["batching"][str(negatives)] = args["batches"] / (time.perf_counter() - start)
 
-    torch.manual_seed(args["seed"])
-    model = Model(g.ndata["feat"].shape[1], args["hidden"], len(fanouts))
-    optimizer = torch.optim.Adam(model.parameters(), lr=args["lr"])
-    eids = train_eids[:args["epoch_edges"]] if args["epoch_edges"] else train_eids
-    start = time.perf_counter()
-    batches = 0
-    for input_nodes, pair_graph, negative_graph, blocks in loader(negatives, eids):
-        h = model(blocks, blocks[0].srcdata["feat"].float())
-        pos, neg = score(h, pair_graph), score(h, negative_graph)
-        loss = F.binary_cross_entropy_with_logits(torch.cat([pos, neg]),
-                                                  torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
-        optimizer.zero_grad(); loss.backward(); optimizer.step()
-        batches += 1
-    epoch_s = time.perf_counter() - start
-    out["training"][str(negatives)] = {"epoch_s": epoch_s, "batches": batches, "val_mrr": None}
-    if args["val_edges"] < 0:
-        continue
-    model.eval()
-    with torch.no_grad():
-        h = model.full(g, g.ndata["feat"].float())
-        rows = args["val_edges"] or None
-        val = torch.from_numpy(np.load(f"{root}/val_edges.npy")[:, :rows])
-        val_neg = torch.from_numpy(np.load(f"{root}/val_negatives.npy")[:rows])
-        pos = (h[val[0]] * h[val[1]]).sum(-1)
-        neg = (h[val[0]][:, None] * h[val_neg]).sum(-1)
-        rank = 1 + (neg > pos[:, None]).sum(1).double() + 0.5 * (neg == pos[:, None]).sum(1).double()
-    out["training"][str(negatives)]["val_mrr"] = float((1 / rank).mean())
+    for seed in args["seeds"]:
+        out["training"][f"{negatives}/{seed}"] = train(negatives, seed)
 print(json.dumps(out))
 '''
 
@@ -272,14 +288,15 @@ def print_phases(args: argparse.Namespace, ours: dict, dgl: dict) -> None:
             print(f"{negatives:>9} {side:>18} | " + " ".join(f"{t:>9.4f}" for t in times) + f" | {sum(times):>7.3f}")
 
 
-def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[str, float]:
-    """One epoch through the Trainer (plan from this machine's measured batch and step times), then exact val MRR."""
+def morphpipe_training(graph, args: argparse.Namespace, negatives: int, seed: int) -> dict[str, float]:
+    """`args.epochs` epochs from seed `seed` through the Trainer (plan from this machine's measured batch and step
+    times): mean epoch seconds, then exact val MRR."""
     fanouts = args.fanouts
     task = LinkPrediction(negatives)
     units = task.seeds(graph)
     if args.epoch_edges:
         units = units[:args.epoch_edges]
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     model = task.build_model("sage", graph, num_layers=len(fanouts), hidden=args.hidden, dropout=0.0)
     step = TrainStep(model, make_optimizer(model.parameters(), args.lr, "cpu"), task)
     with EdgeBatcher(graph, fanouts, args.batch_size, negatives=task.sampling, num_threads=1, edge_ids=units,
@@ -290,7 +307,7 @@ def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[
     for batch in timed:
         step(batch)
     step_s = (time.perf_counter() - start) / len(timed)
-    batch_s = 1.0 / morphpipe_batching(graph, fanouts, args.batch_size, negatives, 1, 3, args.seed)
+    batch_s = 1.0 / morphpipe_batching(graph, fanouts, args.batch_size, negatives, 1, 3, seed)
     num_batches = -(-units.numel() // args.batch_size)
     plan = plan_from_profile(Profile.synthetic(t_cb=batch_s, t_m=step_s, num_batches=num_batches,
                                                cores=args.threads))
@@ -300,22 +317,25 @@ def morphpipe_training(graph, args: argparse.Namespace, negatives: int) -> dict[
             return units if split == "train" else super().seeds(graph, split)
 
     subset = Subset(negatives)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     model = subset.build_model("sage", graph, num_layers=len(fanouts), hidden=args.hidden, dropout=0.0)
     val = subset.seeds(graph, "val")
     with Trainer(graph, model, plan, fanouts=fanouts, batch_size=args.batch_size, task=subset, lr=args.lr,
-                 seed=args.seed, progress=False, eval_mode="full", log=lambda line: None) as trainer:
-        history = trainer.fit(1, validate=False)
+                 seed=seed, progress=False, eval_mode="full", log=lambda line: None) as trainer:
+        history = trainer.fit(args.epochs, validate=False)
         mrr = None if args.val_edges < 0 else \
             subset.evaluate(trainer.model, graph, val[:args.val_edges] if args.val_edges else val,
                             EvalSettings(fanouts, mode="full", progress=False), device=torch.device("cpu"))
-    return {"epoch_s": history[0].epoch_s, "batches": history[0].batches, "val_mrr": mrr, "plan": plan.kind,
+    epochs_s = [stats.epoch_s for stats in history]
+    return {"epoch_s": sum(epochs_s) / len(epochs_s), "epochs_s": epochs_s, "batches": history[-1].batches,
+            "losses": [stats.loss for stats in history], "val_mrr": mrr, "plan": plan.kind,
             "shares_cores": plan.shares_cores}
 
 
 def run_dgl(dataset: Path, args: argparse.Namespace) -> dict:
     settings = {"dataset": str(dataset), "fanouts": args.fanouts, "batch_size": args.batch_size,
-                "negatives": args.negatives, "threads": args.threads, "batches": args.batches, "seed": args.seed,
+                "negatives": args.negatives, "threads": args.threads, "batches": args.batches,
+                "seed": args.seeds[0], "seeds": args.seeds, "epochs": args.epochs,
                 "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges, "phases": args.phases,
                 "val_edges": args.val_edges, "top_ops": args.top_ops}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DGLBACKEND": "pytorch"}
@@ -329,6 +349,18 @@ def run_dgl(dataset: Path, args: argparse.Namespace) -> dict:
 def mrr(training: dict) -> str:
     """A row's val MRR as printed ("-" when validation was skipped)."""
     return "-" if training["val_mrr"] is None else f"{training['val_mrr']:.4f}"
+
+
+def print_mrr_spread(args: argparse.Namespace, ours: dict, dgl: dict) -> None:
+    """Per negatives, each side's val MRR over the seeds: mean and sample standard deviation."""
+    print(f"val MRR over seeds {args.seeds} (mean +- sample std):")
+    for negatives in map(str, args.negatives):
+        cells = []
+        for side, result in (("ours", ours), ("DGL", dgl)):
+            values = torch.tensor([result["training"][f"{negatives}/{seed}"]["val_mrr"] for seed in args.seeds],
+                                  dtype=torch.float64)
+            cells.append(f"{side} {float(values.mean()):.4f} +- {float(values.std()):.4f}")
+        print(f"{negatives:>9} negatives: " + ", ".join(cells))
 
 
 def make_split(args: argparse.Namespace) -> None:
@@ -371,12 +403,21 @@ def main() -> None:
                         help="with --split-from: train,val,test shares of the edges (default 0.98,0.01,0.01)")
     parser.add_argument("--split-negatives", type=int, default=100,
                         help="with --split-from: fixed negatives per held-out edge (default 100)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0",
+                        help="training seeds, one epoch row per seed and negatives (the first also seeds batching, "
+                             "the phases and --split-from's split)")
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="epochs over the --epoch-edges edges per training row (the epoch column is their mean, "
+                             "the val MRR is after the last): more lets both models learn for an MRR comparison")
     parser.add_argument("--dgl-python", default=DGL_PYTHON)
     parser.add_argument("--out", default="bench_link.json")
     args = parser.parse_args()
     args.fanouts = [int(f) for f in args.fanouts.split(",")]
     args.negatives = [int(k) for k in args.negatives.split(",")]
+    args.seeds = [int(seed) for seed in args.seeds.split(",")]
+    args.seed = args.seeds[0]
+    if args.epochs < 1:
+        raise SystemExit(f"--epochs must be at least 1, got {args.epochs}")
 
     if args.split_from:
         make_split(args)
@@ -392,20 +433,26 @@ def main() -> None:
             ours.setdefault("ops", {})[str(negatives)] = ops
         ours["batching"][str(negatives)] = morphpipe_batching(graph, args.fanouts, args.batch_size, negatives,
                                                               args.threads, args.batches, args.seed)
-        ours["training"][str(negatives)] = morphpipe_training(graph, args, negatives)
+        for seed in args.seeds:
+            ours["training"][f"{negatives}/{seed}"] = morphpipe_training(graph, args, negatives, seed)
     dgl = run_dgl(dataset, args)
 
     load = os.getloadavg()
     print(f"graph {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
           f"{graph.edge_split.train.shape[1]:,} training edges; fanouts {args.fanouts}, batch {args.batch_size}, "
-          f"{args.threads} threads; SAGE {len(args.fanouts)}x{args.hidden} + dot, BCE; load {load[0]:.1f}")
-    print(f"{'negatives':>9} | {'batches/s ours':>14} {'DGL':>8} {'ratio':>6} | {'epoch s ours':>12} {'DGL':>8} "
-          f"{'ratio':>6} | {'val MRR ours':>12} {'DGL':>7}")
+          f"{args.threads} threads; SAGE {len(args.fanouts)}x{args.hidden} + dot, BCE; {args.epochs} epoch(s) of "
+          f"{ours['training'][f'{args.negatives[0]}/{args.seed}']['batches']} batches per row; load {load[0]:.1f}")
+    print(f"{'negatives':>9} {'seed':>4} | {'batches/s ours':>14} {'DGL':>8} {'ratio':>6} | {'epoch s ours':>12} "
+          f"{'DGL':>8} {'ratio':>6} | {'val MRR ours':>12} {'DGL':>7}")
     for negatives in map(str, args.negatives):
         b_ours, b_dgl = ours["batching"][negatives], dgl["batching"][negatives]
-        t_ours, t_dgl = ours["training"][negatives], dgl["training"][negatives]
-        print(f"{negatives:>9} | {b_ours:>14.2f} {b_dgl:>8.2f} {b_ours / b_dgl:>6.2f} | {t_ours['epoch_s']:>12.2f} "
-              f"{t_dgl['epoch_s']:>8.2f} {t_dgl['epoch_s'] / t_ours['epoch_s']:>6.2f} | {mrr(t_ours):>12} {mrr(t_dgl):>7}")
+        for seed in args.seeds:
+            t_ours, t_dgl = ours["training"][f"{negatives}/{seed}"], dgl["training"][f"{negatives}/{seed}"]
+            print(f"{negatives:>9} {seed:>4} | {b_ours:>14.2f} {b_dgl:>8.2f} {b_ours / b_dgl:>6.2f} | "
+                  f"{t_ours['epoch_s']:>12.2f} {t_dgl['epoch_s']:>8.2f} {t_dgl['epoch_s'] / t_ours['epoch_s']:>6.2f} | "
+                  f"{mrr(t_ours):>12} {mrr(t_dgl):>7}")
+    if len(args.seeds) > 1 and args.val_edges >= 0:
+        print_mrr_spread(args, ours, dgl)
     if args.phases:
         print_phases(args, ours, dgl)
     if args.phases and args.top_ops:

@@ -160,12 +160,23 @@ def topology_pairs(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray,
     return indices.astype(np.int64), dst
 
 
+def contains(keys_sorted: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Whether each of `keys` is one of `keys_sorted` (sorted), as a bool array of keys' shape. The keys are looked
+    up in sorted order, so the binary searches walk the table forward: on bench-1m's 20M keys about 10x less CPU
+    than looking up the same keys in random order."""
+    flat = keys.reshape(-1)
+    if keys_sorted.size == 0 or flat.size == 0:
+        return np.zeros(keys.shape, dtype=bool)
+    order = np.argsort(flat)
+    ordered = flat[order]
+    found = np.empty(flat.size, dtype=bool)
+    found[order] = keys_sorted[np.minimum(np.searchsorted(keys_sorted, ordered), keys_sorted.size - 1)] == ordered
+    return found.reshape(keys.shape)
+
+
 def is_symmetric(keys_sorted: np.ndarray, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> bool:
     """True when every edge's reverse is an edge too (`keys_sorted`: the sorted keys of the same edges)."""
-    reverse = edge_keys(dst, src, num_nodes)
-    found = np.searchsorted(keys_sorted, reverse)
-    found = np.minimum(found, keys_sorted.size - 1)
-    return bool(keys_sorted.size == 0 or np.all(keys_sorted[found] == reverse))
+    return bool(np.all(contains(keys_sorted, edge_keys(dst, src, num_nodes))))
 
 
 def check_edge_times(timestamps: Any, num_edges: int) -> np.ndarray:
@@ -191,14 +202,15 @@ def draw_negatives(rng: np.random.Generator, src: np.ndarray, count: int, num_no
     """[len(src), count] destinations drawn uniformly, none of them `src` itself or a true edge src -> destination
     (`true_keys`: sorted keys of every edge of the original graph, both ways when undirected)."""
     negatives = rng.integers(0, num_nodes, (src.size, count), dtype=np.int64)
-    sources = np.broadcast_to(src[:, None], negatives.shape)
+    drawn, sources = negatives.reshape(-1), np.repeat(np.asarray(src, dtype=np.int64), count)
+    pending = np.arange(drawn.size)  # flat positions whose draw is not checked yet: all, then the redrawn ones
     for _ in range(MAX_NEGATIVE_REDRAWS):
-        keys = edge_keys(sources, negatives, num_nodes)
-        found = np.minimum(np.searchsorted(true_keys, keys), max(true_keys.size - 1, 0))
-        bad = (negatives == sources) | ((true_keys.size > 0) & (true_keys[found] == keys))
+        source, negative = sources[pending], drawn[pending]
+        bad = (negative == source) | contains(true_keys, edge_keys(source, negative, num_nodes))
         if not bad.any():
             return negatives
-        negatives[bad] = rng.integers(0, num_nodes, int(bad.sum()), dtype=np.int64)
+        pending = pending[bad]
+        drawn[pending] = rng.integers(0, num_nodes, pending.size, dtype=np.int64)
     raise ValueError(f"could not draw {count} negatives per held-out edge that are not true edges in "
                      f"{MAX_NEGATIVE_REDRAWS} tries: some source is adjacent to nearly every node; ask for fewer "
                      "negatives (--negatives)")

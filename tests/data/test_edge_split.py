@@ -8,7 +8,7 @@ import torch
 
 from morphpipe.commands.cli import main
 from morphpipe.data import GraphStore, GraphValidationError
-from morphpipe.data.edge_split import EdgeSplit, split_edges, with_edge_split
+from morphpipe.data.edge_split import EdgeSplit, contains, split_edges, with_edge_split
 from morphpipe.data.generators import COMMUNITY, GeneratorSpec
 from morphpipe.data.link_generator import EdgeSplitSpec, generate_link
 from morphpipe.data.splits import SplitFractions
@@ -238,3 +238,15 @@ def test_randomlinksplit_output_converts_with_its_split(tmp_path, capsys):
     for part, data in (("val", val), ("test", test)):
         positives = data.edge_label_index[:, data.edge_label == 1]
         assert torch.equal(split.pairs(part), positives) and split.negatives(part).shape == (positives.shape[1], 5)
+
+
+def test_contains_looks_keys_up_as_isin_does() -> None:
+    """The sorted-order lookup behind negative drawing and the symmetry check: repeated keys, keys below and above
+    the table, any shape, and an empty table or query."""
+    rng = np.random.default_rng(0)
+    table = np.unique(rng.integers(0, 1000, 300))
+    keys = np.concatenate([rng.integers(-5, 1005, 2000), table[:7], table[:7]]).reshape(-1, 2)
+    assert np.array_equal(contains(table, keys), np.isin(keys, table))
+    assert contains(np.empty(0, dtype=np.int64), keys).shape == keys.shape
+    assert not contains(np.empty(0, dtype=np.int64), keys).any()
+    assert contains(table, np.empty((0, 3), dtype=np.int64)).shape == (0, 3)

@@ -53,19 +53,36 @@ def test_index_shape_is_kept_and_half_precision_sums_in_float() -> None:
     torch.testing.assert_close(scores.double(), exact, rtol=1e-2, atol=1e-2)
 
 
-def test_backward_is_the_same_for_any_thread_count() -> None:
-    h = features(7, 300, 96, dtype=torch.float32)
-    src, dst = pairs(300, 20_000, seed=8)
-    grad = features(9, 20_000, dtype=torch.float32)
+def link_batch_pairs(rows: int, positives: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A link batch's pair list: `positives` pairs, then each positive's source with `k` corrupted destinations."""
+    generator = torch.Generator().manual_seed(seed)
+    src = torch.randint(rows, (positives,), generator=generator)
+    dst = torch.randint(rows, (positives,), generator=generator)
+    negatives = torch.randint(rows, (positives * k,), generator=generator)
+    return torch.cat([src, src.repeat_interleave(k)]), torch.cat([dst, negatives])
+
+
+@pytest.mark.parametrize("layout", ["random", "link batch", "fewer rows than threads"])
+def test_backward_is_the_same_for_any_thread_count(layout: str) -> None:
+    """The rows' entries are grouped by teams that each own a range of rows: any team count gives the same bits,
+    equal to the gathered reference's gradient."""
+    rows = 5 if layout == "fewer rows than threads" else 300
+    src, dst = {"random": lambda: pairs(300, 20_000, seed=8), "link batch": lambda: link_batch_pairs(300, 64, 100, 8),
+                "fewer rows than threads": lambda: pairs(5, 500, seed=8)}[layout]()
+    h = features(7, rows, 96, dtype=torch.float32)
+    grad = features(9, src.numel(), dtype=torch.float32)
     threads = torch.get_num_threads()
     try:
         results = []
-        for count in (1, 2, 3):
+        for count in (1, 2, 3, 8):
             torch.set_num_threads(count)
             results.append(native.ops().pair_dot_backward(h, src, dst, grad))
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(results[0], other) for other in results[1:])
+    table = h.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(reference_pair_dot(table, src, dst), table, grad)
+    torch.testing.assert_close(results[0], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_no_pairs_give_no_scores_and_a_zero_gradient() -> None:
