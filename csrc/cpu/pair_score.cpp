@@ -1,8 +1,8 @@
 // The fused pair scorer of link prediction's dot decoder: score[i] = <h[src[i]], h[dst[i]]> for a list of pairs
 // over one embedding table, and its backward as a sum into h's rows, without the [pairs, width] tensors that
 // gathering both endpoints' rows (and the gathers' backward) would make. The backward groups each row's
-// contributions (a counting sort of the pairs by endpoint, in pair order, run in parallel by teams that each own a
-// range of rows) and sums them row by row: no atomics, and the result does not depend on the thread count.
+// contributions (a counting sort of the pairs by endpoint, in pair order) and sums them row by row: no atomics,
+// and the result does not depend on the thread count.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -58,69 +58,33 @@ at::Tensor pair_dot_cpu(const at::Tensor& h, const at::Tensor& src, const at::Te
   return out;
 }
 
-// The entries of every row's pairs, grouped by row in pair order: row r's entries are ptr[r] .. ptr[r + 1] of
-// `other` (the pair's other endpoint) and `pair` (the pair's position). Each pair gives an entry to src[i]'s row
-// and then one to dst[i]'s (two to one row when src[i] == dst[i]). A stable counting sort run by `teams` teams
-// that each own an even range of rows: a team scans every pair, counts and then places the entries of its own
-// rows only, so no two teams write one slot and the order is the serial sort's for any team count.
-struct RowEntries {
-  std::vector<int64_t> ptr;
-  at::Tensor other, pair;
-};
-
-RowEntries group_by_row(const int64_t* s, const int64_t* d, int64_t pairs, int64_t rows, int64_t teams) {
-  RowEntries out{std::vector<int64_t>(static_cast<size_t>(rows) + 1),
-                 at::empty({2 * pairs}, at::kLong), at::empty({2 * pairs}, at::kLong)};
-  int64_t* ptr = out.ptr.data();
-  const auto owned = [&](int64_t t) { return std::make_pair(t * rows / teams, (t + 1) * rows / teams); };
-  at::parallel_for(0, teams, 1, [&](int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; ++t) {
-      const auto [lo, hi] = owned(t);
-      const uint64_t span = static_cast<uint64_t>(hi - lo);
-      std::fill(ptr + lo + 1, ptr + hi + 1, int64_t(0));
-      for (int64_t i = 0; i < pairs; ++i) {
-        if (static_cast<uint64_t>(s[i] - lo) < span) ++ptr[s[i] + 1];
-        if (static_cast<uint64_t>(d[i] - lo) < span) ++ptr[d[i] + 1];
-      }
-    }
-  });
-  for (int64_t r = 0; r < rows; ++r) ptr[r + 1] += ptr[r];
-  int64_t* other = out.other.data_ptr<int64_t>();
-  int64_t* pair = out.pair.data_ptr<int64_t>();
-  at::parallel_for(0, teams, 1, [&](int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; ++t) {
-      const auto [lo, hi] = owned(t);
-      const uint64_t span = static_cast<uint64_t>(hi - lo);
-      std::vector<int64_t> fill(ptr + lo, ptr + hi);  // the next free entry of each owned row
-      for (int64_t i = 0; i < pairs; ++i) {
-        if (static_cast<uint64_t>(s[i] - lo) < span) {
-          const int64_t a = fill[s[i] - lo]++;
-          other[a] = d[i];
-          pair[a] = i;
-        }
-        if (static_cast<uint64_t>(d[i] - lo) < span) {
-          const int64_t b = fill[d[i] - lo]++;
-          other[b] = s[i];
-          pair[b] = i;
-        }
-      }
-    }
-  });
-  return out;
-}
-
 at::Tensor pair_dot_backward_cpu(const at::Tensor& h, const at::Tensor& src, const at::Tensor& dst,
                                  const at::Tensor& grad) {
   constexpr const char* op = "morphpipe::pair_dot_backward";
   check_pair_dot_backward(h, src, dst, grad, op);
   check_pair_indices(src, dst, h.size(0), op);
   const int64_t rows = h.size(0), width = h.size(1), pairs = src.numel();
+  const int64_t* s = src.data_ptr<int64_t>();
+  const int64_t* d = dst.data_ptr<int64_t>();
   // Each pair contributes to both of its endpoints' rows: grad[i] * h[dst[i]] to src[i]'s, grad[i] * h[src[i]] to
   // dst[i]'s (twice to one row when src[i] == dst[i], the derivative of <h_u, h_u>).
-  const int64_t teams = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
-  const RowEntries entries = group_by_row(src.data_ptr<int64_t>(), dst.data_ptr<int64_t>(), pairs, rows, teams);
-  const int64_t* ptr = entries.ptr.data();
+  std::vector<int64_t> ptr(static_cast<size_t>(rows) + 1, 0);
+  for (int64_t i = 0; i < pairs; ++i) {
+    ++ptr[s[i] + 1];
+    ++ptr[d[i] + 1];
+  }
+  for (int64_t r = 0; r < rows; ++r) ptr[r + 1] += ptr[r];
+  std::vector<int64_t> fill(ptr.begin(), ptr.end() - 1), other(2 * pairs), pair(2 * pairs);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t a = fill[s[i]]++;
+    other[a] = d[i];
+    pair[a] = i;
+    const int64_t b = fill[d[i]]++;
+    other[b] = s[i];
+    pair[b] = i;
+  }
   // Row ranges of about equal work (a row's entries plus its own write): sources of many pairs sit together.
+  const int64_t teams = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
   const int64_t total = ptr[rows] + rows;
   std::vector<int64_t> bounds(static_cast<size_t>(teams) + 1, rows);
   bounds[0] = 0;
@@ -134,16 +98,14 @@ at::Tensor pair_dot_backward_cpu(const at::Tensor& h, const at::Tensor& src, con
     bounds[t] = lo;
   }
   auto grad_h = at::empty_like(h);
-  const int64_t* other = entries.other.data_ptr<int64_t>();
-  const int64_t* pair = entries.pair.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, h.scalar_type(), "pair_dot_backward_cpu", [&] {
     const scalar_t* hp = h.data_ptr<scalar_t>();
     const scalar_t* gp = grad.data_ptr<scalar_t>();
     scalar_t* out = grad_h.data_ptr<scalar_t>();
     at::parallel_for(0, teams, 1, [&](int64_t first, int64_t last) {
       for (int64_t t = first; t < last; ++t) {
-        MORPHPIPE_CPU_DISPATCH(isa::pair_dot_backward_kernel<scalar_t>(hp, gp, ptr, other, pair, width, bounds[t],
-                                                                       bounds[t + 1], out));
+        MORPHPIPE_CPU_DISPATCH(isa::pair_dot_backward_kernel<scalar_t>(hp, gp, ptr.data(), other.data(), pair.data(),
+                                                                       width, bounds[t], bounds[t + 1], out));
       }
     });
   });
