@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
 from morphpipe.ops import gcn_aggregate
+from morphpipe.ops.autocast_input import layer_input, project
 from morphpipe.ops.reassociate import PROJECT_FIRST, linear_layer_order
 from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
 from morphpipe.sampling.minibatch import Block
@@ -53,11 +54,16 @@ class GCNConv(nn.Module):
         return self.propagate(block, h_src) + self.bias
 
     def propagate(self, block: Block, h_src: Tensor) -> Tensor:
-        """The output before the bias is added (models fuse the bias into the activation that follows)."""
+        """The output before the bias is added (models fuse the bias into the activation that follows).
+
+        Under autocast a float32 input is cast once for the whole layer or read as stored and projected in float32,
+        whichever timed faster (`morphpipe.ops.autocast_input`: GCN's narrow projection rarely pays for the cast).
+        """
         density = self.input_density.measure(h_src)
+        h_src = layer_input(h_src, self.lin.weight)
         if linear_layer_order("gcn", block, h_src, self.out_features, density, self_loops=True) == PROJECT_FIRST:
             return gcn_aggregate(block, sparse_aware_linear(h_src, self.lin.weight, None, density))
-        return self.lin(gcn_aggregate(block, h_src))
+        return project(gcn_aggregate(block, h_src), self.lin.weight)
 
 
 class GCN(BlockModel):

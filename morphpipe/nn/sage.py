@@ -6,6 +6,7 @@ from torch.nn import functional as F
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
 from morphpipe.ops import aggregate
+from morphpipe.ops.autocast_input import layer_input, project
 from morphpipe.ops.prefix_split import split_prefix
 from morphpipe.ops.reassociate import PROJECT_FIRST, linear_layer_order
 from morphpipe.ops.sage_projection import sage_projection
@@ -61,12 +62,13 @@ class SAGEConv(nn.Module):
         """The output before the bias is added (models fuse the bias into the activation that follows).
 
         With the step's fused projection on and a dense self projection, the two projections run as
-        one step (`morphpipe.ops.sage_projection`), else as two linears and an add. The destinations' own rows
+        one step (`morphpipe.ops.sage_projection`), else as two linears and an add. Under autocast a float32 input is cast
+        once for the whole layer or read as stored (`morphpipe.ops.autocast_input`). The destinations' own rows
         are split off the sources by `split_prefix`, so their gradient meets the neighbours' without a full-size
         zero fill.
         """
         density = self.input_density.measure(h_src)
-        h_src, h_dst = split_prefix(h_src, block.num_dst)
+        h_src, h_dst = split_prefix(layer_input(h_src, self.lin_neigh.weight), block.num_dst)
         project_first = linear_layer_order("sage", block, h_src, self.out_features, density,
                                            self_loops=False) == PROJECT_FIRST
         fused = current_step_variant().fused_projection and transform_choice(h_dst, self.out_features,
@@ -79,7 +81,7 @@ class SAGEConv(nn.Module):
             mean = aggregate(block, h_src, "mean")
             if fused:
                 return sage_projection(mean, h_dst, self.lin_neigh.weight, self.lin_self.weight)
-            neigh = F.linear(mean, self.lin_neigh.weight)
+            neigh = project(mean, self.lin_neigh.weight)
         return neigh + sparse_aware_linear(h_dst, self.lin_self.weight, None, density)
 
 

@@ -45,6 +45,8 @@ DECISIONS: dict[str, tuple[str, ...]] = {
     "hetero.relations": ("per_relation", "stacked"),
     # Morphling: first-layer transform from measured input density
     "input.transform": ("dense", "sparse"),
+    # bf16 autocast: a layer's float32 input cast once for the layer vs read as stored, projected in float32 (timed)
+    "autocast.input": ("cast", "as_stored"),
 }
 
 Signature = tuple[object, ...]

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from morphpipe.ops import choice
+from morphpipe.ops.autocast_input import narrower_autocast_dtype
 from morphpipe.ops.cost_model import current_calibration
 
 
@@ -30,9 +31,14 @@ def sage_projection(neigh: Tensor, h_dst: Tensor, w_neigh: Tensor, w_self: Tenso
     self projection accumulates into it.
     """
     if torch.is_autocast_enabled(h_dst.device.type):  # in-place addmm_ is not autocast: cast the operands here
-        dtype = torch.get_autocast_dtype(h_dst.device.type)
+        stored = narrower_autocast_dtype(h_dst)
+        # The layer's input left as stored (`morphpipe.ops.autocast_input`): project in its precision, cast the output.
+        dtype = h_dst.dtype if stored is not None else torch.get_autocast_dtype(h_dst.device.type)
         neigh, h_dst, w_neigh, w_self = (tensor.to(dtype) for tensor in (neigh, h_dst, w_neigh, w_self))
         base = None if base is None else base.to(dtype)
+        if stored is not None:
+            with torch.autocast(h_dst.device.type, enabled=False):
+                return sage_projection(neigh, h_dst, w_neigh, w_self, base).to(stored)
     if base is not None:
         return base.addmm_(h_dst, w_self.t())
     rows, in_features, out_features = h_dst.shape[0], h_dst.shape[1], w_self.shape[0]

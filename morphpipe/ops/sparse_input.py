@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.nn.functional as F
 from torch import Tensor
 
 from morphpipe.ops import choice
+from morphpipe.ops.autocast_input import project
 from morphpipe.ops.cost_model import current_calibration
 from morphpipe.ops.dense_to_csr import dense_to_csr
 from morphpipe.ops.fused import WeightedSum, unavailable
@@ -71,4 +71,4 @@ def sparse_aware_linear(x: Tensor, weight: Tensor, bias: Tensor | None, density:
     """`F.linear(x, weight, bias)`, as sparse-times-dense when `density` makes that cheaper on this machine."""
     if transform_choice(x, weight.shape[0], density) == "sparse":
         return _sparse_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return project(x, weight, bias)

@@ -60,6 +60,19 @@ def test_bf16_gat_trains_in_either_layer_order(tiny, batch, order):
     assert 0 < max(errors) <= GRADIENT_BOUND["gat"], errors
 
 
+@pytest.mark.parametrize("model_name", ["gcn", "sage"])
+@pytest.mark.parametrize("layer_input", ["cast", "as_stored"])
+@pytest.mark.parametrize("order", ["aggregate_first", "project_first"])
+def test_bf16_gcn_and_sage_train_with_their_input_cast_once_or_as_stored(tiny, batch, model_name, layer_input, order):
+    # `autocast.input` is timed per machine: the float32 features cast once for the first layer, or projected in
+    # float32 as stored (then only the projection's output is in bfloat16), in either layer order.
+    with force_choices({"autocast.input": layer_input, f"{model_name}.order": order}):
+        reference, _ = gradients(model_name, tiny, batch, "float32")
+        got, _ = gradients(model_name, tiny, batch, "bf16")
+    errors = [float((b - a).norm() / a.norm()) for a, b in zip(reference, got) if a.norm() > 0]
+    assert 0 < max(errors) <= GRADIENT_BOUND[model_name], errors
+
+
 def test_half_features_enter_a_bf16_step_as_stored(tiny):
     model = build_model("sage", tiny.feature_dim, tiny.num_classes)
     step = TrainStep(model, make_optimizer(model.parameters(), 1e-3, "cpu"), precision="bf16")
