@@ -229,22 +229,6 @@ def test_batcher_on_a_memory_mapped_preset():
         check_batch(graph, batch, fanouts)
 
 
-def test_the_dense_relabelling_stamp_wraps_without_stale_entries(graph):
-    """The dense relabelling array is cleared per batch by an 8-bit generation stamp and wiped when it wraps (every
-    255 batches of one thread): 500 one-seed batches on one thread pass it and stay valid, and equal the same epoch
-    built by 3 threads (whose stamps wrap at other batches)."""
-    seeds = torch.arange(graph.num_nodes)
-    with CpuBatcher(graph, FANOUTS, batch_size=1, num_threads=1, seeds=seeds, seed=5) as batcher:
-        one_thread = list(batcher)
-    with CpuBatcher(graph, FANOUTS, batch_size=1, num_threads=3, seeds=seeds, seed=5) as batcher:
-        three_threads = list(batcher)
-    assert len(one_thread) == len(three_threads) == graph.num_nodes > 255
-    for a, b in zip(one_thread, three_threads):
-        check_batch(graph, a, FANOUTS)
-        assert torch.equal(a.input_nodes, b.input_nodes)
-        assert all(torch.equal(x.indices, y.indices) for x, y in zip(a.blocks, b.blocks))
-
-
 def test_graphs_past_the_dense_relabelling_limit_give_the_same_batches():
     """The sampler relabels through a dense per-node array up to 2**24 nodes and through a hash map beyond: the same
     edges padded with isolated nodes past that limit must give the same batch, node for node."""
