@@ -3,7 +3,8 @@
 Default graph: the `bench-1m` preset (power law, 1M nodes, average degree 20, 128 float16
 features); fanouts 15,10,5; batch 1024. Prints a table and writes JSON. Not a test. Each row's feature rows
 gathered per second is shown as a share of the random row-gather ceiling of the features' row size measured here
-with all threads (`morphpipe.profiler.ceiling`).
+with all threads (`morphpipe.profiler.ceiling`). Our rows also give the CPU time spent per batch (all threads), the
+figure to compare on a loaded machine.
 DGL's side (`--dgl-python`, skipped with `--no-dgl`) runs as a subprocess of DGL's own interpreter on the same
 graph directory's .npy arrays and the same seeds: `NeighborSampler` (single-process `DataLoader`, OMP and torch
 threads = `--max-threads`) plus the feature and label gather of each batch. DGL is never imported here.
@@ -173,7 +174,7 @@ def main() -> None:
     print(f"ceiling ({args.max_threads} threads): random {row_bytes}-byte row gather "
           f"{gather_ceiling / 1e6:.1f} M rows/s, copy {ceiling.copy_gb_per_s:.1f} GB/s (morphpipe.profiler.ceiling)")
     print(f"{'sampler':<22}{'batches/s':>11}{'Medges/s':>10}{'GB/s feat':>11}{'Mrows/s':>9}{'of ceil':>9}"
-          f"{'vs ref':>8}{'vs 1 thr':>10}{'vs DGL':>8}")
+          f"{'vs ref':>8}{'vs 1 thr':>10}{'vs DGL':>8}{'CPU ms/batch':>14}")
     reference_rows = reference.input_nodes_per_batch * reference.batches_per_s
     print(f"{'pytorch reference, 1':<22}{reference.batches_per_s:>11.2f}{reference.edges_per_s / 1e6:>10.2f}"
           f"{reference.feature_bytes_per_s / 1e9:>11.3f}{reference_rows / 1e6:>9.2f}"
@@ -189,7 +190,8 @@ def main() -> None:
               f"{row['edges_per_s'] / 1e6:>10.2f}{row['feature_bytes_per_s'] / 1e9:>11.3f}"
               f"{row['rows_per_s'] / 1e6:>9.2f}{share(row['rows_per_s'], gather_ceiling):>9}"
               f"{row['speedup_vs_reference_1_thread']:>8.2f}{row['scaling_vs_1_thread']:>10.2f}"
-              + (f"{row['speedup_vs_dgl']:>8.2f}" if dgl is not None else f"{'-':>8}"))
+              + (f"{row['speedup_vs_dgl']:>8.2f}" if dgl is not None else f"{'-':>8}")
+              + f"{row['cpu_seconds_per_batch'] * 1e3:>14.1f}")
     report = {
         "date": date.today().isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": usable_cores(),

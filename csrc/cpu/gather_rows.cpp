@@ -15,7 +15,7 @@ void gather_rows_into(const at::Tensor& source, const int64_t* rows, int64_t cou
   const int64_t row_bytes = source.size(1) * source.element_size();
   const char* src = static_cast<const char*>(source.data_ptr());
   char* dst = static_cast<char*>(out.data_ptr());
-  constexpr int64_t kPrefetchDistance = 8;
+  constexpr int64_t kPrefetchDistance = 16;  // rows ahead: each a miss to memory (8 measured ~10% slower)
   for (int64_t i = 0; i < count; ++i) {
     if (i + kPrefetchDistance < count) {
       const char* ahead = src + rows[i + kPrefetchDistance] * row_bytes;

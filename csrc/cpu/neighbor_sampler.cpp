@@ -42,11 +42,16 @@ void NeighborSampler::allowed_offsets(const index_t* neighbours, int64_t degree,
 template <typename index_t, typename Map>
 void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
                                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices) {
-  // Pass 1: how many neighbours each destination takes. indptr reads are random, so they
-  // are prefetched a few destinations ahead; the list starts are kept for pass 2.
+  // Three passes, each a stream of independent random reads that is prefetched ahead of its use: the
+  // destinations' indptr entries, their neighbour lists, then the relabelling map's slots of the picked
+  // neighbours. The random choices (pass 2, in destination order) and the order of the map inserts (pass 3,
+  // in edge order) are those of one fused loop, so the batch is the same.
   constexpr int64_t kIndptrPrefetch = 16;
-  constexpr int64_t kListPrefetch = 4;
+  constexpr int64_t kListPrefetch = 16;
+  constexpr int64_t kSlotPrefetch = 32;
+  // Pass 1: how many neighbours each destination takes; list starts and degrees are kept for pass 2.
   begins_.resize(num_dst);
+  degrees_.resize(num_dst);
   out_indptr[0] = 0;
   for (int64_t dst = 0; dst < num_dst; ++dst) {
     if (dst + kIndptrPrefetch < num_dst) __builtin_prefetch(indptr_data_ + nodes_[dst + kIndptrPrefetch]);
@@ -59,35 +64,35 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
                 " has the neighbour range indptr[", node, "..", node + 1, "] = [", begin, ", ", end,
                 "), which is not inside [0, ", num_edges_, "] and non-decreasing; fix: rebuild the CSC with "
                 "build_csc(src, dst, num_nodes), and validate the graph with GraphStore.validate()");
+    begins_[dst] = begin;
+    degrees_[dst] = end - begin;
     int64_t degree = end - begin;
     if (dst < static_cast<int64_t>(filtered_.size()) && filtered_[dst]) {
       allowed_offsets(indices + begin, degree, node);
       degree = static_cast<int64_t>(allowed_.size());
     }
     const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
-    begins_[dst] = begin;
     out_indptr[dst + 1] = out_indptr[dst] + taken;
   }
-  TORCH_CHECK(static_cast<int64_t>(nodes_.size()) + out_indptr[num_dst] < INT32_MAX,
+  const int64_t num_edges = out_indptr[num_dst];
+  TORCH_CHECK(static_cast<int64_t>(nodes_.size()) + num_edges < INT32_MAX,
               "one batch would hold more than 2^31 nodes; use a smaller batch_size or smaller fanouts");
-  out_indices = pool.empty({out_indptr[num_dst]}, at::kLong);
+  out_indices = pool.empty({num_edges}, at::kLong);
   int64_t* out = out_indices.data_ptr<int64_t>();
-  // Pass 2: sample and relabel, prefetching the neighbour lists a few destinations ahead.
+  // Pass 2: pick each destination's neighbours, as global ids, into `out`.
   for (int64_t dst = 0; dst < num_dst; ++dst) {
     if (dst + kListPrefetch < num_dst) __builtin_prefetch(indices + begins_[dst + kListPrefetch]);
     const int64_t begin = begins_[dst];
-    const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
-    const int64_t degree = indptr_data_[nodes_[dst] + 1] - begin;  // checked in pass 1
+    const int64_t degree = degrees_[dst];
     const index_t* neighbours = indices + begin;
+    int64_t* picked = out + out_indptr[dst];
+    const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
     auto emit = [&](int64_t neighbour) {
       TORCH_CHECK(neighbour >= 0 && neighbour < num_nodes_, "graph topology: indices[", begin,
                   "..] holds node id ", neighbour, " outside [0, ", num_nodes_,
                   "); validate the graph (GraphStore.validate) before sampling");
-      bool inserted;
-      *out++ = map.insert(neighbour, static_cast<int64_t>(nodes_.size()), inserted);
-      if (inserted) nodes_.push_back(neighbour);
+      *picked++ = neighbour;
     };
-    // Map slots are random accesses too: request them all before the first insert.
     if (dst < static_cast<int64_t>(filtered_.size()) && filtered_[dst]) {
       allowed_offsets(neighbours, degree, nodes_[dst]);
       const int64_t allowed = static_cast<int64_t>(allowed_.size());
@@ -98,13 +103,19 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
         for (const int64_t pick : chosen_) emit(neighbours[allowed_[pick]]);
       }
     } else if (taken == degree) {
-      for (int64_t offset = 0; offset < degree; ++offset) map.prefetch(neighbours[offset]);
       for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
     } else {
       choose_offsets(degree, taken, rng, chosen_, shuffle_);
-      for (const int64_t offset : chosen_) map.prefetch(neighbours[offset]);
       for (const int64_t offset : chosen_) emit(neighbours[offset]);
     }
+  }
+  // Pass 3: relabel in edge order (a node's local id is its order of first appearance).
+  for (int64_t edge = 0; edge < num_edges; ++edge) {
+    if (edge + kSlotPrefetch < num_edges) map.prefetch(out[edge + kSlotPrefetch]);
+    const int64_t neighbour = out[edge];
+    bool inserted;
+    out[edge] = map.insert(neighbour, static_cast<int64_t>(nodes_.size()), inserted);
+    if (inserted) nodes_.push_back(neighbour);
   }
 }
 

@@ -89,6 +89,7 @@ class NeighborSampler {
   std::vector<int64_t> chosen_;   // offsets picked for the current destination
   std::vector<int64_t> shuffle_;  // partial Fisher-Yates scratch for large fanouts
   std::vector<int64_t> begins_;   // start of each destination's neighbour list, this hop
+  std::vector<int64_t> degrees_;  // length of each destination's neighbour list, this hop
   const EdgeExclusion* exclusion_ = nullptr;  // this batch's excluded edges, or null
   std::vector<uint8_t> filtered_;  // per seed (local id): some excluded edge ends there
   std::vector<int64_t> allowed_;   // offsets left after exclusion, for the current destination
