@@ -5,6 +5,7 @@ batches), and the store's read rate and CPU time per read at several I/O thread 
 CPU time their reads take for any cache size and I/O thread count (scheduler/planning.py chooses both)."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -56,6 +57,8 @@ class DiskReadFacts:
 
 # The I/O thread counts the profiler times the store's reads at (besides the store's own): its queue depth is one more.
 IO_THREAD_COUNTS = (1, 4, 12, 24, 48, 96)
+# Rows per timed gather when the I/O thread counts are timed: a slow count stops within one such gather of its time.
+IO_TIMING_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -416,25 +419,28 @@ def read_rates_by_io_threads(store, hotness: torch.Tensor, gathered: Sequence[to
                              cache_rows: Sequence[int], seconds: float) -> tuple[IoThreadsRate, ...]:
     """The read rate and CPU time per pread of cache-less twins of FeatureStore `store` with each of
     IO_THREAD_COUNTS and its own I/O threads, reading the misses `gathered` batches leave in the largest cache of
-    `cache_rows` that leaves MIN_TIMED_READS of them (else no cache), for about `seconds` in all (a pass over the
-    batches each at least). CPU time is the process's (every thread's) while reading. Empty when no count timed
-    MIN_TIMED_READS reads. Meant for O_DIRECT stores, as read_rates_by_cache_size."""
+    `cache_rows` that leaves MIN_TIMED_READS of them (else no cache), for about `seconds` in all: in gathers of
+    IO_TIMING_ROWS rows, each count until its share of the time is spent and MIN_TIMED_READS reads were timed (a
+    pass over every batch's misses took minutes at papers100M scale with one I/O thread). CPU time is the
+    process's (every thread's) while reading. Empty when no count timed MIN_TIMED_READS reads. Meant for O_DIRECT
+    stores, as read_rates_by_cache_size."""
     rank = hotness_rank(hotness)
     misses: list[torch.Tensor] = []
     for k in sorted(cache_rows, reverse=True):
         misses = [left for ids in gathered if (left := ids[rank[ids] >= k]).numel()]
         if sum(store.count_reads(ids)[0] for ids in misses) >= MIN_TIMED_READS or k == 0:
             break
+    chunks = [part for ids in misses for part in ids.split(IO_TIMING_ROWS)]
     points = []
     counts = sorted({*IO_THREAD_COUNTS, store.io_threads})
     for count in counts:
         probe = FeatureStore(store.path, store.dtype_name, io_threads=count, direct=store.direct,
                              reader=store.reader)
         cpu_began, began = time.process_time(), time.perf_counter()
-        while True:
-            for ids in misses:
-                probe.gather(ids)
-            if time.perf_counter() - began >= seconds / len(counts) or not misses:
+        for ids in itertools.cycle(chunks) if chunks else ():
+            probe.gather(ids)
+            if (time.perf_counter() - began >= seconds / len(counts)
+                    and probe.counters().reads >= MIN_TIMED_READS) or time.perf_counter() - began >= 2 * seconds:
                 break
         cpu = time.process_time() - cpu_began
         counted = probe.counters()

@@ -130,3 +130,32 @@ def test_the_stores_reads_are_timed_at_each_io_thread_count(tmp_path):
     curve = read_rates_by_io_threads(store, hotness, gathered, [0, 100, 2000], seconds=0.05)
     assert [point.io_threads for point in curve] == sorted({*IO_THREAD_COUNTS, 3})
     assert all(point.reads_per_s > 0 and point.cpu_s_per_read > 0 for point in curve)
+
+
+def test_each_io_thread_count_stops_within_one_gather_of_its_time(tmp_path, monkeypatch):
+    """Timing the I/O thread counts does not read every batch's misses at each count (minutes at papers100M scale
+    with one I/O thread): a count that has spent its share of the time, with MIN_TIMED_READS reads, stops."""
+    import numpy as np
+
+    from morphpipe.data.feature_store import FeatureStore
+    from morphpipe.profiler import disk
+
+    path = tmp_path / "features.npy"
+    np.save(path, np.zeros((40_000, 256), dtype=np.float16))  # rows of 512 B
+    store = FeatureStore(path, io_threads=2)
+    if not store.direct:
+        pytest.skip("this filesystem refuses O_DIRECT: the I/O thread counts are not timed through the page cache")
+    gathered_rows = []
+
+    class CountingStore(FeatureStore):
+        def gather(self, ids):
+            gathered_rows.append((self.io_threads, ids.numel()))
+            return super().gather(ids)
+
+    monkeypatch.setattr(disk, "FeatureStore", CountingStore)
+    monkeypatch.setattr(disk, "IO_TIMING_ROWS", 1000)
+    gathered = [torch.randperm(40_000, generator=torch.Generator().manual_seed(seed))[:8000] for seed in range(4)]
+    curve = disk.read_rates_by_io_threads(store, torch.zeros(40_000), gathered, [0], seconds=1e-6)
+    assert len(curve) == len(disk.IO_THREAD_COUNTS) + 1  # and the store's own 2
+    for point in curve:  # one gather of 1000 rows (about 1000 reads, over MIN_TIMED_READS) each, not 32,000 rows
+        assert [rows for threads, rows in gathered_rows if threads == point.io_threads] == [1000]
