@@ -52,7 +52,8 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--model", default="sage")
     parser.add_argument("--memory-budget-gib", type=float, default=0.2,
-                        help="memory the run's data may hold: topology, labels, splits and the cache (default 0.2)")
+                        help="memory the run may hold: topology, labels, splits, the batches in flight, a training "
+                             "step's peak and the cache (default 0.2)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per profiler measurement")
     parser.add_argument("--also-io-threads", default="",
                         help="also train the plan made at the chosen cache with these I/O threads, e.g. 1,4")
