@@ -7,6 +7,7 @@ import argparse
 from morphpipe.data.summary import array_tiers
 from morphpipe.numeric import format_bytes
 from morphpipe.profiler.disk import cache_budget, default_memory_budget, features_fit, resident_bytes
+from morphpipe.scheduler.plan import count_of
 
 
 def place_features(graph, args: argparse.Namespace) -> None:
@@ -42,7 +43,7 @@ def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
     print(f"features on disk: {store.num_cached:,} hottest rows ({format_bytes(store.cache_bytes)}) cached in RAM, "
           + ("as you fixed" if args.feature_cache_mb is not None else
              f"as planned (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
-          + f"; {store.io_threads} I/O threads" + (", as planned" if io_threads is not None else ""))
+          + f"; {count_of(store.io_threads, 'I/O thread')}" + (", as planned" if io_threads is not None else ""))
 
 
 def describe_tiers(graph, plan) -> str:
@@ -51,7 +52,8 @@ def describe_tiers(graph, plan) -> str:
         return "tiers: every array in RAM or memory-mapped (the feature store reads homogeneous graphs only)"
     tiers = array_tiers(graph)
     if plan.tiering is not None:
-        reads = "" if plan.tiering.io_threads is None else f", read by {plan.tiering.io_threads} I/O threads"
+        threads = plan.tiering.io_threads
+        reads = "" if threads is None else f", read by {count_of(threads, 'I/O thread')}"
         tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows cached "
                              f"in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%}){reads}")
     return "tiers: " + "; ".join(f"{name} {tier}" for name, tier in tiers.items())

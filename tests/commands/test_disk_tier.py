@@ -7,6 +7,7 @@ from morphpipe.data import GeneratorSpec, generate, load_dataset
 from morphpipe.profiler.disk import resident_bytes
 from morphpipe.scheduler import Plan
 from morphpipe.scheduler.plan import count_of
+from morphpipe.scheduler.plan import count_of
 
 
 def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(tmp_path, capsys):
@@ -32,7 +33,7 @@ def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(
     assert f"features on disk: {plan.tiering.cache_bytes // 256:,} hottest rows" in out and "as planned" in out
     assert "features on disk behind a host cache" in out
     if plan.tiering.io_threads is not None:  # timed at several I/O thread counts (O_DIRECT reads): the plan's applied
-        assert f"{plan.tiering.io_threads} I/O threads, as planned" in out
+        assert f"{count_of(plan.tiering.io_threads, 'I/O thread')}, as planned" in out
         assert f"read by {count_of(plan.tiering.io_threads, 'I/O thread')}" in out
     assert "test accuracy" in out
 
