@@ -7,7 +7,6 @@ from morphpipe.data import GeneratorSpec, generate, load_dataset
 from morphpipe.profiler.disk import resident_bytes
 from morphpipe.scheduler import Plan
 from morphpipe.scheduler.plan import count_of
-from morphpipe.scheduler.plan import count_of
 
 
 def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(tmp_path, capsys):
