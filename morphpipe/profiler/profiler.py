@@ -202,10 +202,11 @@ class Profiler:
                 bar.set_postfix_str(f"{phase} on {hardware}")
                 with self.rows_cached(gathered if phase == "cpu_batching" else []):
                     timings[phase] = OPERATORS[(phase, hardware)](session)
+            batch_bytes = int(sum(b.nbytes for b in session.sample_batches) / len(session.sample_batches))
             disk = None
             if store is not None:
                 bar.set_postfix_str("training's memory")
-                working = self.working_bytes(session)
+                working = self.working_bytes(session, batch_bytes)
                 bar.set_postfix_str("disk reads")
                 disk = measure_disk_profile(store, gathered, self.graph.in_degrees(),
                                             cache_budget(self.graph, self.memory_budget, working), self.disk_seconds,
@@ -219,14 +220,14 @@ class Profiler:
                     "--memory-budget, or lower --gbs or --batch-size)"
                     if self.memory_budget is not None and self.memory_budget < needed else "")
             self.log(f"profiling: training holds {format_bytes(working)} in RAM beside the graph's "
-                     f"{format_bytes(resident_bytes(self.graph))} (batches in flight and a step's peak): a feature "
+                     f"{format_bytes(needed - working)} (batches in flight and a step's peak): a feature "
                      f"cache may take {format_bytes(disk.cache_budget_bytes)} of the memory budget{over}")
         num_seeds = len(self.task.seeds(self.graph))
         return Profile(
             hardware=self.hardware,
             device=self.device,
             num_batches=math.ceil(num_seeds / self.batch_size),
-            batch_bytes=int(sum(b.nbytes for b in session.sample_batches) / len(session.sample_batches)),
+            batch_bytes=batch_bytes,
             cpu_batching=timings["cpu_batching"],
             gpu_batching=timings.get("gpu_batching"),
             dma=timings.get("dma"),
@@ -264,12 +265,11 @@ class Profiler:
         return chosen, (f"precision {chosen} (auto: {hardware}; a training step takes "
                         + ", ".join(f"{seconds[p] * 1e3:.0f} ms in {p}" for p in PRECISIONS) + ")")
 
-    def working_bytes(self, session: ProfilingSession) -> int:
+    def working_bytes(self, session: ProfilingSession, batch_bytes: int) -> int:
         """Host RAM training takes beside the graph and the feature cache, which the memory budget must hold too:
-        the batches in flight (a plan's buffer of `buffer_batches`, one in training, one being built) at the
-        sampled batches' mean size, and the peak a CPU training step adds (its activations, gradients and optimizer
+        the batches in flight (a plan's buffer of `buffer_batches`, one in training, one being built) of
+        `batch_bytes` (the sampled batches' mean size), and the peak a CPU training step adds (its activations, gradients and optimizer
         state, sampled over two steps of the model training will build)."""
-        batch_bytes = sum(batch.nbytes for batch in session.sample_batches) / len(session.sample_batches)
         step_bytes = 0
         if self.device == "cpu":
             step = session.new_train_step(torch.device("cpu"))
@@ -278,7 +278,7 @@ class Profiler:
                 for _ in range(2):
                     step(next(batches))
             step_bytes = peak.growth("anon")
-        return int(batch_bytes * (self.buffer_batches + 2)) + step_bytes
+        return batch_bytes * (self.buffer_batches + 2) + step_bytes
 
     @contextmanager
     def rows_cached(self, gathered: list[torch.Tensor]) -> Iterator[None]:
