@@ -119,7 +119,13 @@ class FeatureStore {
   int64_t num_cached_ = 0;
   at::Tensor cache_;               // uint8 [num_cached * row_bytes]
   std::vector<int32_t> slot_of_;  // row -> slot in cache_, -1 when not cached; empty without a cache
-  IoThreadPool pool_;  // no threads with io_uring
+  // The pread pool of the process that made it (no threads with io_uring). A forked child has none of its parent's
+  // pool threads, and one of them may have held the pool's lock at the fork: `pool()` leaves that pool untouched in
+  // the child (never destroyed: its threads are not the child's) and starts the child's own.
+  IoThreadPool& pool();
+  std::unique_ptr<IoThreadPool> pool_;
+  std::atomic<pid_t> pool_owner_;
+  std::mutex new_pool_mutex_;  // taken only in a forked child's first gathers, never in the process that made pool_
   // Rings not lent to a gather now (io_uring only); a gather takes one, or opens one when none is idle.
   struct Ring;
   std::mutex rings_mutex_;

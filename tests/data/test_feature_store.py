@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -417,11 +419,27 @@ def test_a_forked_child_reads_through_rings_of_its_own(tmp_path, reader):
     ids = torch.randperm(20_000, generator=torch.Generator().manual_seed(5))[:3000]
     assert_same_bits(store.gather(ids), features[ids])  # the parent's ring (or pool) is open before the fork
     expected = features[ids].view(torch.int16).numpy().tobytes()
-    pid = os.fork()
-    if pid == 0:  # the child gathers while the parent does too; each must get its own rows (no torch op after fork)
-        same = all(store.gather(ids).view(torch.int16).numpy().tobytes() == expected for _ in range(3))
-        os._exit(0 if same else 1)
-    for _ in range(3):
-        assert_same_bits(store.gather(ids), features[ids])
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    # Forks right after a gather, 20 times: a pool thread still holding the pool's lock at the fork left the child
+    # waiting for ever (the parent's pool is not the child's; it starts its own).
+    for _ in range(20):
+        store.gather(ids)
+        pid = os.fork()
+        if pid == 0:  # the child gathers while the parent does too; each must get its own rows (no torch op after fork)
+            same = all(store.gather(ids).view(torch.int16).numpy().tobytes() == expected for _ in range(3))
+            os._exit(0 if same else 1)
+        for _ in range(3):
+            assert_same_bits(store.gather(ids), features[ids])
+        assert child_exit_code(pid, timeout_s=60) == 0
+
+
+def child_exit_code(pid: int, timeout_s: float) -> int:
+    """The forked child's exit code; a child still running after `timeout_s` is killed and the test fails."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child was still gathering after {timeout_s} s (deadlocked)")
