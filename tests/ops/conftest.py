@@ -40,10 +40,15 @@ def tie_free(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tenso
 
     At exact ties the fused max routes the gradient to the first edge attaining it, the reference
     splits it evenly (and, at a max of exactly 0, also with its zero initial value); both are
-    subgradients, so the comparison avoids ties and zeros.
+    subgradients, so the comparison avoids ties and zeros. The values are spread evenly over the
+    binades of [2^-16, 1] and both signs: bfloat16 has 4,098 distinct ones there (a grid over
+    [-1, 1] gave it only 2,695, fewer than a sampled block's sources).
     """
-    candidates = torch.linspace(-4096, 4096, 200_001, dtype=F64).to(dtype).unique().to(F64) / 4096
-    candidates = candidates[candidates != 0]
+    magnitudes = torch.logspace(-16, 0, 400_001, base=2, dtype=F64).to(dtype).unique().to(F64)
+    candidates = torch.cat([-magnitudes, magnitudes])
+    if rows > candidates.numel():
+        raise ValueError(f"{dtype} has only {candidates.numel()} distinct values in +-[2^-16, 1], fewer than "
+                         f"rows={rows}")
     generator = torch.Generator().manual_seed(seed)
     keys = torch.rand(cols, candidates.numel(), generator=generator)
     return candidates[keys.argsort(dim=1)[:, :rows]].t().contiguous()

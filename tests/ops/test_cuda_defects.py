@@ -92,10 +92,17 @@ def test_a_shared_registration_is_undone_by_its_last_user_only():
 
 
 @pytest.fixture
-def cuda_toolchain(monkeypatch):
-    """build_config() as on a machine whose torch and nvcc can build the CUDA kernels."""
-    monkeypatch.setattr(native, "_cuda_toolchain_problem", lambda: None)
+def from_sources(monkeypatch, tmp_path):
+    """build_config() choosing the just-in-time build, also where a prebuilt module sits in the package."""
+    monkeypatch.setattr(native, "PREBUILT_INFO", tmp_path / "no_prebuilt_module.json")
     return monkeypatch
+
+
+@pytest.fixture
+def cuda_toolchain(from_sources):
+    """build_config() as on a machine whose torch and nvcc can build the CUDA kernels."""
+    from_sources.setattr(native, "_cuda_toolchain_problem", lambda: None)
+    return from_sources
 
 
 def test_build_directory_depends_on_the_cuda_arch_list(cuda_toolchain):
@@ -121,9 +128,9 @@ def test_build_directory_follows_the_visible_devices_without_an_arch_list(cuda_t
     assert dirs["hopper"].build_dir != dirs["mixed"].build_dir
 
 
-def test_cpu_build_directory_has_no_arch_part(monkeypatch):
-    monkeypatch.setattr(native, "_cuda_toolchain_problem", lambda: "no nvcc")
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+def test_cpu_build_directory_has_no_arch_part(from_sources):
+    from_sources.setattr(native, "_cuda_toolchain_problem", lambda: "no nvcc")
+    from_sources.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     config = native.build_config()
     assert config.cuda_arch_list is None and config.build_dir.name.endswith("-cpu")
 

@@ -198,6 +198,7 @@ def test_a_failed_native_build_is_not_retried_on_every_call(monkeypatch, tmp_pat
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_failure", None)
     monkeypatch.setenv("MORPHPIPE_BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "PREBUILT_INFO", tmp_path / "no_prebuilt_module.json")  # the just-in-time path
     monkeypatch.setattr(cpp_extension, "load", failing_load)
     for _ in range(3):
         with pytest.raises(native.NativeBuildError, match="no compiler"):
