@@ -15,10 +15,8 @@ all-GPU, a planned split, a third on the CPU):
 
 Sleeps on a loaded machine run late, which stretches the whole epoch; none of these checks is
 about absolute times, and the last only about gaps of several milliseconds. A run is only as faithful
-as its clock: a run in which some sleep woke more than `WAKE_LIMIT_S` late (other processes held both
-cores) is run again, up to `ATTEMPTS` times, and the case is skipped, saying so, if no run was faithful.
-Measured under load 16 with three busy loops beside it: every failing run had a sleep wake 20-35 ms late,
-while faithful runs wake at most one 4 ms scheduler tick late.
+as its clock: a run in which some sleep woke late (other processes held both cores) is run again, and
+the case is skipped, saying so, if no run was faithful (`virtual_time.py`).
 """
 from __future__ import annotations
 
@@ -28,10 +26,10 @@ from bisect import bisect_left
 import pytest
 
 from morphpipe.executor.executor import EpochResult
-from morphpipe.executor.virtual import virtual_executor
 from morphpipe.partitioner import Partitioner, PhaseTimes, Split
 from morphpipe.scheduler import Scheduler, SimulationResult
 from morphpipe.scheduler.planning import converge
+from tests.executor.virtual_time import faithful_runs, virtual_epoch
 
 NUM_BATCHES = 24
 # T_CB per batch at P threads, P, T_M, T_GB, T_DMA (seconds); values off a common grid so that no two
@@ -47,9 +45,6 @@ NOISE_CV = 0.15
 # A DMA whose simulated start lies this close to a training start is not compared (a near tie).
 MARGIN_S = 0.004
 PLANS = ("all-cpu", "all-gpu", "planned", "third-on-cpu")
-# A run whose latest sleep woke more than this late is not compared (see the module docstring).
-WAKE_LIMIT_S = 0.010
-ATTEMPTS = 3
 
 
 def noisy(times: PhaseTimes) -> PhaseTimes:
@@ -66,18 +61,11 @@ def split_for(times: PhaseTimes, plan: str) -> Split:
 
 
 def run_both(times: PhaseTimes, split: Split) -> tuple[EpochResult, SimulationResult]:
-    """The executor's epoch on virtual devices (the first faithful one of `ATTEMPTS`) and the simulator's."""
+    """The executor's epoch on virtual devices (the first faithful one) and the simulator's."""
     scheduler = Scheduler(times, seed=1)
     predicted = scheduler.simulate(split, engine="simpy", trace=True)
-    late = []
-    for _ in range(ATTEMPTS):
-        executor, trainer = virtual_executor(times, split, scheduler.durations, batch_size=4, seed=3)
-        result = executor.run_epoch(0)
-        if trainer.machine.latest_wake_s <= WAKE_LIMIT_S:
-            return result, predicted
-        late.append(f"{trainer.machine.latest_wake_s * 1e3:.1f}")
-    pytest.skip(f"the machine is too loaded to keep virtual time: in {ATTEMPTS} runs a sleep woke {', '.join(late)} ms "
-                f"late (limit {WAKE_LIMIT_S * 1e3:.0f} ms)")
+    result, _ = next(faithful_runs(lambda: virtual_epoch(times, split, scheduler.durations, batch_size=4, seed=3)))
+    return result, predicted
 
 
 def simulated_order(predicted: SimulationResult) -> list[tuple[int, int]]:
