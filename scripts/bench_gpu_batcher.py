@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 from collections.abc import Iterator
 from datetime import date
 
@@ -67,6 +68,11 @@ def graph_bytes(graph) -> int:
     return sum(t.numel() * t.element_size() for t in (graph.indptr, graph.indices, graph.features))
 
 
+def progress(stage: str) -> None:
+    """Which stage runs now, on stderr: a slow or stuck stage shows where it is."""
+    print(f"bench_gpu_batcher: {stage} ...", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="bench-1m")
@@ -94,16 +100,19 @@ def main() -> None:
         raise SystemExit(f"--batches: {error}") from None
     device_name = torch.cuda.get_device_name()
 
+    progress(f"{args.dataset} loaded; pinned host-to-device copy bandwidth")
     copy_bps = h2d_bandwidth(args.copy_mib << 20, repeats=20)
     with HostPinning({"features": graph.features}) as pinned:
         count = min(args.gather_rows, graph.num_nodes)
         generator = torch.Generator().manual_seed(0)
+        progress("UVA gather bandwidth")
         random_rows = torch.randint(0, graph.num_nodes, (count,), generator=generator).cuda()
         consecutive_rows = torch.arange(count, device="cuda")
         uva = {"random_rows": gather_bandwidth(pinned["features"], random_rows, repeats=10),
                "consecutive_rows": gather_bandwidth(pinned["features"], consecutive_rows, repeats=10)}
     row_bytes = graph.features.shape[1] * graph.features.element_size()
 
+    progress(f"CPU batcher at 1..{args.max_threads} threads")
     cpu_rows = cpu_batcher_by_threads(graph, fanouts, args.batch_size, seeds, args.max_threads, pin_memory=True)
 
     total = graph_bytes(graph)
@@ -111,6 +120,7 @@ def main() -> None:
     for backend in args.backends.split(","):
         for fraction in (float(f) for f in args.cache_fractions.split(",")):
             budget = int(total * fraction)
+            progress(f"GPU batcher, {backend} backend, cache {fraction:.0%}")
             with GpuBatcher(graph, fanouts, args.batch_size, seeds=seeds, seed=0, cache_bytes=budget,
                             backend=backend) as batcher:
                 list(synchronized(iter(batcher)))

@@ -126,7 +126,7 @@ OTHER_PROGRAMS_FLAGS = {
     "--test": "scripts/setup_venv.sh", "--strict": "mkdocs build", "--no-build-isolation": "pip",
     "--no-deps": "pip", "--nproc-per-node": "torchrun", "--nnodes": "torchrun", "--rdzv-": "torchrun (--rdzv-*)",
     "--all": "scripts/mutation_check.py", "--list": "scripts/mutation_check.py", "--only": "scripts/mutation_check.py",
-    "--quick": "scripts/gpu_check.sh", "--phases": "scripts/bench_link.py",
+    "--quick": "scripts/gpu_check.sh", "--step-timeout": "scripts/gpu_check.sh", "--phases": "scripts/bench_link.py",
 }
 
 

@@ -32,10 +32,26 @@ def test_without_cuda_it_says_so_and_exits_non_zero(tmp_path):
 def test_steps_cover_tests_self_check_and_benchmarks(tmp_path):
     script = load_script()
     names = [name for name, _, _ in script.steps(tmp_path, quick=True)]
-    assert names == ["GPU tests", "Route 1 self-check", "bench_gpu_batcher.py", "bench_ops.py on CUDA",
-                     "bench_pipeline.py GPU part"]
+    assert names == ["GPU tests", "Route 1 self-check", "pinned memory probe", "bench_gpu_batcher.py",
+                     "bench_ops.py on CUDA", "bench_pipeline.py GPU part"]
     step = script.run_step("echo", [sys.executable, "-c", "print('VERDICT {\"kernels_ok\": true}')"], None, 60)
     assert step["status"] == "passed" and step["results"] == {"kernels_ok": True}
     report = {"date": "d", "machine": {"gpu": "none"}, "steps": [step]}
     text = script.markdown(report)
     assert "| echo | passed |" in text and '"kernels_ok": true' in text
+
+
+def test_a_step_out_of_time_reports_where_it_was(tmp_path):
+    """A hung step is stopped with its threads' stacks in the report, not as silence."""
+    script = load_script()
+    hang = "import time\ndef waiting_for_the_gpu():\n    time.sleep(60)\nprint('started', flush=True)\nwaiting_for_the_gpu()"
+    step = script.run_step("hang", [sys.executable, "-c", hang], None, 3)
+    assert step["status"] == "TIMED OUT" and step["seconds"] < 30
+    assert "started" in step["output_tail"] and "waiting_for_the_gpu" in step["output_tail"]
+
+
+def test_only_names_an_existing_step(tmp_path, capsys):
+    script = load_script()
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path / "report"), "--only", "bench_nothing"])
+    assert "names no step" in capsys.readouterr().err and not (tmp_path / "report").exists()
