@@ -3,7 +3,7 @@
 On a CUDA machine it runs, each in its own process with a time limit, and keeps going when one fails:
 1. the GPU tests (tests marked `cuda` skip elsewhere) plus the stream and self-check tests;
 2. the Route 1 self-check on the device (kernels vs torch path, fused vs reference ops), fresh;
-   then how long page-locking 1 MiB to 1 GiB of host memory takes (both ways the batchers pin);
+   then how long page-locking 1 MiB to 1 GiB of host memory (both ways) and copying it to the GPU take;
 3. scripts/bench_gpu_batcher.py (PCIe copy and UVA gather bandwidth, GPU vs CPU batcher, cache sweep);
 4. scripts/bench_ops.py on CUDA, where that script takes --device;
 5. the GPU part of scripts/bench_pipeline.py (all-CPU, all-GPU and adaptive plans measured).
@@ -45,9 +45,10 @@ print("VERDICT " + json.dumps(asdict(verdict)))
 """
 
 
-# Times page-locking host memory, size by size, printing each as it completes. On the first H200 lent here
-# (2026-11-26) both GPU benchmarks stalled for over 110 s at their first pinned allocation (256 MiB), in a
-# call that SIGABRT could not interrupt for 15 s; this step says how long pinning takes before they run.
+# Times page-locking host memory and copying it to the GPU, size by size, printing each as it completes. On the
+# first H200 lent here (2026-11-26) both GPU benchmarks stalled for over 110 s at their first pinned 256 MiB
+# allocation or its copy, in a call that SIGABRT could not interrupt for 15 s; this step tells which, and at
+# which size, before they run.
 PINNING_PROBE = """
 import time, torch
 from morphpipe.sampling.pinning import HostPinning
@@ -56,12 +57,19 @@ for mib in (1, 16, 64, 256, 1024):
     start = time.perf_counter()
     host = torch.empty(mib << 20, dtype=torch.uint8).pin_memory()
     pinned = time.perf_counter() - start
+    device = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    device.copy_(host)
+    torch.cuda.synchronize()
+    copied = time.perf_counter() - start
     plain = torch.ones(mib << 20, dtype=torch.uint8)
     start = time.perf_counter()
     with HostPinning({"plain": plain}):
         registered = time.perf_counter() - start
-    print(f"{mib:>5} MiB: pin_memory() {pinned * 1e3:9.1f} ms, cudaHostRegister {registered * 1e3:9.1f} ms", flush=True)
-    del host
+    print(f"{mib:>5} MiB: pin_memory() {pinned * 1e3:9.1f} ms, copy to the GPU {copied * 1e3:9.1f} ms "
+          f"({(mib << 20) / copied / 1e9:6.2f} GB/s), cudaHostRegister {registered * 1e3:9.1f} ms", flush=True)
+    del host, device
 """
 
 
