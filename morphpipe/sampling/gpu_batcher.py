@@ -2,7 +2,8 @@
 
 The graph store's topology, features and labels stay in host memory, page-locked in place
 (`HostPinning`), and the GPU reads them through unified virtual addressing (DUCATI,
-PyTorch-Direct), so graphs far larger than device memory are batched on the GPU; a dual cache
+PyTorch-Direct), so graphs far larger than device memory are batched on the GPU (features on disk
+are read through the host's feature store instead, `StoreRows`); a dual cache
 (`GpuCache`) keeps the hottest neighbour lists and feature rows in device memory. Two backends
 make the batches: "kernels" (our fused CUDA sampler and gather) and "torch" (the same algorithm
 in plain PyTorch ops over zero-copy views, `morphpipe.sampling.torch_sampler`, which also runs on
@@ -31,6 +32,7 @@ from morphpipe.sampling.epochs import batch_seeds, epoch_seed
 from morphpipe.sampling.gpu_cache import CacheConfig, CachePlan, GpuCache, batch_hotness, degree_hotness, plan_cache
 from morphpipe.sampling.minibatch import MiniBatch
 from morphpipe.sampling.pinning import HostPinning
+from morphpipe.sampling.store_rows import StoreRows
 from morphpipe.sampling.streams import CUDA_STREAMS, Handoff, StreamApi
 from morphpipe.sampling.zero_copy import cuda_view
 
@@ -129,23 +131,27 @@ class GpuBatcher(SeedBatcher):
         return self.streams.stream(self._stream) if self.streams is not None else contextlib.nullcontext()
 
     def _open(self) -> None:
-        """Pins the graph and fills the cache (planned at the first opening, after pre-sampling if asked)."""
+        """Pins the graph and fills the cache (planned at the first opening, after pre-sampling if asked). Features
+        on disk (the graph's feature store open) are not pinned: their rows come through the store."""
         graph = self.graph
-        parts = {name: getattr(graph, name) for name in GRAPH_PARTS}
+        store = getattr(graph, "feature_store", None)
+        names = [name for name in GRAPH_PARTS if not (name == "features" and store is not None)]
+        parts = {name: getattr(graph, name) for name in names}
         try:
             with self._on_device():
                 if self.device.type == "cuda":
                     self._pinned = HostPinning(parts, mode=self.pinning_mode)
-                    parts = {name: self._pinned[name] for name in GRAPH_PARTS}
+                    parts = {name: self._pinned[name] for name in names}
                 if self.backend == "torch" and self.device.type == "cuda":
                     parts = {name: cuda_view(tensor, self.device) for name, tensor in parts.items()}
-                self._graph = torch_sampler.GraphTensors(**parts)
+                # the cache copies its rows from the host tensor, or through the store
+                features = graph.features if store is None else StoreRows(store, self.device)
+                self._graph = torch_sampler.GraphTensors(**{**parts, "features": parts.get("features", features)})
                 with self._on_stream():
                     if self.cache_plan is None:
-                        self._cache = GpuCache(CachePlan.empty(), graph.indptr, graph.indices, graph.features,
-                                               self.device)
+                        self._cache = GpuCache(CachePlan.empty(), graph.indptr, graph.indices, features, self.device)
                         self.cache_plan = self._plan_cache()
-                    self._cache = GpuCache(self.cache_plan, graph.indptr, graph.indices, graph.features, self.device)
+                    self._cache = GpuCache(self.cache_plan, graph.indptr, graph.indices, features, self.device)
         except BaseException:
             self.close()
             raise
@@ -233,8 +239,11 @@ class GpuBatcher(SeedBatcher):
         input_nodes, indptrs, indices = self._ops.sample_neighbors_cached(
             graph.indptr, graph.indices, seeds, self.fanouts, sampling_seed,
             cache.adjacency_slot, cache.adjacency_indptr, cache.adjacency_indices)
-        # The sampler checked the seeds and produced input_nodes: skip the gathers' blocking bounds read-back.
-        x = self._ops.gather_rows_cached(graph.features, input_nodes, cache.feature_slot, cache.feature_rows, False)
+        if isinstance(graph.features, StoreRows):
+            x = torch_sampler.gather_rows(graph.features, input_nodes, cache.feature_slot, cache.feature_rows)
+        else:  # the sampler checked the seeds and produced input_nodes: skip the gather's blocking bounds read-back
+            x = self._ops.gather_rows_cached(graph.features, input_nodes, cache.feature_slot, cache.feature_rows,
+                                             False)
         no_cache = seeds.new_empty(0, dtype=torch.int32)
         y = self._ops.gather_rows_cached(graph.labels.view(-1, 1), seeds, no_cache, no_cache, False).view(-1)
         return MiniBatch(seeds=seeds, input_nodes=input_nodes,

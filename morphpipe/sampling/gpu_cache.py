@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from morphpipe.sampling.minibatch import MiniBatch
+from morphpipe.sampling.store_rows import StoreRows
 
 SECTOR_BYTES = 32
 SLOT_BYTES = 4  # int32 slot per node in each cached kind's lookup table
@@ -214,7 +215,7 @@ def plan_cache(
 class GpuCache:
     """A CachePlan in device memory: lookup tables (-1: not cached), cached rows and a compact CSC of hot lists."""
 
-    def __init__(self, plan: CachePlan, indptr: torch.Tensor, indices: torch.Tensor, features: torch.Tensor,
+    def __init__(self, plan: CachePlan, indptr: torch.Tensor, indices: torch.Tensor, features: torch.Tensor | StoreRows,
                  device: torch.device, chunk_nodes: int = 1 << 20) -> None:
         self.plan = plan
         num_nodes = indptr.numel() - 1
@@ -223,7 +224,7 @@ class GpuCache:
         self.feature_rows = torch.empty((0, features.shape[1]), dtype=features.dtype, device=device)
         if plan.feature_nodes.numel():
             self.feature_slot = _slot_table(plan.feature_nodes, num_nodes, device)
-            self.feature_rows = torch.cat([features[plan.feature_nodes[begin:begin + chunk_nodes]].to(device)
+            self.feature_rows = torch.cat([features.index_select(0, plan.feature_nodes[begin:begin + chunk_nodes]).to(device)
                                            for begin in range(0, plan.feature_nodes.numel(), chunk_nodes)])
         self.adjacency_slot = empty_slots
         self.adjacency_indptr = torch.empty(0, dtype=torch.int64, device=device)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from morphpipe.sampling.minibatch import Block, EdgePairs, MiniBatch
+from morphpipe.sampling.store_rows import StoreRows
 
 # Floyd's loop costs O(fanout^2) comparisons per destination; beyond this, random keys and a sort are cheaper.
 FLOYD_MAX_FANOUT = 32
@@ -32,7 +33,7 @@ class GraphTensors:
 
     indptr: torch.Tensor  # int64 [N + 1]
     indices: torch.Tensor  # int32/int64 [E]
-    features: torch.Tensor  # [N, F]
+    features: torch.Tensor | StoreRows  # [N, F]; StoreRows: on disk, read through the host's feature store
     labels: torch.Tensor  # int64 [N]
 
 

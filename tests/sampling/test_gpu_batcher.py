@@ -13,6 +13,7 @@ import torch
 from scipy import stats
 
 from morphpipe import native
+from morphpipe.data import GeneratorSpec, generate, load_dataset
 from morphpipe.sampling import CacheConfig, CpuBatcher, GpuBatcher
 from morphpipe.sampling.cuda_support import CudaUnavailableError, cuda_problem
 from morphpipe.sampling.gpu_batcher import batch_seed
@@ -296,6 +297,30 @@ def test_presampled_hotness_and_a_graph_larger_than_the_budget(graph, route1):
         assert 0 < batcher.cache_bytes_used <= budget < graph_bytes
         for batch in batcher:
             check_batch(graph, on_host(batch), FANOUTS)
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 20_000])
+def test_features_on_disk_come_through_the_store_bit_for_bit(tmp_path, route1, cache_bytes):
+    """With the features on disk, Route 1 reads the rows through the graph's feature store (its RAM cache, then the
+    file) instead of pinning their memory map: the batches equal those of the same graph in memory, with or without
+    a device cache of hot rows, and the store served them."""
+    generate(GeneratorSpec(kind="community", num_nodes=600, avg_degree=5, feature_dim=16), tmp_path / "graph",
+             progress=False)
+    in_memory = load_dataset(tmp_path / "graph")
+    on_disk = load_dataset(tmp_path / "graph", features_on_disk=True)
+    store = on_disk.open_feature_store(64 * 30)  # float32 rows of 64 B: the 30 hottest in RAM, the rest read
+    with route1(in_memory, FANOUTS, 32, seed=5, cache_bytes=cache_bytes) as plain, \
+            route1(on_disk, FANOUTS, 32, seed=5, cache_bytes=cache_bytes) as through_store:
+        store.reset_counters()
+        batches = list(through_store.epoch(0))
+        assert same(list(plain.epoch(0)), batches)
+    served = store.counters()
+    asked = sum(batch.input_nodes.numel() for batch in batches)
+    assert served.misses > 0 and served.reads > 0, "rows came from the file"
+    if cache_bytes:  # rows in the device cache are not asked of the store again
+        assert 0 < served.hits + served.misses < asked
+    else:
+        assert served.hits + served.misses == asked
 
 
 @cuda
