@@ -26,6 +26,7 @@ import torch
 
 from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.executor.executor import EpochResult
+from morphpipe.partitioner.times import cpu_beyond_the_wait
 from morphpipe.profiler.disk import MIN_TIMED_READS, DiskProfile
 from morphpipe.profiler.profile import PhaseTiming, Profile, ThreadScaling
 from morphpipe.scheduler.plan import Plan
@@ -76,8 +77,9 @@ def predicted_phases(profile: Profile, plan: Plan) -> dict[str, float | None]:
     if profile.disk is not None and plan.tiering is not None:
         readers = 1 if plan.shares_cores else plan.cpu_threads  # batching threads waiting on reads side by side
         tiering = plan.tiering
-        cpu_batch += (profile.disk.read_s_per_batch(tiering.cache_bytes, tiering.io_threads)
-                      + profile.disk.read_cpu_s_per_batch(tiering.cache_bytes, tiering.io_threads)) / readers
+        read_s = profile.disk.read_s_per_batch(tiering.cache_bytes, tiering.io_threads)
+        read_cpu_s = profile.disk.read_cpu_s_per_batch(tiering.cache_bytes, tiering.io_threads)
+        cpu_batch += (read_s + cpu_beyond_the_wait(read_s, read_cpu_s)) / readers
     if plan.kind == "cpu-only":
         assert profile.cpu_training is not None and plan.train_threads is not None
         return {"cpu_batch": cpu_batch, "gpu_batch": None, "dma": None,
