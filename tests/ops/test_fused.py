@@ -188,6 +188,31 @@ def test_larger_sampled_blocks_in_low_precision(sampled_blocks, dtype):
             torch.testing.assert_close(grad, ref_grad, atol=gat_atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_csr_transpose_is_the_stable_sort_by_source_at_any_thread_count(threads):
+    """The transposed structure is exactly the out-edges of each source in CSC order, whatever the thread count (the
+    atomic-free backward's determinism rests on it): empty destinations, sources without edges and duplicates included."""
+    generator = torch.Generator().manual_seed(threads)
+    num_dst, num_src = 3000, 20000
+    degrees = torch.randint(0, 40, (num_dst,), generator=generator)
+    degrees[::7] = 0
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), degrees.cumsum(0)])
+    indices = torch.randint(0, num_src // 2, (int(indptr[-1]),), generator=generator) * 2  # odd sources: no edges
+    indices[1::5] = indices[::5][: indices[1::5].numel()]  # duplicates
+    block = Block(indptr, indices, num_src, num_dst)
+    order = torch.argsort(indices, stable=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t_indptr, t_dst, t_eid = native.ops().csr_transpose(indptr, indices, num_src)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(t_indptr, torch.cat([torch.zeros(1, dtype=torch.int64),
+                                            torch.bincount(indices, minlength=num_src).cumsum(0)]))
+    assert torch.equal(t_eid, order)
+    assert torch.equal(t_dst, block.dst_of_edges()[order])
+
+
 def test_no_edge_by_feature_tensor_is_allocated():
     """A block whose nnz x F dwarfs its node tensors: no single allocation reaches nnz x F bytes (fwd + bwd)."""
     num_nodes, degree, width = 40, 400, 64
