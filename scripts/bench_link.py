@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from datetime import date
@@ -44,11 +43,11 @@ from pathlib import Path
 
 import torch
 
+from dgl_peer import DGL_PYTHON, dataset_directory, run_dgl_script
 from morphpipe.cores import usable_cores
-from morphpipe.data import data_root, load_dataset
+from morphpipe.data import load_dataset
 from morphpipe.data.edge_split import with_edge_split
 from morphpipe.data.ondisk import EDGE_SPLIT_FILE, check_graph_output
-from morphpipe.data.presets import PRESETS
 from morphpipe.data.splits import SplitFractions
 from morphpipe.executor import Trainer
 from morphpipe.nn import LinkPrediction, TrainStep, make_optimizer
@@ -59,7 +58,6 @@ from morphpipe.profiler import Profile
 from morphpipe.scheduler import plan_from_profile
 from morphpipe.sampling.edge_batcher import EdgeBatcher, NegativeSampling, SerialEdgeBatcher
 
-DGL_PYTHON = "/work/dglvenv/bin/python"
 PHASES = ("batch", "encoder", "scoring", "loss", "backward", "optimizer")
 
 # DGL's side: reads the graph directory's arrays, times edge batches, trains, prints one JSON line.
@@ -338,12 +336,7 @@ def run_dgl(dataset: Path, args: argparse.Namespace) -> dict:
                 "seed": args.seeds[0], "seeds": args.seeds, "epochs": args.epochs,
                 "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges, "phases": args.phases,
                 "val_edges": args.val_edges, "top_ops": args.top_ops}
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DGLBACKEND": "pytorch"}
-    done = subprocess.run([args.dgl_python, "-c", DGL_SCRIPT, json.dumps(settings)], capture_output=True, text=True,
-                          env=env, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"DGL's run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_dgl_script(DGL_SCRIPT, settings, args.threads, args.dgl_python)
 
 
 def mrr(training: dict) -> str:
@@ -422,7 +415,7 @@ def main() -> None:
     if args.split_from:
         make_split(args)
     graph = load_dataset(args.dataset)
-    dataset = data_root() / args.dataset if args.dataset in PRESETS else Path(args.dataset)
+    dataset = dataset_directory(args.dataset)
     torch.set_num_threads(args.threads)
     ours: dict[str, dict] = {"batching": {}, "training": {}, "phases": {}}
     for negatives in args.negatives:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import tempfile
 from datetime import date
 from pathlib import Path
@@ -24,30 +22,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dgl_peer import DGL_PRELUDE, DGL_PYTHON, dataset_directory, run_dgl_script
 from morphpipe.cores import usable_cores
-from morphpipe.data import data_root, load_dataset
-from morphpipe.data.presets import PRESETS
+from morphpipe.data import load_dataset
 from morphpipe.profiler.ceiling import measure_memory_ceiling, share
 from morphpipe.sampling import MiniBatch
 from morphpipe.sampling.cpu_batcher import blocks_from_native
 from morphpipe.sampling.throughput import cpu_batcher_by_threads, measure_throughput, measurement_seeds
 
-DGL_PYTHON = "/work/dglvenv/bin/python"
-
-# DGL's side: reads the graph directory's arrays and the seeds file, times one epoch of batches after a warm-up
-# epoch (sampling plus the feature and label gather), prints one JSON line.
-DGL_SCRIPT = r'''
-import json, sys, time
-import numpy as np, torch, dgl
-
-args = json.loads(sys.argv[1])
-torch.set_num_threads(args["threads"])
-root = args["dataset"]
-indptr = torch.from_numpy(np.load(f"{root}/indptr.npy")).long()
-indices = torch.from_numpy(np.load(f"{root}/indices.npy")).long()
-graph = dgl.graph(("csc", (indptr, indices, torch.tensor([], dtype=torch.long))), num_nodes=indptr.numel() - 1)
-features = torch.from_numpy(np.load(f"{root}/features.npy"))
-labels = torch.from_numpy(np.load(f"{root}/labels.npy"))
+# DGL's side (after the shared prelude): reads the seeds file, times one epoch of batches after a warm-up epoch
+# (sampling plus the feature and label gather), prints one JSON line.
+DGL_SCRIPT = DGL_PRELUDE + r'''
 seeds = torch.from_numpy(np.load(args["seeds"]))
 sampler = dgl.dataloading.NeighborSampler(list(reversed(args["fanouts"])))  # DGL lists the input layer first
 loader = dgl.dataloading.DataLoader(graph, seeds, sampler, batch_size=args["batch_size"], shuffle=False,
@@ -80,12 +65,7 @@ def run_dgl(dataset: Path, seeds: torch.Tensor, fanouts: list[int], batch_size: 
         np.save(seeds_path, seeds.numpy())
         settings = {"dataset": str(dataset), "seeds": str(seeds_path), "fanouts": fanouts, "batch_size": batch_size,
                     "threads": threads}
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch"}
-        done = subprocess.run([dgl_python, "-c", DGL_SCRIPT, json.dumps(settings)], capture_output=True, text=True,
-                              env=env, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"DGL's run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return run_dgl_script(DGL_SCRIPT, settings, threads, dgl_python)
 
 
 def reference_sample(graph, seeds: torch.Tensor, fanouts: list[int], generator: torch.Generator,
@@ -154,7 +134,7 @@ def main() -> None:
     reference = measure_throughput(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks)
 
     results = cpu_batcher_by_threads(graph, fanouts, args.batch_size, seeds, args.max_threads, pin_memory=False)
-    directory = data_root() / args.dataset if args.dataset in PRESETS else Path(args.dataset)
+    directory = dataset_directory(args.dataset)
     dgl = None if args.no_dgl else run_dgl(directory, seeds, fanouts, args.batch_size, args.max_threads,
                                            args.dgl_python)
     row_bytes = graph.features.shape[1] * graph.features.element_size()

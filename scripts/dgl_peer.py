@@ -1,0 +1,48 @@
+"""The DGL 2.1 peer of the benchmarks: its interpreter, the graph directory it reads, and one run of a script in it.
+
+DGL is never imported here: a benchmark passes its DGL side as script text, run by DGL's own interpreter
+(`--dgl-python`) on a dataset directory's .npy arrays (`morphpipe/data/ondisk.py`) with OMP and torch threads set;
+the script takes its settings as JSON in argv[1] and prints its result as its last line, one JSON object.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from morphpipe.data import data_root
+from morphpipe.data.presets import PRESETS
+
+DGL_PYTHON = "/work/dglvenv/bin/python"
+
+# The start of a DGL-side script: settings, threads, and the graph (CSC, as stored) with its features and labels.
+DGL_PRELUDE = r'''
+import json, sys, time
+import numpy as np, torch, dgl
+
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args["threads"])
+root = args["dataset"]
+indptr = torch.from_numpy(np.load(f"{root}/indptr.npy")).long()
+indices = torch.from_numpy(np.load(f"{root}/indices.npy")).long()
+graph = dgl.graph(("csc", (indptr, indices, torch.tensor([], dtype=torch.long))), num_nodes=indptr.numel() - 1)
+features = torch.from_numpy(np.load(f"{root}/features.npy"))
+labels = torch.from_numpy(np.load(f"{root}/labels.npy")).long()
+'''
+
+
+def dataset_directory(dataset: str) -> Path:
+    """The directory holding `dataset`'s arrays: a preset's cache directory, else `dataset` as a path."""
+    return data_root() / dataset if dataset in PRESETS else Path(dataset)
+
+
+def run_dgl_script(script: str, settings: dict, threads: int, dgl_python: str = DGL_PYTHON) -> dict:
+    """Runs `script` in DGL's interpreter with `settings` (JSON in argv[1]) and `threads` OMP threads; returns the
+    JSON object it printed last. A failed run stops the benchmark with the end of DGL's stderr."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch"}
+    done = subprocess.run([dgl_python, "-c", script, json.dumps(settings)], capture_output=True, text=True, env=env,
+                          check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"DGL's run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
