@@ -14,6 +14,7 @@
 #include "common/accumulate.h"
 #include "common/structure_errors.h"
 #include "common/tensor_checks.h"
+#include "cpu/vector_convert.h"
 
 namespace morphpipe {
 
@@ -101,11 +102,11 @@ inline const int64_t* optional_row_order(const std::optional<at::Tensor>& order,
   return o;
 }
 
-// buf[f] += coef * x[f] for f < n, in the accumulation type (vectorised for float/double).
+// buf[f] += coef * x[f] for f < n, in the accumulation type (vectorised for float, double and bfloat16).
 template <typename scalar_t, typename acc_t>
 inline void axpy(acc_t* __restrict__ buf, const scalar_t* __restrict__ x, acc_t coef, int64_t n) {
 #pragma omp simd
-  for (int64_t f = 0; f < n; ++f) buf[f] += coef * static_cast<acc_t>(x[f]);
+  for (int64_t f = 0; f < n; ++f) buf[f] += coef * widen<acc_t>(x[f]);
 }
 
 // Atomic buf[f] += coef * x[f] (other threads may add to the same row).

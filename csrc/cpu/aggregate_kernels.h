@@ -24,7 +24,7 @@ void spmm_sum_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* x, 
         axpy(buf, x + j * F + f0, coef, n);
       }
       scalar_t* o = out + i * F + f0;
-      for (int64_t f = 0; f < n; ++f) o[f] = static_cast<scalar_t>(buf[f] * scale);
+      for (int64_t f = 0; f < n; ++f) o[f] = narrow<scalar_t>(buf[f] * scale);
     }
   }, order);
 }

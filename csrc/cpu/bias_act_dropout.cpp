@@ -21,6 +21,7 @@
 #include "common/accumulate.h"
 #include "common/bias_act_dropout_checks.h"
 #include "common/dropout_mask.h"
+#include "cpu/vector_convert.h"
 
 namespace morphpipe {
 

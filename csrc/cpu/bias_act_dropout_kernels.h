@@ -11,11 +11,11 @@ inline void forward_run(const scalar_t* __restrict__ x, const scalar_t* __restri
   using acc_t = acc_type<scalar_t>;
 #pragma omp simd
   for (int64_t k = 0; k < run; ++k) {
-    acc_t y = static_cast<acc_t>(x[k]);
-    if constexpr (kBias) y += static_cast<acc_t>(bias[k]);
+    acc_t y = widen<acc_t>(x[k]);
+    if constexpr (kBias) y += widen<acc_t>(bias[k]);
     if constexpr (kAct == Activation::kRelu) y = y < acc_t(0) ? acc_t(0) : y;  // NaN stays NaN, as in torch.relu
     if constexpr (kDrop) y *= factor[k];
-    out[k] = static_cast<scalar_t>(y);
+    out[k] = narrow<scalar_t>(y);
   }
 }
 
@@ -95,22 +95,22 @@ void backward_rows(const scalar_t* grad, const scalar_t* out, const int32_t* mas
     if (activation == Activation::kRelu) {
 #pragma omp simd
       for (int64_t c = 0; c < features; ++c) {
-        const acc_t pass = static_cast<acc_t>(o[c]) > acc_t(0) ? scale : acc_t(0);
-        d[c] = static_cast<scalar_t>(static_cast<acc_t>(g[c]) * pass);
+        const acc_t pass = widen<acc_t>(o[c]) > acc_t(0) ? scale : acc_t(0);
+        d[c] = narrow<scalar_t>(widen<acc_t>(g[c]) * pass);
       }
     } else if (mask) {
 #pragma omp simd
       for (int64_t c = 0; c < features; ++c) {
         const int64_t i = base + c;
         const acc_t pass = (static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & 1u ? scale : acc_t(0);
-        d[c] = static_cast<scalar_t>(static_cast<acc_t>(g[c]) * pass);
+        d[c] = narrow<scalar_t>(widen<acc_t>(g[c]) * pass);
       }
     } else {
       std::memcpy(d, g, static_cast<size_t>(features) * sizeof(scalar_t));
     }
     if (acc) {
 #pragma omp simd
-      for (int64_t c = 0; c < features; ++c) acc[c] += static_cast<double>(d[c]);
+      for (int64_t c = 0; c < features; ++c) acc[c] += static_cast<double>(widen<acc_t>(d[c]));
     }
   }
 }

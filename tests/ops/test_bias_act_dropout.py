@@ -175,6 +175,38 @@ def test_other_dtypes_follow_the_reference(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=1e-2)
 
 
+def bfloat16_edge_cases() -> tuple[torch.Tensor, torch.Tensor]:
+    """bfloat16 x and bias whose float32 sums land on rounding ties (odd and even), subnormals, the largest finite
+    values (overflowing to inf), infinities and NaNs, beside random rows."""
+    one_ulp = 2.0 ** -7  # a bfloat16 ulp at 1: x = 1 + k ulp plus bias = ulp / 2 is a tie
+    ties = [1.0 + k * one_ulp for k in range(8)]
+    specials = [2.0 ** -130, -(2.0 ** -130), 3.3895e38, float("inf"), -float("inf"), float("nan"), 0.0, -0.0]
+    x = torch.tensor([ties, specials] * 2, dtype=torch.float32)
+    x = torch.cat([x, torch.randn(6, 8, generator=torch.Generator().manual_seed(3))]).to(torch.bfloat16)
+    bias = torch.tensor([one_ulp / 2, one_ulp / 2, 2.0 ** -131, -(2.0 ** -132), 3.3895e38, 1.0, -1.0, 0.5],
+                        dtype=torch.bfloat16)
+    return x, bias
+
+
+def test_bfloat16_rounds_exactly_as_torch_at_every_cpu_level() -> None:
+    # The kernels' own bfloat16 conversions (csrc/cpu/vector_convert.h, vectorised) must round as c10's do: to
+    # nearest even, NaN kept NaN, overflow to inf; so the fused bf16 step keeps the reference's arithmetic.
+    x, bias = bfloat16_edge_cases()
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    for level in native.supported_cpu_capabilities():
+        with native.forced_cpu_capability(level):
+            for p in (0.0, 0.5):
+                out, mask = op().bias_act_dropout(x, bias, "relu", p, 11)
+                factor = unpack_mask(mask, x.shape).float() * (1 / (1 - p)) if p > 0 else torch.ones(x.shape)
+                expected = (F.relu(x.float() + bias.float()) * factor).to(torch.bfloat16)
+                torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True, msg=f"{level} p={p}")
+                grad_x, grad_bias = op().bias_act_dropout_backward(grad, out, mask, "relu", p, True)
+                passed = torch.where(out.float() > 0, 1 / (1 - p), 0.0)
+                want = (grad.float() * passed).to(torch.bfloat16)
+                torch.testing.assert_close(grad_x, want, rtol=0, atol=0, msg=f"{level} p={p}: backward")
+                torch.testing.assert_close(grad_bias, want.double().sum(0).to(torch.bfloat16))
+
+
 def test_bad_arguments_are_named() -> None:
     x, bias = inputs(4, 3)
     with pytest.raises(ValueError, match="activation"):
