@@ -158,6 +158,17 @@ def run_step(name: str, command: list[str], writes: Path | None, timeout: float)
     return result
 
 
+def positive_seconds(text: str) -> float:
+    """--step-timeout's value: a number of seconds above 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 (e.g. 600)")
+    return seconds
+
+
 def markdown(report: dict) -> str:
     lines = ["# morphpipe GPU check", "", f"Date: {report['date']}", "",
              "| machine | |", "|---|---|", *[f"| {key} | {value} |" for key, value in report["machine"].items()], "",
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check_report", help="directory for the report and benchmark JSON")
     parser.add_argument("--quick", action="store_true", help="small benchmark settings (a smoke run)")
-    parser.add_argument("--step-timeout", type=float, default=1800.0, help="seconds each step may take")
+    parser.add_argument("--step-timeout", type=positive_seconds, default=1800.0, help="seconds each step may take")
     parser.add_argument("--only", type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
                         default=[], help="comma-separated step names (or their first words) to run, e.g. "
                                          "'GPU tests,Route 1'; default: every step")

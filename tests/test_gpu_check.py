@@ -50,8 +50,11 @@ def test_a_step_out_of_time_reports_where_it_was(tmp_path):
     assert "started" in step["output_tail"] and "waiting_for_the_gpu" in step["output_tail"]
 
 
-def test_only_names_an_existing_step(tmp_path, capsys):
+@pytest.mark.parametrize("flags, message", [(["--only", "bench_nothing"], "names no step"),
+                                            (["--step-timeout", "-5"], "above 0"),
+                                            (["--step-timeout", "soon"], "above 0")])
+def test_bad_flags_are_refused_before_anything_runs(tmp_path, capsys, flags, message):
     script = load_script()
     with pytest.raises(SystemExit):
-        script.main(["--out", str(tmp_path / "report"), "--only", "bench_nothing"])
-    assert "names no step" in capsys.readouterr().err and not (tmp_path / "report").exists()
+        script.main(["--out", str(tmp_path / "report"), *flags])
+    assert message in capsys.readouterr().err and not (tmp_path / "report").exists()
