@@ -10,11 +10,13 @@ cd "$(dirname "$0")/.."
 venv="${1:-.device-venv}"
 torch_version="2.11.0"   # the device image's torch (docs/gpu-route.md, 'First contact with a GPU')
 arch="9.0"               # H100 and H200
-python312="${PYTHON312:-$(command -v python3.12 || true)}"
-if [ -z "$python312" ] && command -v pyenv >/dev/null; then
-  python312="$(pyenv root)/versions/$(pyenv versions --bare | grep '^3\.12' | tail -1)/bin/python3.12"
-fi
-[ -x "$python312" ] || { echo "prebuild_for_device: no Python 3.12 found; set PYTHON312" >&2; exit 1; }
+runs_312() { [ -n "$1" ] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; }
+python312=""
+for candidate in "${PYTHON312:-}" "$(command -v python3.12 || true)" \
+    $(command -v pyenv >/dev/null && ls -d "$(pyenv root)"/versions/3.12*/bin/python3.12 2>/dev/null); do
+  if runs_312 "$candidate"; then python312="$candidate"; break; fi
+done
+[ -n "$python312" ] || { echo "prebuild_for_device: no working Python 3.12 found; set PYTHON312" >&2; exit 1; }
 cuda_home="${CUDA_HOME:-$(ls -d /usr/local/cuda-13* 2>/dev/null | tail -1)}"
 [ -f "$cuda_home/include/cuda_runtime.h" ] || {
   echo "prebuild_for_device: no CUDA 13 toolkit (set CUDA_HOME to a root with include/cuda_runtime.h)" >&2; exit 1; }
