@@ -10,8 +10,9 @@ negatives by exact full-graph inference; `--seeds 0,1,2` trains one row per seed
 prints each side's MRR mean and spread over them.
 morphpipe trains through its Trainer under a CPU-only plan made from this machine's measured
 batch and step times; DGL loads batches and trains them in turn (what its single-process loader
-does). Same graph (the dataset directory's .npy arrays), fanouts, batch size, seed; features
-stay in their stored dtype and are cast to float32 per batch on both sides.
+does). Same graph (the dataset directory's .npy arrays), fanouts, batch size, seed, and the same initial
+weights (DGL's model starts from ours, row by row); features stay in their stored dtype and are cast to float32
+per batch on both sides.
 With `--phases N`, also (c) the median seconds of each phase of a training step over N batches made and
 trained in turn on both sides (batch, encoder forward, pair scoring, loss, backward, optimizer), morphpipe's
 with its fused pair scorer and with the dot decoder over gathered rows (the dense scoring it replaced);
@@ -37,10 +38,12 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dgl_peer import DGL_PYTHON, dataset_directory, run_dgl_script
@@ -150,11 +153,24 @@ def phases(negatives):
                for e in sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)[:args["top_ops"]]]
     return [float(np.median([row[i] for row in times[1:]])) for i in range(6)], ops
 
+def ours_initial(negatives, seed):
+    """The model with our run's initial weights for this row (fc_neigh = lin_neigh, fc_self = lin_self with
+    lin_neigh's bias): both sides start from the same point, so their MRRs differ by the training alone."""
+    model = Model(g.ndata["feat"].shape[1], args["hidden"], len(fanouts))
+    weights = np.load(args["weights"][f"{negatives}/{seed}"])
+    with torch.no_grad():
+        for i, conv in enumerate(model.convs):
+            conv.fc_neigh.weight.copy_(torch.from_numpy(weights[f"encoder.convs.{i}.lin_neigh.weight"]))
+            conv.fc_self.weight.copy_(torch.from_numpy(weights[f"encoder.convs.{i}.lin_self.weight"]))
+            conv.fc_self.bias.copy_(torch.from_numpy(weights[f"encoder.convs.{i}.lin_neigh.bias"]))
+    return model
+
 def train(negatives, seed):
-    """`args["epochs"]` epochs over the epoch edges from seed `seed`: mean epoch seconds, then exact val MRR."""
+    """`args["epochs"]` epochs over the epoch edges from seed `seed`, from our initial weights: mean epoch seconds,
+    then exact val MRR."""
     torch.manual_seed(seed)
     dgl.seed(seed)
-    model = Model(g.ndata["feat"].shape[1], args["hidden"], len(fanouts))
+    model = ours_initial(negatives, seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=args["lr"])
     eids = train_eids[:args["epoch_edges"]] if args["epoch_edges"] else train_eids
     epochs_s, batches, losses = [], 0, []
@@ -286,9 +302,10 @@ def print_phases(args: argparse.Namespace, ours: dict, dgl: dict) -> None:
             print(f"{negatives:>9} {side:>18} | " + " ".join(f"{t:>9.4f}" for t in times) + f" | {sum(times):>7.3f}")
 
 
-def morphpipe_training(graph, args: argparse.Namespace, negatives: int, seed: int) -> dict[str, float]:
+def morphpipe_training(graph, args: argparse.Namespace, negatives: int,
+                       seed: int) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """`args.epochs` epochs from seed `seed` through the Trainer (plan from this machine's measured batch and step
-    times): mean epoch seconds, then exact val MRR."""
+    times): mean epoch seconds, then exact val MRR; and the model's initial weights, which DGL's side starts from."""
     fanouts = args.fanouts
     task = LinkPrediction(negatives)
     units = task.seeds(graph)
@@ -317,6 +334,7 @@ def morphpipe_training(graph, args: argparse.Namespace, negatives: int, seed: in
     subset = Subset(negatives)
     torch.manual_seed(seed)
     model = subset.build_model("sage", graph, num_layers=len(fanouts), hidden=args.hidden, dropout=0.0)
+    initial = {name: tensor.detach().clone().numpy() for name, tensor in model.state_dict().items()}
     val = subset.seeds(graph, "val")
     with Trainer(graph, model, plan, fanouts=fanouts, batch_size=args.batch_size, task=subset, lr=args.lr,
                  seed=seed, progress=False, eval_mode="full", log=lambda line: None) as trainer:
@@ -327,16 +345,22 @@ def morphpipe_training(graph, args: argparse.Namespace, negatives: int, seed: in
     epochs_s = [stats.epoch_s for stats in history]
     return {"epoch_s": sum(epochs_s) / len(epochs_s), "epochs_s": epochs_s, "batches": history[-1].batches,
             "losses": [stats.loss for stats in history], "val_mrr": mrr, "plan": plan.kind,
-            "shares_cores": plan.shares_cores}
+            "shares_cores": plan.shares_cores}, initial
 
 
-def run_dgl(dataset: Path, args: argparse.Namespace) -> dict:
-    settings = {"dataset": str(dataset), "fanouts": args.fanouts, "batch_size": args.batch_size,
-                "negatives": args.negatives, "threads": args.threads, "batches": args.batches,
-                "seed": args.seeds[0], "seeds": args.seeds, "epochs": args.epochs,
-                "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges, "phases": args.phases,
-                "val_edges": args.val_edges, "top_ops": args.top_ops}
-    return run_dgl_script(DGL_SCRIPT, settings, args.threads, args.dgl_python)
+def run_dgl(dataset: Path, args: argparse.Namespace, initial: dict[str, dict[str, np.ndarray]]) -> dict:
+    """DGL's side, its training rows starting from our rows' initial weights (`initial`, by "negatives/seed")."""
+    with tempfile.TemporaryDirectory(prefix="bench_link_") as scratch:
+        weights = {}
+        for row, state in initial.items():
+            weights[row] = str(Path(scratch) / f"{row.replace('/', '_')}.npz")
+            np.savez(weights[row], **state)
+        settings = {"dataset": str(dataset), "fanouts": args.fanouts, "batch_size": args.batch_size,
+                    "negatives": args.negatives, "threads": args.threads, "batches": args.batches,
+                    "seed": args.seeds[0], "seeds": args.seeds, "epochs": args.epochs,
+                    "hidden": args.hidden, "lr": args.lr, "epoch_edges": args.epoch_edges, "phases": args.phases,
+                    "val_edges": args.val_edges, "top_ops": args.top_ops, "weights": weights}
+        return run_dgl_script(DGL_SCRIPT, settings, args.threads, args.dgl_python)
 
 
 def mrr(training: dict) -> str:
@@ -418,6 +442,7 @@ def main() -> None:
     dataset = dataset_directory(args.dataset)
     torch.set_num_threads(args.threads)
     ours: dict[str, dict] = {"batching": {}, "training": {}, "phases": {}}
+    initial: dict[str, dict[str, np.ndarray]] = {}
     for negatives in args.negatives:
         if args.phases:
             fused, ops = morphpipe_phases(graph, args, negatives, gathered=False)
@@ -427,8 +452,9 @@ def main() -> None:
         ours["batching"][str(negatives)] = morphpipe_batching(graph, args.fanouts, args.batch_size, negatives,
                                                               args.threads, args.batches, args.seed)
         for seed in args.seeds:
-            ours["training"][f"{negatives}/{seed}"] = morphpipe_training(graph, args, negatives, seed)
-    dgl = run_dgl(dataset, args)
+            ours["training"][f"{negatives}/{seed}"], initial[f"{negatives}/{seed}"] = \
+                morphpipe_training(graph, args, negatives, seed)
+    dgl = run_dgl(dataset, args, initial)
 
     load = os.getloadavg()
     print(f"graph {graph.name}: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges, "
