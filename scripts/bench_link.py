@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dgl_peer import DGL_PYTHON, dataset_directory, run_dgl_script
+from dgl_peer import DGL_OUR_SAGE_WEIGHTS, DGL_PYTHON, dataset_directory, int_list, run_dgl_script, writable_file
 from morphpipe.cores import usable_cores
 from morphpipe.data import load_dataset
 from morphpipe.data.edge_split import with_edge_split
@@ -64,7 +64,7 @@ from morphpipe.sampling.edge_batcher import EdgeBatcher, NegativeSampling, Seria
 PHASES = ("batch", "encoder", "scoring", "loss", "backward", "optimizer")
 
 # DGL's side: reads the graph directory's arrays, times edge batches, trains, prints one JSON line.
-DGL_SCRIPT = r'''
+DGL_SCRIPT = DGL_OUR_SAGE_WEIGHTS + r'''
 import json, sys, time
 import numpy as np, torch, dgl
 import torch.nn.functional as F
@@ -154,15 +154,9 @@ def phases(negatives):
     return [float(np.median([row[i] for row in times[1:]])) for i in range(6)], ops
 
 def ours_initial(negatives, seed):
-    """The model with our run's initial weights for this row (fc_neigh = lin_neigh, fc_self = lin_self with
-    lin_neigh's bias): both sides start from the same point, so their MRRs differ by the training alone."""
+    """The model with our run's initial weights for this row."""
     model = Model(g.ndata["feat"].shape[1], args["hidden"], len(fanouts))
-    weights = np.load(args["weights"][f"{negatives}/{seed}"])
-    with torch.no_grad():
-        for i, conv in enumerate(model.convs):
-            conv.fc_neigh.weight.copy_(torch.from_numpy(weights[f"encoder.convs.{i}.lin_neigh.weight"]))
-            conv.fc_self.weight.copy_(torch.from_numpy(weights[f"encoder.convs.{i}.lin_self.weight"]))
-            conv.fc_self.bias.copy_(torch.from_numpy(weights[f"encoder.convs.{i}.lin_neigh.bias"]))
+    copy_our_sage_weights(model.convs, args["weights"][f"{negatives}/{seed}"], prefix="encoder.")
     return model
 
 def train(negatives, seed):
@@ -396,9 +390,9 @@ def make_split(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="link", help="a preset or graph directory with an edge split")
-    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--fanouts", type=int_list, default="15,10,5")
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--negatives", default="1,100", help="negatives per positive, one row each")
+    parser.add_argument("--negatives", type=int_list, default="1,100", help="negatives per positive, one row each")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batches", type=int, default=30, help="edge batches timed per row")
     parser.add_argument("--hidden", type=int, default=256)
@@ -420,18 +414,15 @@ def main() -> None:
                         help="with --split-from: train,val,test shares of the edges (default 0.98,0.01,0.01)")
     parser.add_argument("--split-negatives", type=int, default=100,
                         help="with --split-from: fixed negatives per held-out edge (default 100)")
-    parser.add_argument("--seeds", default="0",
+    parser.add_argument("--seeds", type=int_list, default="0",
                         help="training seeds, one epoch row per seed and negatives (the first also seeds batching, "
                              "the phases and --split-from's split)")
     parser.add_argument("--epochs", type=int, default=1,
                         help="epochs over the --epoch-edges edges per training row (the epoch column is their mean, "
                              "the val MRR is after the last): more lets both models learn for an MRR comparison")
     parser.add_argument("--dgl-python", default=DGL_PYTHON)
-    parser.add_argument("--out", default="bench_link.json")
+    parser.add_argument("--out", type=writable_file, default="bench_link.json")
     args = parser.parse_args()
-    args.fanouts = [int(f) for f in args.fanouts.split(",")]
-    args.negatives = [int(k) for k in args.negatives.split(",")]
-    args.seeds = [int(seed) for seed in args.seeds.split(",")]
     args.seed = args.seeds[0]
     if args.epochs < 1:
         raise SystemExit(f"--epochs must be at least 1, got {args.epochs}")

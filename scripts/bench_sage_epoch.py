@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dgl_peer import DGL_PRELUDE, DGL_PYTHON, dataset_directory, run_dgl_script
+from dgl_peer import (DGL_OUR_SAGE_WEIGHTS, DGL_PRELUDE, DGL_PYTHON, dataset_directory, int_list, run_dgl_script,
+                      writable_file)
 from morphpipe.cores import usable_cores
 from morphpipe.data import load_dataset
 from morphpipe.executor import Trainer
@@ -57,14 +58,13 @@ EVAL_BATCH = 4096  # `morphpipe train`'s --eval-batch-size default
 
 # DGL's side (after the shared prelude): trains the recorded batches from our initial weights, once per worker
 # count, prints one JSON line.
-DGL_SCRIPT = DGL_PRELUDE + r'''
+DGL_SCRIPT = DGL_PRELUDE + DGL_OUR_SAGE_WEIGHTS + r'''
 import torch.nn.functional as F
 from dgl.nn import SAGEConv
 
 graph.ndata["feat"], graph.ndata["label"] = features, labels
 orders = torch.from_numpy(np.load(args["orders"]))  # [epochs, batches * batch_size], training order
 val = torch.from_numpy(np.load(args["val"]))
-weights = np.load(args["weights"])
 fanouts = list(reversed(args["fanouts"]))  # DGL lists the input layer first
 epoch_batches = orders.shape[1] // args["batch_size"]
 
@@ -82,11 +82,7 @@ class SAGE(torch.nn.Module):
 
 def ours_initial():
     model = SAGE(args["dims"], args["dropout"])
-    with torch.no_grad():
-        for i, conv in enumerate(model.convs):
-            conv.fc_neigh.weight.copy_(torch.from_numpy(weights[f"convs.{i}.lin_neigh.weight"]))
-            conv.fc_self.weight.copy_(torch.from_numpy(weights[f"convs.{i}.lin_self.weight"]))
-            conv.fc_self.bias.copy_(torch.from_numpy(weights[f"convs.{i}.lin_neigh.bias"]))
+    copy_our_sage_weights(model.convs, args["weights"])
     return model
 
 def train(workers):
@@ -197,23 +193,20 @@ def measured(epochs_s: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="default,bench-1m", help="presets or graph directories, comma-separated")
-    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--fanouts", type=int_list, default="15,10,5")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=20, help="training batches per epoch (default 20)")
     parser.add_argument("--epochs", type=int, default=2, help="measured epochs after the warm-up one (default 2)")
-    parser.add_argument("--seeds", default="0", help="training seeds, one row each, e.g. 0,1")
+    parser.add_argument("--seeds", type=int_list, default="0", help="training seeds, one row each, e.g. 0,1")
     parser.add_argument("--precisions", default="float32,bf16",
                         help="our step's arithmetic, one run each (float32 first: DGL trains its batches)")
-    parser.add_argument("--dgl-workers", default="0,1", help="DGL DataLoader num_workers counts, one DGL run each")
+    parser.add_argument("--dgl-workers", type=int_list, default="0,1", help="DGL DataLoader num_workers counts, one DGL run each")
     parser.add_argument("--val-nodes", type=int, default=8192, help="validation nodes evaluated (the first N)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dgl-python", default=DGL_PYTHON)
-    parser.add_argument("--out", default="bench_sage_epoch.json")
+    parser.add_argument("--out", type=writable_file, default="bench_sage_epoch.json")
     args = parser.parse_args()
-    args.fanouts = [int(f) for f in args.fanouts.split(",")]
-    args.seeds = [int(s) for s in args.seeds.split(",")]
     args.precisions = args.precisions.split(",")
-    args.dgl_workers = [int(w) for w in args.dgl_workers.split(",")]
     if args.precisions[0] != "float32":
         raise SystemExit(f"--precisions must start with float32 (DGL trains float32's batches), got {args.precisions}")
     if args.batches < 1 or args.epochs < 1:

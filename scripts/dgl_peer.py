@@ -6,6 +6,7 @@ the script takes its settings as JSON in argv[1] and prints its result as its la
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -30,6 +31,37 @@ graph = dgl.graph(("csc", (indptr, indices, torch.tensor([], dtype=torch.long)))
 features = torch.from_numpy(np.load(f"{root}/features.npy"))
 labels = torch.from_numpy(np.load(f"{root}/labels.npy")).long()
 '''
+
+# A DGL-side helper (after numpy and torch are imported): our GraphSAGE layers' initial weights, saved as an .npz of
+# their state dict, copied into dgl.nn.SAGEConv layers (fc_neigh = lin_neigh, fc_self = lin_self with lin_neigh's
+# bias), so both sides start from the same point and differ by training alone.
+DGL_OUR_SAGE_WEIGHTS = r'''
+def copy_our_sage_weights(convs, path, prefix=""):
+    weights = np.load(path)
+    with torch.no_grad():
+        for i, conv in enumerate(convs):
+            conv.fc_neigh.weight.copy_(torch.from_numpy(weights[f"{prefix}convs.{i}.lin_neigh.weight"]))
+            conv.fc_self.weight.copy_(torch.from_numpy(weights[f"{prefix}convs.{i}.lin_self.weight"]))
+            conv.fc_self.bias.copy_(torch.from_numpy(weights[f"{prefix}convs.{i}.lin_neigh.bias"]))
+'''
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type of the benchmarks' list options: comma-separated integers ("15,10,5")."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 0,1)") from None
+
+
+def writable_file(text: str) -> Path:
+    """argparse type of a benchmark's --out: a file whose folder exists and can be written, checked before the
+    minutes of measuring rather than after them."""
+    path = Path(text)
+    folder = path.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK) or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written (its folder must exist and be writable)")
+    return path
 
 
 def dataset_directory(dataset: str) -> Path:

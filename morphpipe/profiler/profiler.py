@@ -268,8 +268,8 @@ class Profiler:
     def working_bytes(self, session: ProfilingSession, batch_bytes: int) -> int:
         """Host RAM training takes beside the graph and the feature cache, which the memory budget must hold too:
         the batches in flight (a plan's buffer of `buffer_batches`, one in training, one being built) of
-        `batch_bytes` (the sampled batches' mean size), and the peak a CPU training step adds (its activations, gradients and optimizer
-        state, sampled over two steps of the model training will build)."""
+        `batch_bytes` each (the sampled batches' mean size), and the peak a CPU training step adds (its activations,
+        gradients and optimizer state, sampled over two steps of the model training will build)."""
         step_bytes = 0
         if self.device == "cpu":
             step = session.new_train_step(torch.device("cpu"))

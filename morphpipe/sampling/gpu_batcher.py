@@ -135,18 +135,17 @@ class GpuBatcher(SeedBatcher):
         on disk (the graph's feature store open) are not pinned: their rows come through the store."""
         graph = self.graph
         store = getattr(graph, "feature_store", None)
-        names = [name for name in GRAPH_PARTS if not (name == "features" and store is not None)]
-        parts = {name: getattr(graph, name) for name in names}
+        on_host = GRAPH_PARTS if store is None else tuple(name for name in GRAPH_PARTS if name != "features")
+        parts = {name: getattr(graph, name) for name in on_host}
+        features = graph.features if store is None else StoreRows(store, self.device)  # where the cache copies from
         try:
             with self._on_device():
                 if self.device.type == "cuda":
                     self._pinned = HostPinning(parts, mode=self.pinning_mode)
-                    parts = {name: self._pinned[name] for name in names}
+                    parts = {name: self._pinned[name] for name in on_host}
                 if self.backend == "torch" and self.device.type == "cuda":
                     parts = {name: cuda_view(tensor, self.device) for name, tensor in parts.items()}
-                # the cache copies its rows from the host tensor, or through the store
-                features = graph.features if store is None else StoreRows(store, self.device)
-                self._graph = torch_sampler.GraphTensors(**{**parts, "features": parts.get("features", features)})
+                self._graph = torch_sampler.GraphTensors(**({"features": features} | parts))
                 with self._on_stream():
                     if self.cache_plan is None:
                         self._cache = GpuCache(CachePlan.empty(), graph.indptr, graph.indices, features, self.device)

@@ -224,8 +224,9 @@ class GpuCache:
         self.feature_rows = torch.empty((0, features.shape[1]), dtype=features.dtype, device=device)
         if plan.feature_nodes.numel():
             self.feature_slot = _slot_table(plan.feature_nodes, num_nodes, device)
-            self.feature_rows = torch.cat([features.index_select(0, plan.feature_nodes[begin:begin + chunk_nodes]).to(device)
-                                           for begin in range(0, plan.feature_nodes.numel(), chunk_nodes)])
+            nodes = plan.feature_nodes
+            self.feature_rows = torch.cat([features.index_select(0, nodes[begin:begin + chunk_nodes]).to(device)
+                                           for begin in range(0, nodes.numel(), chunk_nodes)])
         self.adjacency_slot = empty_slots
         self.adjacency_indptr = torch.empty(0, dtype=torch.int64, device=device)
         self.adjacency_indices = torch.empty(0, dtype=indices.dtype, device=device)
