@@ -21,6 +21,8 @@ cuda_home="${CUDA_HOME:-$(ls -d /usr/local/cuda-13* 2>/dev/null | tail -1)}"
 [ -f "$cuda_home/include/cuda_runtime.h" ] || {
   echo "prebuild_for_device: no CUDA 13 toolkit (set CUDA_HOME to a root with include/cuda_runtime.h)" >&2; exit 1; }
 if [ ! -x "$venv/bin/python" ]; then
+  mkdir -p "$venv" 2>/dev/null && [ -w "$venv" ] || {
+    echo "prebuild_for_device: VENV $venv cannot be created or written; give a writable folder" >&2; exit 2; }
   "$python312" -m venv "$venv"
   "$venv/bin/pip" install -q "torch==$torch_version" numpy ninja setuptools wheel
 fi
