@@ -145,8 +145,7 @@ class FastDualBuffer:
         number = self.gpu_made
         self.gpu_made += 1
         index = self.split.n_cpu + number
-        if self.d.gpu_disk:
-            self.cpu.advance(self.now)
+        if self.d.gpu_disk:  # the loop advanced the CPU threads to now: every claim until now holds its place
             start = max(self.now, self.cpu.disk_free)
             self.cpu.disk_free = self.now = start + self.d.gpu_disk[number]
             self.rec.phase(index, 1, "read", "disk", 0, start, self.now)
