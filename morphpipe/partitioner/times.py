@@ -75,6 +75,13 @@ class PhaseTimes:
             raise ValueError(f"PhaseTimes on device 'cpu' needs train_threads >= 1, got {self.train_threads!r}")
 
     @property
+    def route_1_batch_s(self) -> float:
+        """What the executor spends on one Route-1 batch: waiting out its misses' reads, then UVA batching."""
+        if self.gpu_batch_s is None:
+            raise ValueError("PhaseTimes.route_1_batch_s needs GPU phase times; this is a CPU-only configuration")
+        return self.gpu_read_s + self.gpu_batch_s
+
+    @property
     def cpu_batch_latency_s(self) -> float:
         """Time one CPU worker takes for one batch: P workers deliver one batch per T_CB together."""
         return self.cpu_batch_s * self.cpu_threads

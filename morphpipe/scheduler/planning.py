@@ -2,11 +2,11 @@
 
 The loop (DESIGN.md, "Dual-buffer scheduling", feedback):
 1. start at the exact minimiser of the lower bound LB;
-2. simulate; if the idle time of one side exceeds the other's by at least one GPU batching
-   time, move batches towards the idle side: as many as should close the gap (each moved
-   batch shifts about T_GB + T_CB), halving the move whenever it fails to shorten the epoch,
-   down to the paper's single batch; stop when the mismatch is below one GPU batching time or
-   a one-batch move stops improving the predicted epoch;
+2. simulate; if the idle time of one side exceeds the other's by at least one Route-1 batch
+   (T_GB, after its disk reads with features on disk), move batches towards the idle side: as
+   many as should close the gap (each moved batch shifts about that + T_CB), halving the move
+   whenever it fails to shorten the epoch, down to the paper's single batch; stop when the
+   mismatch is below one Route-1 batch or a one-batch move stops improving the predicted epoch;
 3. certify: the simulated epoch of a split can never beat that split's lower bound computed
    from the same drawn durations (Scheduler.lower_bounds), so the splits are visited in
    order of that bound until it reaches the best epoch found, within `tolerance`: then no
