@@ -39,11 +39,12 @@ def profiles() -> list[Profile]:
 
 
 def test_an_epoch_with_every_row_cached_equals_the_model_without_the_disk() -> None:
-    for profile in profiles():
+    for profile in profiles() + route_1_profiles():  # neither route reads anything
         every_row = NUM_ROWS * ROW_BYTES
         cached = plan_from_profile(profile, cache_bytes=every_row)
         in_ram = plan_from_profile(profile.replaced(disk=None))
         assert cached.tiering is not None and cached.tiering.hit_ratio == 1.0 and cached.tiering.disk_read_s == 0.0
+        assert cached.tiering.gpu_read_s == 0.0
         assert cached.predicted_epoch_s == in_ram.predicted_epoch_s
         assert (cached.n_cpu, cached.cpu_threads, cached.train_threads) == (in_ram.n_cpu, in_ram.cpu_threads,
                                                                             in_ram.train_threads)
