@@ -217,7 +217,9 @@ def format_profile(profile: Profile) -> str:
         facts = disk.facts
         lines.append(f"  disk             {facts.random_reads_per_s:,.0f} random {facts.block} B reads/s at queue depth "
                      f"{facts.queue_depth}, sequential {facts.sequential_bytes_per_s / 1e9:.2f} GB/s; "
-                     f"{disk.rows_per_batch:,.0f} rows of {disk.row_bytes} B per batch")
+                     f"{disk.rows_per_batch:,.0f} rows of {disk.row_bytes} B per batch"
+                     + (f" ({disk.gpu_rows_per_batch:,.0f} per GPU batch, read apart from its T_GB)"
+                        if disk.gpu_rows_per_batch is not None else ""))
         if disk.store_reads_per_s is not None:
             lines.append(f"  feature store    {disk.store_reads_per_s:,.0f} reads/s as its read timer measured them on "
                          "the profiled batches")

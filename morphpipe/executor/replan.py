@@ -57,9 +57,14 @@ class MeasuredPhases:
 def measure_phases(result: EpochResult, plan: Plan) -> MeasuredPhases:
     """The phase times of `result`, an epoch trained under `plan`, from its trace and its batchers' own timings."""
     durations: dict[str, list[float]] = {"batch": [], "uva": [], "dma": [], "train": []}
+    route_1_reads: dict[int, float] = {}  # traced apart (virtual devices), a Route-1 batch's reads count in its time
+    for record in result.trace:
+        if record.phase == "read" and record.route == 1:
+            route_1_reads[record.batch] = record.end - record.start
     for record in result.trace:
         if record.phase in durations and not (record.phase == "uva" and record.device != "gpu"):
-            durations[record.phase].append(record.end - record.start)
+            extra = route_1_reads.get(record.batch, 0.0) if record.phase == "uva" else 0.0
+            durations[record.phase].append(record.end - record.start + extra)
     batch_seconds = durations["batch"] or list(result.build_s)
     cpu_batch = None
     if batch_seconds:
@@ -70,22 +75,27 @@ def measure_phases(result: EpochResult, plan: Plan) -> MeasuredPhases:
 
 
 def predicted_phases(profile: Profile, plan: Plan) -> dict[str, float | None]:
-    """What `profile` says each phase takes per batch under `plan`'s thread counts (CPU batching: with its batch's
-    disk reads when the features are on disk)."""
+    """What `profile` says each phase takes per batch under `plan`'s thread counts (CPU batching, and UVA batching
+    when Route 1's reads were profiled apart: with its batch's disk reads when the features are on disk, as the
+    executor's trace times them)."""
     cores = profile.cores
     cpu_batch = profile.cpu_batch_time(plan.cpu_threads, cores)
+    gpu_batch = profile.gpu_batching.mean_s if profile.gpu_batching else None
     if profile.disk is not None and plan.tiering is not None:
         readers = 1 if plan.shares_cores else plan.cpu_threads  # batching threads waiting on reads side by side
         tiering = plan.tiering
         read_s = profile.disk.read_s_per_batch(tiering.cache_bytes, tiering.io_threads)
         read_cpu_s = profile.disk.read_cpu_s_per_batch(tiering.cache_bytes, tiering.io_threads)
         cpu_batch += (read_s + cpu_beyond_the_wait(read_s, read_cpu_s)) / readers
+        if gpu_batch is not None:
+            read_s = profile.disk.read_s_per_batch(tiering.cache_bytes, tiering.io_threads, route=1)
+            read_cpu_s = profile.disk.read_cpu_s_per_batch(tiering.cache_bytes, tiering.io_threads, route=1)
+            gpu_batch += read_s + cpu_beyond_the_wait(read_s, read_cpu_s)
     if plan.kind == "cpu-only":
         assert profile.cpu_training is not None and plan.train_threads is not None
         return {"cpu_batch": cpu_batch, "gpu_batch": None, "dma": None,
                 "train": profile.cpu_training.per_batch_time(plan.train_threads, cores)}
-    return {"cpu_batch": cpu_batch,
-            "gpu_batch": profile.gpu_batching.mean_s if profile.gpu_batching else None,
+    return {"cpu_batch": cpu_batch, "gpu_batch": gpu_batch,
             "dma": profile.dma.mean_s if profile.dma else None,
             "train": profile.training.mean_s if profile.training else None}
 
@@ -112,14 +122,20 @@ def rescaled_profile(profile: Profile, factors: dict[str, float]) -> Profile:
     )
 
 
-def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, batches: int) -> DiskProfile:
-    """`disk` as the epoch's feature store counters say: rows per batch as counted, the hit curve's miss ratios and
+def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, batches: int,
+                  gpu_batches: int = 0) -> DiskProfile:
+    """`disk` as the epoch's feature store counters say, for an epoch of `batches` Route-0 and `gpu_batches` Route-1
+    batches that both gathered through the store: rows per batch of each route scaled by counted / predicted (a
+    profile that did not measure Route 1's rows apart counts its batches as Route 0's), the hit curve's miss ratios and
     the preads per missed row scaled by measured / predicted at the cache that ran (hits clipped to [0, 1]), and
     the read rates scaled by the rate the store's read timer measured (preads per second of reading) over the
     profile's at that cache, when it timed enough reads."""
     rows = reads.hits + reads.misses
-    if rows == 0 or batches == 0 or plan.tiering is None:
+    gpu_rows = disk.rows_per_batch if disk.gpu_rows_per_batch is None else disk.gpu_rows_per_batch
+    predicted_rows = disk.rows_per_batch * batches + gpu_rows * gpu_batches
+    if rows == 0 or predicted_rows == 0 or plan.tiering is None:
         return disk
+    counted_rows = rows / predicted_rows
     cache_bytes = plan.tiering.cache_bytes
     predicted_miss = 1.0 - disk.hit_ratio(cache_bytes)
     factor = (1.0 - reads.hit_ratio) / predicted_miss if predicted_miss > 0 else 1.0
@@ -138,8 +154,10 @@ def measured_disk(disk: DiskProfile, reads: FeatureStoreCounters, plan: Plan, ba
         timed = reads.reads_per_second / depth / disk.reads_per_s_at(cache_bytes)
         rates = tuple(rate * timed for rate in rates)
         store_rate = store_rate * timed if store_rate is not None else reads.reads_per_second / depth
-    return replace(disk, rows_per_batch=rows / batches, hit_curve=tuple(monotone), reads_per_miss=reads_per_miss,
-                   reads_per_miss_curve=per_size, store_reads_per_s=store_rate, reads_per_s_curve=rates)
+    return replace(disk, rows_per_batch=disk.rows_per_batch * counted_rows, hit_curve=tuple(monotone),
+                   reads_per_miss=reads_per_miss, reads_per_miss_curve=per_size, store_reads_per_s=store_rate,
+                   reads_per_s_curve=rates,
+                   gpu_rows_per_batch=None if disk.gpu_rows_per_batch is None else gpu_rows * counted_rows)
 
 
 def disk_reads_note(reads: FeatureStoreCounters, io_threads: int) -> str:
@@ -219,9 +237,9 @@ class Replanner:
             else:
                 self.factors[phase] += self.smoothing * (ratio - self.factors[phase])
         note = self._reprofile_if_contention_left()
-        if self.profile.disk is not None and result.feature_reads is not None and result.n_cpu:
+        if self.profile.disk is not None and result.feature_reads is not None:
             self.profile = self.profile.replaced(disk=measured_disk(self.profile.disk, result.feature_reads, plan,
-                                                                    result.n_cpu))
+                                                                    result.n_cpu, result.n_gpu))
         estimate = rescaled_profile(self.profile, self.factors)
         current_s = simulate_plan(estimate, plan, engine="fast").epoch_s
         candidate = plan_from_profile(estimate, gbs=self.gbs, seed=self.seed, cache_bytes=self.cache_bytes)

@@ -9,6 +9,8 @@ j-th training step), while the real `Executor` makes every decision:
   through a window of `queue_size` batches, as the C++ CpuBatcher does;
 - the GPU and the PCIe link are `VirtualResource`s granted in request order; UVA batching
   holds both, like the simulator's resources and like work queued on a CUDA stream;
+- features on disk: the disk is one more `VirtualResource`; a CPU batch's misses hold it before the
+  batch is built, a GPU batch's (`Durations.gpu_disk`) before its UVA batching, both in one queue;
 - transfers and training steps run on `VirtualStream`s (one thread each, in submission
   order), like CUDA streams: launching returns at once, the step waits for its transfer.
 
@@ -132,12 +134,14 @@ class VirtualMachine:
             self.latest_wake_s = max(self.latest_wake_s, woke - (start + seconds))
         return woke
 
-    def read_misses(self, index: int, turn: int) -> None:
-        """Route-0 batch `index`'s cache misses: holds the disk at `turn` for their drawn read time."""
+    def read_misses(self, index: int, turn: int, route: int = 0, number: int | None = None) -> None:
+        """Batch `index`'s cache misses: holds the disk at `turn` for their drawn read time (Route 1: the
+        `number`-th GPU batch's)."""
+        seconds = self.durations.disk[index] if route == 0 else self.durations.gpu_disk[number]
         with self.disk.hold(turn, self.group):
             start = time.perf_counter()
-            end = self.work(start, self.durations.disk[index])
-        self.record(index, 0, "read", ("disk",), 0, start, end)
+            end = self.work(start, seconds)
+        self.record(index, route, "read", ("disk",), 0, start, end)
 
     def record(self, batch: int, route: int, phase: str, devices: tuple[str, ...], lane: int, start: float,
                end: float) -> None:
@@ -312,8 +316,11 @@ class VirtualGpuBatcher(_VirtualRoute):
             yield self.make(number, order)
 
     def make(self, number: int, order: torch.Tensor) -> MiniBatch:
-        """UVA batching of batch `number`: holds the GPU, then the PCIe link too, for its duration."""
+        """UVA batching of batch `number`: reads its misses (holding the disk, features on disk), then holds the
+        GPU, then the PCIe link too, for its duration."""
         machine = self.machine
+        if machine.durations.gpu_disk:
+            machine.read_misses(self.first_position + number, machine.disk.request(), 1, number)
         with machine.gpu.hold(machine.gpu.request(), machine.group):
             with machine.pcie.hold(machine.pcie.request(), machine.group):
                 start = time.perf_counter()

@@ -102,14 +102,14 @@ class Partitioner:
         return self.split(self.best_lower_bound().n_cpu)
 
     def is_balanced(self, feedback: Feedback) -> bool:
-        """True when the idle-time mismatch is below one GPU batching time: moving a batch cannot help."""
-        assert self.times.gpu_batch_s is not None
-        return feedback.direction == 0 or feedback.mismatch_s < self.times.gpu_batch_s
+        """True when the idle-time mismatch is below one Route-1 batch (its disk reads, then T_GB): moving a batch
+        cannot help."""
+        return feedback.direction == 0 or feedback.mismatch_s < self.times.route_1_batch_s
 
     def step_size(self, feedback: Feedback) -> int:
-        """Batches to move so the mismatch closes: each moved batch shifts about T_GB + T_CB of idle time."""
-        assert self.times.gpu_batch_s is not None
-        return max(1, math.floor(feedback.mismatch_s / (self.times.gpu_batch_s + self.times.cpu_batch_s)))
+        """Batches to move so the mismatch closes: each moved batch shifts about one Route-1 batch + T_CB of idle
+        time."""
+        return max(1, math.floor(feedback.mismatch_s / (self.times.route_1_batch_s + self.times.cpu_batch_s)))
 
     def adjust(self, split: Split, feedback: Feedback, step: int = 1) -> Split:
         """The feedback step: move `step` batches towards the idle side (clamped to [0, n])."""

@@ -12,6 +12,11 @@ cores: a batching thread waits for its batch's reads while the disk serves them,
 system calls meanwhile, so T_CB includes only the CPU time beyond that wait (`cpu_beyond_the_wait`); the training
 threads keep their cores (CPU-only: P + Q cores). Charging all of it after the wait put papers100m-like's epoch
 at 499 s against 351 s measured, whose reads held the disk for 95% of it.
+
+Route 1 (the GPU batcher) gathers the input rows its GPU cache does not hold through the same feature store: its
+misses hold the same disk for `gpu_read_s` per batch (0: features in RAM, or a profile whose T_GB still holds its
+reads), before the batch's GPU work, T_GB, which then counts the GPU's and the PCIe link's time alone. The executor
+thread that waits for those reads serves their system calls, so only the CPU time beyond the wait lengthens T_GB.
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ class PhaseTimes:
     disk_read_s: float = 0.0
     io_threads: int | None = None
     read_cpu_s: float = 0.0
+    gpu_read_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_batches < 1:
@@ -60,8 +66,20 @@ class PhaseTimes:
             raise ValueError(f"PhaseTimes.disk_read_s must be >= 0 seconds, got {self.disk_read_s!r}")
         if not self.read_cpu_s >= 0:
             raise ValueError(f"PhaseTimes.read_cpu_s must be >= 0 seconds, got {self.read_cpu_s!r}")
+        if not self.gpu_read_s >= 0:
+            raise ValueError(f"PhaseTimes.gpu_read_s must be >= 0 seconds, got {self.gpu_read_s!r}")
+        if self.gpu_read_s > 0 and self.device != "cuda":
+            raise ValueError(f"PhaseTimes.gpu_read_s ({self.gpu_read_s!r}) is Route 1's reads; device "
+                             f"{self.device!r} has no Route 1: give 0")
         if self.device == "cpu" and (self.train_threads is None or self.train_threads < 1):
             raise ValueError(f"PhaseTimes on device 'cpu' needs train_threads >= 1, got {self.train_threads!r}")
+
+    @property
+    def route_1_batch_s(self) -> float:
+        """What the executor spends on one Route-1 batch: waiting out its misses' reads, then UVA batching."""
+        if self.gpu_batch_s is None:
+            raise ValueError("PhaseTimes.route_1_batch_s needs GPU phase times; this is a CPU-only configuration")
+        return self.gpu_read_s + self.gpu_batch_s
 
     @property
     def cpu_batch_latency_s(self) -> float:
@@ -76,7 +94,8 @@ class PhaseTimes:
 
         On a CPU-only profile both thread counts are needed: they split the cores. With features on disk,
         `cache_bytes` is the host cache of hot rows (default: the largest the profile's memory budget allows) and
-        `io_threads` the feature store's I/O threads (default: those it was profiled with).
+        `io_threads` the feature store's I/O threads (default: those it was profiled with); both routes' misses are
+        read at them.
         """
         cores = profile.cores
         threads = cores if cpu_threads is None else cpu_threads
@@ -96,11 +115,15 @@ class PhaseTimes:
                        cpu_batch_cv=batching.cv, train_cv=training.cv, train_threads=train_threads, device="cpu",
                        disk_read_s=disk_read_s, io_threads=io_threads, read_cpu_s=read_cpu_s)
         assert profile.gpu_batching is not None and profile.dma is not None and profile.training is not None
+        gpu_read_s = 0.0 if disk is None else disk.read_s_per_batch(cache, io_threads, route=1)
+        gpu_read_cpu_s = 0.0 if disk is None else disk.read_cpu_s_per_batch(cache, io_threads, route=1)
         return cls(
             profile.num_batches, batching.mean_s, threads, profile.training.mean_s,
-            gpu_batch_s=profile.gpu_batching.mean_s, dma_s=profile.dma.mean_s,
+            gpu_batch_s=profile.gpu_batching.mean_s + cpu_beyond_the_wait(gpu_read_s, gpu_read_cpu_s),
+            dma_s=profile.dma.mean_s,
             cpu_batch_cv=batching.cv, gpu_batch_cv=profile.gpu_batching.cv, dma_cv=profile.dma.cv,
             train_cv=profile.training.cv, disk_read_s=disk_read_s, io_threads=io_threads, read_cpu_s=read_cpu_s,
+            gpu_read_s=gpu_read_s,
         )
 
     def summary(self) -> dict[str, float | int | str | None]:
@@ -109,5 +132,5 @@ class PhaseTimes:
             "device": self.device, "num_batches": self.num_batches, "cpu_threads": self.cpu_threads,
             "train_threads": self.train_threads, "t_cb_s": self.cpu_batch_s, "t_gb_s": self.gpu_batch_s,
             "t_dma_s": self.dma_s, "t_m_s": self.train_s, "t_disk_s": self.disk_read_s,
-            "io_threads": self.io_threads, "t_read_cpu_s": self.read_cpu_s,
+            "io_threads": self.io_threads, "t_read_cpu_s": self.read_cpu_s, "t_gpu_disk_s": self.gpu_read_s,
         }

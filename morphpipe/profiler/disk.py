@@ -109,7 +109,12 @@ class DiskProfile:
     `io_curve` holds the store's read rate and CPU time per read at several I/O thread counts (increasing), one of
     them `io_threads`, the count every rate above was measured at: at another count the rates scale by the curve's
     rate there over its rate at `io_threads`, and each pread costs the curve's CPU time there. Empty (profiles from
-    before it was measured): the store's own I/O threads only, and no CPU time charged for reading."""
+    before it was measured): the store's own I/O threads only, and no CPU time charged for reading.
+
+    `gpu_rows_per_batch` is the rows a Route 1 (GPU batcher) batch gathers through the store: its input rows the GPU
+    cache does not hold, read from the host cache, else the disk. Their misses hold the disk like Route 0's, at the
+    same hit ratio and rates (the same static cache serves both). None (profiles without a GPU, or from before
+    Route 1's reads were measured apart): Route 1's reads, if any, are inside the profiled T_GB."""
 
     facts: DiskReadFacts
     row_bytes: int
@@ -124,6 +129,7 @@ class DiskProfile:
     reads_per_s_curve: tuple[float, ...] = ()
     io_curve: tuple[IoThreadsRate, ...] = ()
     io_threads: int | None = None
+    gpu_rows_per_batch: float | None = None
 
     def __post_init__(self) -> None:
         if self.row_bytes < 1 or self.num_rows < 1:
@@ -131,6 +137,10 @@ class DiskProfile:
                              f"{self.num_rows!r}")
         if not (math.isfinite(self.rows_per_batch) and self.rows_per_batch >= 0):
             raise ValueError(f"DiskProfile.rows_per_batch must be a finite number >= 0, got {self.rows_per_batch!r}")
+        if self.gpu_rows_per_batch is not None and not (math.isfinite(self.gpu_rows_per_batch)
+                                                        and self.gpu_rows_per_batch >= 0):
+            raise ValueError(f"DiskProfile.gpu_rows_per_batch must be a finite number >= 0 (or None: Route 1's reads "
+                             f"not measured apart), got {self.gpu_rows_per_batch!r}")
         if not (math.isfinite(self.reads_per_miss) and self.reads_per_miss > 0):
             raise ValueError(f"DiskProfile.reads_per_miss must be a finite number > 0, got {self.reads_per_miss!r}")
         if self.cache_budget_bytes < 0 or self.resident_bytes < 0:
@@ -230,18 +240,27 @@ class DiskProfile:
             (size, ratio), end = self.hit_curve[index - 1], self.hit_curve[index]
         return ratio + (end[1] - ratio) * (cache_bytes - size) / (end[0] - size)
 
-    def read_s_per_batch(self, cache_bytes: int, io_threads: int | None = None) -> float:
-        """Time a batch's cache misses hold the disk with a cache of `cache_bytes` and `io_threads` I/O threads."""
-        return (self.rows_per_batch * (1.0 - self.hit_ratio(cache_bytes))
+    def read_s_per_batch(self, cache_bytes: int, io_threads: int | None = None, route: int = 0) -> float:
+        """Time a `route` batch's cache misses hold the disk with a cache of `cache_bytes` and `io_threads` I/O
+        threads (Route 1: 0 when its reads were not measured apart)."""
+        return (self.rows_fetched(route) * (1.0 - self.hit_ratio(cache_bytes))
                 * self.seconds_per_miss(cache_bytes, io_threads))
 
-    def read_cpu_s_per_batch(self, cache_bytes: int, io_threads: int | None = None) -> float:
-        """CPU time the preads of a batch's cache misses take on the cores (0 when `io_curve` was not measured)."""
+    def read_cpu_s_per_batch(self, cache_bytes: int, io_threads: int | None = None, route: int = 0) -> float:
+        """CPU time the preads of a `route` batch's cache misses take on the cores (0 when `io_curve` was not
+        measured)."""
         if not self.io_curve:
             return 0.0
-        reads = self.rows_per_batch * (1.0 - self.hit_ratio(cache_bytes)) * self.reads_per_miss_at(cache_bytes)
+        reads = self.rows_fetched(route) * (1.0 - self.hit_ratio(cache_bytes)) * self.reads_per_miss_at(cache_bytes)
         count = self.io_threads if io_threads is None else io_threads
         return reads * self._along_io_curve("cpu_s_per_read", count)
+
+    def rows_fetched(self, route: int) -> float:
+        """Rows a batch of `route` gathers through the store: Route 0 all its input rows, Route 1 those the GPU cache
+        does not hold (0 when not measured apart: its reads are then inside T_GB)."""
+        if route == 0:
+            return self.rows_per_batch
+        return self.gpu_rows_per_batch or 0.0
 
     def cache_candidates(self) -> list[int]:
         """The cache sizes the planner compares: the measured ones within the budget, and the budget itself (or
@@ -271,7 +290,8 @@ class DiskProfile:
                               for i, (size, ratio) in enumerate(self.hit_curve)],
                 "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes,
                 "store_reads_per_s": self.store_reads_per_s,
-                "io_curve": [point.to_dict() for point in self.io_curve], "io_threads": self.io_threads}
+                "io_curve": [point.to_dict() for point in self.io_curve], "io_threads": self.io_threads,
+                "gpu_rows_per_batch": self.gpu_rows_per_batch}
 
     @classmethod
     def from_fields(cls, reader: FieldReader) -> DiskProfile:
@@ -294,7 +314,8 @@ class DiskProfile:
                        tuple(value for value in counted if value is not None),
                        reader.number("store_reads_per_s", positive=True, optional=True),
                        tuple(value for value in rates if value is not None), io_curve,
-                       reader.integer("io_threads", minimum=0, optional=True))
+                       reader.integer("io_threads", minimum=0, optional=True),
+                       reader.number("gpu_rows_per_batch", minimum=0.0, optional=True))
 
 
 def measure_disk_reads(path: str | os.PathLike, queue_depth: int, seconds: float = 2.0, block: int = PAGE,

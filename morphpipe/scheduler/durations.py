@@ -5,11 +5,12 @@ positive; with cv = 0 every duration is the mean. One epoch's durations are draw
 phase from its own seeded stream and indexed by the order the phase happens in (the j-th CPU
 batch, the j-th transfer, ...), so both simulators, and every split the planner compares,
 see the same numbers (common random numbers). A Route-0 batch's disk reads (features on disk) take
-the same time for every batch: the misses of a static cache vary little from batch to batch.
+the same time for every batch: the misses of a static cache vary little from batch to batch; so do a Route-1
+batch's (`gpu_disk`, indexed by the j-th GPU batch).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +33,7 @@ class Durations:
     dma: list[float]
     train: list[float]
     disk: list[float]  # the j-th CPU batch's cache misses hold the disk this long (empty: features in RAM)
+    gpu_disk: list[float] = field(default_factory=list)  # the j-th GPU batch's misses (empty: none modelled)
 
     @classmethod
     def draw(cls, times: PhaseTimes, seed: int) -> Durations:
@@ -44,4 +46,5 @@ class Durations:
             dma=draw(times.dma_s, times.dma_cv, n, streams[2]) if times.dma_s else [],
             train=draw(times.train_s, times.train_cv, n, streams[3]),
             disk=[times.disk_read_s] * n if times.disk_read_s > 0 else [],
+            gpu_disk=[times.gpu_read_s] * n if times.gpu_read_s > 0 else [],
         )

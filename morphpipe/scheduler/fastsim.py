@@ -7,8 +7,9 @@ launched at most one step ahead, and the CPU batching threads are advanced lazil
 executor's clock whenever it looks at the CPU buffer. Batches finishing at the very moment
 the executor looks are visible to it, as in the SimPy model (which yields once before each
 decision). The disk (features on disk) serves the batches' cache misses in claim order, each
-read starting when its thread claims the batch and the disk is free. tests/scheduler/test_engines.py checks that both give the same epochs, busy
-fractions, blocks and buffer levels.
+read starting when its thread claims the batch and the disk is free; a Route-1 batch's read joins the same queue
+when the executor asks for it, after every claim made until then (ties included). tests/scheduler/test_engines.py
+checks that both give the same epochs, busy fractions, blocks and buffer levels.
 """
 from __future__ import annotations
 
@@ -139,10 +140,15 @@ class FastDualBuffer:
         return cpu_side_full(self.split.n_cpu - self.cpu_taken, len(self.cpu.buffer), self.split.cbs)
 
     def gpu_batch(self) -> None:
-        """UVA batching: starts when both the GPU and the PCIe link are free; the executor waits for it."""
+        """Route 1: its misses wait for the disk (behind every claim made until now), then UVA batching starts when
+        both the GPU and the PCIe link are free; the executor waits for both."""
         number = self.gpu_made
         self.gpu_made += 1
         index = self.split.n_cpu + number
+        if self.d.gpu_disk:  # the loop advanced the CPU threads to now: every claim until now holds its place
+            start = max(self.now, self.cpu.disk_free)
+            self.cpu.disk_free = self.now = start + self.d.gpu_disk[number]
+            self.rec.phase(index, 1, "read", "disk", 0, start, self.now)
         start = max(self.now, self.gpu_free, self.pcie_free)
         end = start + self.d.gpu_batch[number]
         self.rec.phase(index, 1, "uva", "gpu", 0, start, end)

@@ -26,7 +26,12 @@ the GPU in launch order even while it still waits for its transfer.
 Features on disk: the disk is one more resource (one queue: the store keeps its reads in flight
 at the depth its rate was measured at, so batches' misses are served one batch after another).
 A Route-0 batching thread first holds the disk for its batch's cache misses, then builds the
-batch; with no misses (`Durations.disk` empty) the disk is not modelled at all.
+batch. A Route-1 batch, too, first waits for and holds the disk for its misses (`Durations.gpu_disk`: the rows its
+GPU cache lacks, read through the host's feature store), then does its UVA batching; the executor waits throughout
+(the GPU batcher is synchronous) while the GPU and PCIe link stay free for work already launched. Both routes'
+reads share the one disk queue, served in request order; at a tie a thread's claim goes first (the executor takes
+one more turn of the clock before it asks). With no misses (`Durations.disk` and `gpu_disk` empty) the disk is not
+modelled at all.
 """
 from __future__ import annotations
 
@@ -47,16 +52,17 @@ Process = Generator[simpy.Event, Any, Any]
 
 def devices_of(durations: Durations, devices: dict[str, int]) -> dict[str, int]:
     """The lanes per device of a model, with the disk when batches read cache misses from it."""
-    return {**devices, "disk": 1} if durations.disk else devices
+    return {**devices, "disk": 1} if durations.disk or durations.gpu_disk else devices
 
 
-def read_misses(env: simpy.Environment, disk: simpy.Resource, rec: Recorder, seconds: float, index: int) -> Process:
-    """A Route-0 batch's cache misses: wait for the disk, hold it for `seconds`."""
+def read_misses(env: simpy.Environment, disk: simpy.Resource, rec: Recorder, seconds: float, index: int,
+                route: int = 0) -> Process:
+    """A `route` batch's cache misses: wait for the disk, hold it for `seconds`."""
     with disk.request() as request:
         yield request
         start = env.now
         yield env.timeout(seconds)
-        rec.phase(index, 0, "read", "disk", 0, start, env.now)
+        rec.phase(index, route, "read", "disk", 0, start, env.now)
 
 
 def cpu_side_full(untaken: int, ready: int, cbs: int) -> bool:
@@ -155,10 +161,14 @@ class DualBufferModel:
         yield self.last_train
 
     def gpu_batch(self) -> Process:
-        """Route 1: UVA batching holds the GPU and the PCIe link together; the batch joins the GPU buffer."""
+        """Route 1: its misses hold the disk, then UVA batching holds the GPU and the PCIe link together; the batch
+        joins the GPU buffer."""
         number = self.gpu_made
         self.gpu_made += 1
         index = self.split.n_cpu + number
+        if self.d.gpu_disk:
+            yield self.env.timeout(0)  # a thread claiming its batch at this instant asks for the disk first
+            yield from read_misses(self.env, self.disk, self.rec, self.d.gpu_disk[number], index, 1)
         with self.gpu.request() as gpu:
             yield gpu
             with self.pcie.request() as link:

@@ -24,7 +24,8 @@ class FeatureTiering:
     misses hold the disk `disk_read_s` per batch. `candidates_s`: the predicted epoch at each cache size tried.
     `io_threads`: the feature store's I/O threads the plan runs with, its misses' reads taking `read_cpu_s` of CPU
     per batch on the batching side's cores (None: the store keeps its own, as plans made before the planner chose
-    them; `read_cpu_s` is then 0, not predicted)."""
+    them; `read_cpu_s` is then 0, not predicted). `gpu_read_s`: the time a Route-1 batch's misses hold the same disk
+    (0: none on Route 1, or a profile whose T_GB holds its reads)."""
 
     cache_bytes: int
     cache_budget_bytes: int
@@ -33,6 +34,7 @@ class FeatureTiering:
     candidates_s: dict[int, float]
     io_threads: int | None = None
     read_cpu_s: float = 0.0
+    gpu_read_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.io_threads is not None and (isinstance(self.io_threads, bool) or not isinstance(self.io_threads, int)
@@ -44,7 +46,7 @@ class FeatureTiering:
         return {"features": "disk", "cache_bytes": self.cache_bytes, "cache_budget_bytes": self.cache_budget_bytes,
                 "hit_ratio": self.hit_ratio, "disk_read_s": self.disk_read_s,
                 "candidates": [{"cache_bytes": size, "epoch_s": epoch} for size, epoch in self.candidates_s.items()],
-                "io_threads": self.io_threads, "read_cpu_s": self.read_cpu_s}
+                "io_threads": self.io_threads, "read_cpu_s": self.read_cpu_s, "gpu_read_s": self.gpu_read_s}
 
     @classmethod
     def from_fields(cls, reader: FieldReader) -> FeatureTiering:
@@ -52,12 +54,13 @@ class FeatureTiering:
         candidates = {item.integer("cache_bytes", minimum=0): item.number("epoch_s", positive=True)
                       for item in reader.sections("candidates")}
         read_cpu_s = reader.number("read_cpu_s", minimum=0.0, optional=True)
+        gpu_read_s = reader.number("gpu_read_s", minimum=0.0, optional=True)
         io_threads = reader.integer("io_threads", minimum=0, optional=True)
         if io_threads is not None and io_threads > MAX_IO_THREADS:
             raise reader.error("io_threads", f"must be at most {MAX_IO_THREADS}", io_threads)
         return cls(reader.integer("cache_bytes", minimum=0), reader.integer("cache_budget_bytes", minimum=0),
                    reader.number("hit_ratio", minimum=0.0), reader.number("disk_read_s", minimum=0.0), candidates,
-                   io_threads, read_cpu_s or 0.0)
+                   io_threads, read_cpu_s or 0.0, gpu_read_s or 0.0)
 
     def matches(self, store) -> bool:
         """True when FeatureStore `store` already has the planned cache and I/O threads (None: any)."""
@@ -70,7 +73,7 @@ class FeatureTiering:
         return (f"features on disk behind a host cache of {format_bytes(self.cache_bytes)} of hot rows (budget "
                 f"{format_bytes(self.cache_budget_bytes)}, {len(self.candidates_s)} sizes simulated): predicted hit "
                 f"ratio {self.hit_ratio:.1%}, the misses hold the disk {self.disk_read_s * 1e3:.3g} ms per batch"
-                + reads)
+                + (f" ({self.gpu_read_s * 1e3:.3g} ms per GPU batch)" if self.gpu_read_s else "") + reads)
 
 
 def count_of(count: int, noun: str) -> str:

@@ -2,11 +2,11 @@
 
 The loop (DESIGN.md, "Dual-buffer scheduling", feedback):
 1. start at the exact minimiser of the lower bound LB;
-2. simulate; if the idle time of one side exceeds the other's by at least one GPU batching
-   time, move batches towards the idle side: as many as should close the gap (each moved
-   batch shifts about T_GB + T_CB), halving the move whenever it fails to shorten the epoch,
-   down to the paper's single batch; stop when the mismatch is below one GPU batching time or
-   a one-batch move stops improving the predicted epoch;
+2. simulate; if the idle time of one side exceeds the other's by at least one Route-1 batch
+   (T_GB, after its disk reads with features on disk), move batches towards the idle side: as
+   many as should close the gap (each moved batch shifts about that + T_CB), halving the move
+   whenever it fails to shorten the epoch, down to the paper's single batch; stop when the
+   mismatch is below one Route-1 batch or a one-batch move stops improving the predicted epoch;
 3. certify: the simulated epoch of a split can never beat that split's lower bound computed
    from the same drawn durations (Scheduler.lower_bounds), so the splits are visited in
    order of that bound until it reaches the best epoch found, within `tolerance`: then no
@@ -21,7 +21,8 @@ chosen plan is then simulated again with the reporting engine (SimPy by default)
 the same numbers (tests/scheduler/test_engines.py).
 
 With features on disk (Profile.disk) the host cache of hot rows is chosen too: a larger cache
-never makes the simulated epoch longer (fewer misses hold the disk), so the planner looks, by
+never makes the simulated epoch longer (fewer misses of either route hold the disk: Route 1's
+reads, those of the rows its GPU cache lacks, queue on it with Route 0's), so the planner looks, by
 bisection over the candidate sizes within the memory budget, for the smallest cache whose best
 plan is within CACHE_TOLERANCE of the best plan at the largest cache: RAM that buys less than
 that is left to the rest of the machine. At each cache size the feature store's I/O threads are chosen as well:
@@ -146,7 +147,8 @@ def plan_from_profile(profile: Profile, gbs: int = 10, seed: int = 0, *, cpu_thr
     tried[cache_bytes] = plan.predicted_epoch_s
     tiering = FeatureTiering(cache_bytes, disk.cache_budget_bytes, disk.hit_ratio(cache_bytes),
                              disk.read_s_per_batch(cache_bytes, count), dict(sorted(tried.items())), count,
-                             disk.read_cpu_s_per_batch(cache_bytes, count))
+                             disk.read_cpu_s_per_batch(cache_bytes, count),
+                             disk.read_s_per_batch(cache_bytes, count, route=1) if profile.device == "cuda" else 0.0)
     return replace(plan, tiering=tiering, evaluations=evaluations + plan.evaluations)
 
 

@@ -23,6 +23,8 @@ _COLOURS = {
     ("uva", 1): "tab:green",
     ("train", 0): "tab:purple",
     ("train", 1): "tab:red",
+    ("read", 0): "tab:gray",
+    ("read", 1): "tab:olive",
 }
 _LABELS = {
     ("batch", 0): "CPU batching (Route 0)",
@@ -30,6 +32,8 @@ _LABELS = {
     ("uva", 1): "UVA batching (Route 1)",
     ("train", 0): "training, Route 0 batch",
     ("train", 1): "training, Route 1 batch",
+    ("read", 0): "disk: Route 0 misses",
+    ("read", 1): "disk: Route 1 misses",
 }
 
 

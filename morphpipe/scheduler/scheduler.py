@@ -60,9 +60,10 @@ class Scheduler:
         The CPU threads need sum(latency)/P for the Route-0 batches, then the last one still
         crosses PCIe and trains; the PCIe link carries every DMA and UVA batch, then one more
         training follows; the GPU runs every UVA batch and every training step; with features on
-        disk, a CPU thread also waits out its batch's reads, and the disk serves every Route-0
-        batch's reads before the last one is built, crosses and trains. No schedule of these
-        durations beats the largest of these, so the planner can prune with it.
+        disk, a CPU thread also waits out its batch's reads, and the disk serves every batch's reads
+        (both routes') before the last one is built (or UVA-batched), crosses and trains; the executor
+        waits out each Route-1 batch's reads and UVA batching in turn, then one step trains. No schedule
+        of these durations beats the largest of these, so the planner can prune with it.
         """
         if self.times.device != "cuda":
             raise ValueError("Scheduler.lower_bounds needs a CPU+GPU configuration")
@@ -72,13 +73,19 @@ class Scheduler:
         reads = np.concatenate(([0.0], np.cumsum(d.disk))) if d.disk else np.zeros(n + 1)
         cpu = (np.concatenate(([0.0], np.cumsum(d.cpu_batch))) + reads) / self.times.cpu_threads
         cpu[1:] += min(d.dma) + min(d.train)
+        gpu_reads = (np.concatenate(([0.0], np.cumsum(d.gpu_disk))) if d.gpu_disk else np.zeros(n + 1))[n - n_cpu]
+        cpu_tail = min(d.cpu_batch) + min(d.dma) + min(d.train)
+        gpu_tail = min(d.gpu_batch) + min(d.train) if d.gpu_batch else cpu_tail
         disk = reads.copy()
-        disk[1:] += min(d.cpu_batch) + min(d.dma) + min(d.train)
+        disk[1:] += cpu_tail  # the last Route-0 read, then its batch is built, crosses and trains
+        last = np.where(n_cpu == 0, gpu_tail, np.where(n_cpu == n, cpu_tail, min(cpu_tail, gpu_tail)))
+        disk = np.maximum(disk, reads + gpu_reads + last)  # the last read of either route, then its batch's rest
         dma = np.concatenate(([0.0], np.cumsum(d.dma)))
         uva = np.concatenate(([0.0], np.cumsum(d.gpu_batch)))[n - n_cpu]
         pcie = dma + uva + min(d.train)
         gpu = uva + sum(d.train)
-        return np.maximum(np.maximum(np.maximum(cpu, pcie), gpu), disk)
+        executor = gpu_reads + uva + min(d.train)
+        return np.maximum.reduce([cpu, pcie, gpu, disk, executor])
 
     def all_cpu(self, gbs: int = 10, *, engine: str = "simpy", trace: bool = False) -> SimulationResult:
         """The all-CPU baseline: every batch on Route 0, the naive three-stage pipeline (SALIENT-like)."""

@@ -8,10 +8,12 @@ import pytest
 
 from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.executor.executor import EpochResult
-from morphpipe.executor.replan import Replanner, predicted_phases, same_schedule
+from morphpipe.executor.replan import Replanner, measure_phases, measured_disk, predicted_phases, same_schedule
+from morphpipe.partitioner import Partitioner, PhaseTimes
 from morphpipe.profiler.disk import DiskProfile, DiskReadFacts, IoThreadsRate
 from morphpipe.profiler.profile import Profile
-from morphpipe.scheduler import plan_from_profile
+from morphpipe.scheduler import Scheduler, plan_from_profile
+from tests.executor.virtual_time import faithful_runs, virtual_epoch
 
 BATCHES = 40
 ROWS_PER_BATCH = 4_000
@@ -102,3 +104,42 @@ def test_plans_that_differ_only_in_their_io_threads_are_different_schedules_and_
     replanner = Replanner(profile)
     replanner.observe(epoch, few)
     assert replanner.profile.disk.reads_per_s_at(256_000) == pytest.approx(10_000.0)
+
+
+def route_1_profile(gpu_rows: float | None) -> Profile:
+    """A GPU machine whose Route 1 gathers `gpu_rows` a batch through the store (None: not measured apart)."""
+    facts = DiskReadFacts("features.npy", 4096, 48, 50_000.0, 2e9, 4 << 20)
+    disk = DiskProfile(facts, 256, 100_000, 400.0, 1.0, ((0, 0.0), (2_560_000, 0.72)), 6_400_000, 1_000_000,
+                       gpu_rows_per_batch=gpu_rows)
+    return Profile.synthetic(t_cb=0.03, t_m=0.008, t_gb=0.006, t_dma=0.005, cores=2,
+                             num_batches=24).replaced(disk=disk)
+
+
+def test_replanning_measures_route_1_reads_as_part_of_its_batches() -> None:
+    profile = route_1_profile(400.0)
+    plan = plan_from_profile(profile, engine="fast", cache_bytes=0)
+    read_s = 400 / 50_000.0  # no cache: every row a read
+    expected = predicted_phases(profile, plan)
+    assert expected["gpu_batch"] == pytest.approx(0.006 + read_s)
+    assert predicted_phases(route_1_profile(None), plan)["gpu_batch"] == pytest.approx(0.006)  # inside T_GB
+    # The executor on virtual devices: Route 1's reads are traced apart on the disk, and counted in its batches.
+    times = PhaseTimes.from_profile(profile, plan.cpu_threads, cache_bytes=0)
+    split = Partitioner(times, 6).split(12)
+    for result, _ in faithful_runs(lambda: virtual_epoch(times, split, Scheduler(times, 1).durations, batch_size=4)):
+        assert sum(r.phase == "read" and r.route == 1 for r in result.trace) == split.n_gpu
+        measured = measure_phases(result, plan).gpu_batch
+        assert measured.mean_s == pytest.approx(expected["gpu_batch"], rel=0.15)
+        break
+
+
+def test_the_store_counts_both_routes_rows() -> None:
+    profile = route_1_profile(100.0)  # a GPU cache holds 3/4 of Route 1's rows
+    plan = plan_from_profile(profile, engine="fast", cache_bytes=0)
+    n_cpu, n_gpu = 16, 8
+    rows = int(1.5 * (400 * n_cpu + 100 * n_gpu))  # both routes gathered half as many rows again as profiled
+    counted = FeatureStoreCounters(0, rows, rows, rows * 4096)
+    disk = measured_disk(profile.disk, counted, plan, n_cpu, n_gpu)
+    assert disk.rows_per_batch == pytest.approx(600.0) and disk.gpu_rows_per_batch == pytest.approx(150.0)
+    # A profile that did not measure Route 1's rows apart: its batches count as Route 0's.
+    old = measured_disk(route_1_profile(None).disk, FeatureStoreCounters(0, 400 * 24, 400 * 24, 0), plan, n_cpu, n_gpu)
+    assert old.rows_per_batch == pytest.approx(400.0) and old.gpu_rows_per_batch is None

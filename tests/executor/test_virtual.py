@@ -35,6 +35,9 @@ PROFILES = {
     "cpu-bound": PhaseTimes(40, 0.018, 2, 0.014, 0.016, 0.008, CV, CV, CV, CV),
     "training-bound": PhaseTimes(40, 0.012, 3, 0.024, 0.015, 0.009, CV, CV, CV, CV),
     "cheap-uva": PhaseTimes(40, 0.030, 1, 0.011, 0.009, 0.012, CV, CV, CV, CV),
+    # Features on disk: both routes' misses hold the one disk (Route 0 before building, Route 1 before UVA batching).
+    "disk-shared": PhaseTimes(40, 0.0113, 3, 0.0071, 0.0067, 0.0083, CV, CV, CV, CV, disk_read_s=0.0107,
+                              gpu_read_s=0.0053),
 }
 # CPU-only: (times, cbs, whether batching and training take turns on the same cores)
 CPU_ONLY = {
@@ -97,15 +100,16 @@ def check_behaviour(result: EpochResult, predicted: SimulationResult, trainer: V
     assert result.max_cpu_buffer <= max(split.cbs, 0) and result.max_gpu_buffer <= split.gbs
     assert overlaps(result.trace) == []
     phases = Counter(record.phase for record in result.trace)
+    reads = (split.n_cpu if times.disk_read_s else 0) + (split.n_gpu if times.gpu_read_s else 0)
     expected = Counter({"train": n, "batch": split.n_cpu, "dma": 0 if times.device == "cpu" else split.n_cpu,
-                        "uva": 2 * split.n_gpu})
+                        "uva": 2 * split.n_gpu, "read": reads})
     assert phases == +expected
     by_batch = defaultdict(dict)
     for record in result.trace:
         by_batch[record.batch][record.phase] = record
     for position, phases_of in by_batch.items():
         route = 0 if position < split.n_cpu else 1
-        chain = ["batch", "dma", "train"] if route == 0 else ["uva", "train"]
+        chain = ["read", "batch", "dma", "train"] if route == 0 else ["read", "uva", "train"]
         present = [phases_of[name] for name in chain if name in phases_of]
         for before, after in zip(present, present[1:]):
             assert before.end <= after.start + 1e-6, f"batch {position}: {before.phase} must end before {after.phase}"

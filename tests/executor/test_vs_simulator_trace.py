@@ -40,6 +40,10 @@ PROFILES = {
     "cheap-uva": PhaseTimes(NUM_BATCHES, 0.0297, 1, 0.0113, 0.0089, 0.0121),
     # Features on disk: each Route-0 batch first holds the disk for its misses (the disk bounds Route 0).
     "disk-bound": PhaseTimes(NUM_BATCHES, 0.0071, 3, 0.0139, 0.0163, 0.0083, disk_read_s=0.0187),
+    # Both routes read their misses from the one disk: Route 1's reads queue behind Route 0's before UVA batching
+    # (read without waiting for the disk, they would change the training order of both mixed plans).
+    "disk-shared": PhaseTimes(NUM_BATCHES, 0.0169, 2, 0.0075, 0.0072, 0.0119, disk_read_s=0.0184,
+                              gpu_read_s=0.0078),
 }
 NOISE_CV = 0.15
 # A DMA whose simulated start lies this close to a training start is not compared (a near tie).

@@ -1,11 +1,16 @@
 """The disk's measured read rates and the hit ratio of a static hot-row cache by cache size."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from morphpipe import native
+from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.profiler.disk import hit_ratio_by_cache_size, measure_disk_reads, presampled_hit_ratios
+from morphpipe.profiler.profile import PhaseTiming
+from morphpipe.profiler.profiler import MIN_GPU_SHARE, route_1_reads_apart
 from tests.conftest import make_graph
 
 
@@ -159,3 +164,17 @@ def test_each_io_thread_count_stops_within_one_gather_of_its_time(tmp_path, monk
     assert len(curve) == len(disk.IO_THREAD_COUNTS) + 1  # and the store's own 2
     for point in curve:  # one gather of 1000 rows (about 1000 reads, over MIN_TIMED_READS) each, not 32,000 rows
         assert [rows for threads, rows in gathered_rows if threads == point.io_threads] == [1000]
+
+
+def test_route_1_reads_are_taken_out_of_the_gpu_batching_time() -> None:
+    """GPU batching timed while it gathered through the store: the disk's part leaves T_GB for the plan's disk."""
+    timing = PhaseTiming.from_samples([0.030, 0.034, 0.026, 0.030])  # 4 timed batches after 2 warm-up ones
+    reads = FeatureStoreCounters(hits=3_000, misses=3_000, reads=3_000, bytes_read=3_000 * 4096, read_seconds=0.06)
+    gpu, rows, note = route_1_reads_apart(timing, reads, batches=6)
+    assert gpu.mean_s == pytest.approx(0.020) and gpu.cv == pytest.approx(timing.cv) and gpu.samples == 4
+    assert rows == 1_000.0 and note is None
+    slow_warmup = dataclasses.replace(reads, read_seconds=0.3)  # 50 ms a batch on average: more than one took
+    gpu, _, note = route_1_reads_apart(timing, slow_warmup, batches=6)
+    assert gpu.mean_s == pytest.approx(0.030 * MIN_GPU_SHARE) and "kept at 5%" in note
+    with pytest.raises(ValueError, match="batches made"):
+        route_1_reads_apart(timing, reads, batches=0)

@@ -4,6 +4,7 @@ disk-bound workload follows the disk's speed, not the CPU's."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ import torch
 from morphpipe.data import GraphStore
 from morphpipe.executor.replan import rescaled_profile
 from morphpipe.profiler.disk import resident_bytes
+from morphpipe.profiler.operators import OPERATORS, no_sync, timed_steps
+from morphpipe.profiler.profile import PhaseTiming
 from morphpipe.profiler.profiler import Profiler
 from morphpipe.scheduler import plan_from_profile
 from morphpipe.scheduler.whatif import what_if
@@ -86,3 +89,32 @@ def test_the_memory_budget_holds_the_batches_in_flight_and_a_step_beside_the_cac
     in_flight = (profiler.buffer_batches + 2) * profile.batch_bytes
     assert disk.resident_bytes >= resident_bytes(on_disk) + in_flight * 0.99  # batch_bytes is a rounded mean
     assert disk.cache_budget_bytes == max(0, profiler.memory_budget - disk.resident_bytes)
+
+
+def test_route_1_reads_through_the_store_are_taken_out_of_t_gb(on_disk, monkeypatch):
+    """GPU batching timed through the feature store (here the Route 1 batcher's torch path on the CPU, standing in
+    for the GPU operator this machine lacks): the profile's T_GB is the timing less the store's read time per
+    batch, and the disk profile holds the rows a Route-1 batch gathered (every input row: no GPU cache)."""
+    rows, raw = [], {}
+
+    def gpu_batching(session):
+        with session.task.batcher(session.graph, session.fanouts, session.batch_size, route=1, seed=session.seed,
+                                  device="cpu") as batcher:
+            batches = itertools.chain.from_iterable(batcher.epoch(epoch) for epoch in itertools.count())
+            raw["timing"] = timed_steps(session, lambda: rows.append(next(batches).input_nodes.numel()), no_sync)
+        raw["reads"] = session.graph.feature_store.counters()
+        return raw["timing"]
+
+    monkeypatch.setitem(OPERATORS, ("gpu_batching", "cuda"), gpu_batching)
+    monkeypatch.setitem(OPERATORS, ("dma", "cuda"), lambda session: PhaseTiming.from_mean(0.001))
+    monkeypatch.setitem(OPERATORS, ("training", "cuda"), lambda session: PhaseTiming.from_mean(0.002))
+    profiler = Profiler(on_disk, fanouts=[5, 3], batch_size=64, hidden=8, device="cpu", thread_counts=[1],
+                        warmup=1, steps=4, budget_s=0.5, progress=False, attempts=1, disk_seconds=0.05,
+                        memory_budget=4 << 20)
+    profiler.device = "cuda"
+    profile = profiler.measure()
+    reads = raw["reads"]
+    assert reads.misses == sum(rows) and reads.read_seconds > 0  # a cache-less store: every row a miss
+    assert profile.disk.gpu_rows_per_batch == pytest.approx(sum(rows) / len(rows))
+    assert profile.gpu_batching.mean_s == pytest.approx(raw["timing"].mean_s - reads.read_seconds / len(rows))
+    assert profile.gpu_batching.samples == raw["timing"].samples

@@ -39,11 +39,12 @@ def profiles() -> list[Profile]:
 
 
 def test_an_epoch_with_every_row_cached_equals_the_model_without_the_disk() -> None:
-    for profile in profiles():
+    for profile in profiles() + route_1_profiles():  # neither route reads anything
         every_row = NUM_ROWS * ROW_BYTES
         cached = plan_from_profile(profile, cache_bytes=every_row)
         in_ram = plan_from_profile(profile.replaced(disk=None))
         assert cached.tiering is not None and cached.tiering.hit_ratio == 1.0 and cached.tiering.disk_read_s == 0.0
+        assert cached.tiering.gpu_read_s == 0.0
         assert cached.predicted_epoch_s == in_ram.predicted_epoch_s
         assert (cached.n_cpu, cached.cpu_threads, cached.train_threads) == (in_ram.n_cpu, in_ram.cpu_threads,
                                                                             in_ram.train_threads)
@@ -96,7 +97,7 @@ def test_no_simulated_epoch_beats_its_lower_bound_with_the_disk(seed: int) -> No
     rng = random.Random(seed)
     times = PhaseTimes(rng.randint(1, 60), rng.uniform(0.05, 2), rng.randint(1, 8), rng.uniform(0.05, 2),
                        rng.uniform(0.05, 2), rng.uniform(0.05, 2), *([rng.choice([0.0, 0.3])] * 4),
-                       disk_read_s=rng.uniform(0.01, 2))
+                       disk_read_s=rng.uniform(0.01, 2), gpu_read_s=rng.choice([0.0, rng.uniform(0.01, 2)]))
     scheduler = Scheduler(times, seed)
     bounds = scheduler.lower_bounds()
     for n_cpu in {0, times.num_batches, rng.randint(0, times.num_batches)}:
@@ -236,3 +237,89 @@ def test_a_bad_io_curve_is_refused_with_the_field_named() -> None:
     data["disk"]["io_threads"] = 7
     with pytest.raises(ValueError, match="io_threads .*must be one of io_curve's"):
         Profile.from_dict(data)
+
+
+def route_1_profiles() -> list[Profile]:
+    """GPU profiles whose Route 1 gathers its rows through the store too (no GPU cache: every input row), so both
+    routes' misses queue on the one disk."""
+    cuda = Profile.synthetic(t_cb=0.05, t_m=0.01, t_gb=0.02, t_dma=0.004, cores=8, num_batches=60)
+    shared = dataclasses.replace(disk_profile(reads_per_s=200_000.0), gpu_rows_per_batch=4_000.0)
+    mixed = Profile.synthetic(t_cb=0.12, t_m=0.01, t_gb=0.004, t_dma=0.004, cores=8, num_batches=60)
+    return [cuda.replaced(disk=shared),
+            cuda.replaced(disk=dataclasses.replace(shared, io_curve=IO_CURVE, io_threads=48)),
+            mixed.replaced(disk=shared),  # cheap UVA batching: a third of the batches on Route 1
+            mixed.replaced(disk=dataclasses.replace(shared, gpu_rows_per_batch=1_000.0))]  # a GPU cache holds 3/4
+
+
+def test_route_1_misses_hold_the_disk_before_uva_batching() -> None:
+    profile = route_1_profiles()[0]
+    times = PhaseTimes.from_profile(profile, cache_bytes=256_000)
+    assert times.gpu_read_s == pytest.approx(4_000 * 0.6 / 200_000.0) == times.disk_read_s
+    assert times.gpu_batch_s == profile.gpu_batching.mean_s  # no io_curve: no CPU time charged beyond the wait
+    scheduler = Scheduler(times)
+    all_gpu = scheduler.all_gpu(trace=True)
+    reads = sorted((r for r in all_gpu.trace if r.phase == "read"), key=lambda r: r.start)
+    assert [r.route for r in reads] == [1] * profile.num_batches and "disk" in all_gpu.busy
+    # The executor waits out each read, then UVA-batches: the all-GPU epoch is at least both, batch after batch.
+    assert all_gpu.epoch_s >= profile.num_batches * (times.gpu_read_s + times.gpu_batch_s)
+    # The same machine with Route 1's reads inside T_GB (not measured apart): the disk holds Route 0 alone.
+    unmodelled = Scheduler(PhaseTimes.from_profile(profile.replaced(disk=dataclasses.replace(
+        profile.disk, gpu_rows_per_batch=None)), cache_bytes=256_000))
+    assert unmodelled.times.gpu_read_s == 0.0 and unmodelled.durations.gpu_disk == []
+    split = Partitioner(times, 10).split(30)
+    contended, alone = scheduler.simulate(split, trace=True), unmodelled.simulate(split)
+    assert contended.epoch_s > alone.epoch_s
+    assert {r.route for r in contended.trace if r.phase == "read"} == {0, 1}
+
+
+def test_the_planner_chooses_cache_io_threads_and_split_as_an_exhaustive_search_does_with_route_1_reads() -> None:
+    for number, profile in enumerate(route_1_profiles()):
+        plan = plan_from_profile(profile, engine="fast")
+        sizes, counts = profile.disk.cache_candidates(), profile.disk.io_thread_counts() or [None]
+        epochs = {(size, count): exhaustive_epochs(profile, size, count) for size in sizes for count in counts}
+        best_at = {size: min(epochs[size, count] for count in counts) for size in sizes}
+        assert all(best_at[a] >= best_at[b] for a, b in zip(sizes, sizes[1:]))  # more cache never hurts
+        expected = min(size for size in sizes if best_at[size] <= best_at[sizes[-1]] * (1.0 + CACHE_TOLERANCE))
+        assert plan.tiering.cache_bytes == expected
+        assert plan.predicted_epoch_s <= best_at[expected] * (1.0 + TOLERANCE)
+        assert plan.tiering.gpu_read_s == pytest.approx(
+            profile.disk.read_s_per_batch(expected, plan.tiering.io_threads, route=1))
+        # Route 1's reads move the choice: planned as if they were free (inside T_GB), a smaller cache would do.
+        free = plan_from_profile(profile.replaced(disk=dataclasses.replace(profile.disk, gpu_rows_per_batch=None)),
+                                 engine="fast")
+        assert free.tiering.cache_bytes < plan.tiering.cache_bytes or number == 1  # (1: more I/O threads instead)
+        assert free.tiering.io_threads != plan.tiering.io_threads or number != 1
+
+
+def test_what_ifs_more_ram_and_a_faster_disk_shorten_route_1_too() -> None:
+    profile = route_1_profiles()[0].replaced(disk=dataclasses.replace(route_1_profiles()[0].disk,
+                                                                       resident_bytes=1_000_000))
+
+    def all_gpu_epoch(candidate: Profile) -> float:  # the largest cache the budget allows, every batch on Route 1
+        return Scheduler.from_profile(candidate).all_gpu(engine="fast").epoch_s
+
+    base = all_gpu_epoch(profile)
+    assert all_gpu_epoch(what_if(profile, memory=2.0).profile) < base < all_gpu_epoch(what_if(profile, memory=0.5)
+                                                                                     .profile)
+    assert all_gpu_epoch(what_if(profile, disk_speed=4.0).profile) < base
+    in_ram = all_gpu_epoch(profile.replaced(disk=dataclasses.replace(profile.disk, gpu_rows_per_batch=0.0)))
+    assert all_gpu_epoch(what_if(profile, memory=100.0).profile) == pytest.approx(in_ram)  # every row cached
+
+
+def test_route_1_rows_and_reads_go_through_json_and_old_documents_read_none() -> None:
+    profile = route_1_profiles()[1]
+    assert Profile.from_dict(profile.to_dict()) == profile
+    plan = plan_from_profile(profile)
+    assert plan.tiering.gpu_read_s > 0 and "per GPU batch" in plan.describe()
+    data = plan.to_dict()
+    again = Plan.from_dict(data)
+    assert again.tiering == plan.tiering
+    assert simulate_plan(profile, again).epoch_s == pytest.approx(plan.predicted_epoch_s)
+    del data["tiering"]["gpu_read_s"]
+    assert Plan.from_dict(data).tiering.gpu_read_s == 0.0
+    old = profile.to_dict()
+    del old["disk"]["gpu_rows_per_batch"]
+    assert Profile.from_dict(old).disk.gpu_rows_per_batch is None
+    old["disk"]["gpu_rows_per_batch"] = -1.0
+    with pytest.raises(ValueError, match="gpu_rows_per_batch"):
+        Profile.from_dict(old)

@@ -68,6 +68,26 @@ def test_fast_engine_matches_simpy_with_the_disk(times: PhaseTimes, n_cpu: int, 
         assert reference.busy["disk"] > 0
 
 
+@pytest.mark.parametrize("times, n_cpu, gbs", random_configurations(40, seed=29))
+def test_fast_engine_matches_simpy_with_both_routes_on_the_disk(times: PhaseTimes, n_cpu: int, gbs: int) -> None:
+    """Route-1 batches read their misses on the same disk queue as Route 0's, before UVA batching; round durations
+    make a thread's claim and the executor's read ask for the disk at the same instant (the claim goes first)."""
+    rng = random.Random(n_cpu)
+    times = dataclasses.replace(times, disk_read_s=rng.choice([0.0, 0.5, 1.0, times.cpu_batch_s]),
+                                gpu_read_s=rng.choice([0.25, 0.5, 1.0, rng.uniform(0.05, 2.0)]))
+    scheduler = Scheduler(times, seed=n_cpu)
+    split = Partitioner(times, gbs).split(n_cpu)
+    reference = scheduler.simulate(split, engine="simpy", trace=True)
+    assert comparable(scheduler.simulate(split, engine="fast", trace=True)) == comparable(reference)
+    reads = [r for r in reference.trace if r.phase == "read"]
+    assert sum(r.route == 1 for r in reads) == split.n_gpu
+    assert sum(r.route == 0 for r in reads) == (split.n_cpu if times.disk_read_s else 0)
+    for record in reads:  # one read at a time; a GPU batch's UVA batching starts after its read
+        assert not any(o is not record and o.start < record.end and record.start < o.end for o in reads)
+    uva = {r.batch: r for r in reference.trace if r.phase == "uva" and r.device == "gpu"}
+    assert all(uva[r.batch].start >= r.end for r in reads if r.route == 1)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_fast_cpu_only_engine_matches_simpy_with_the_disk(seed: int) -> None:
     rng = random.Random(seed)
