@@ -34,6 +34,7 @@ from morphpipe.data.ondisk import META_FILE, array_path, load_array, save_array
 from morphpipe.data.validation import (SPLIT_FIELDS, UNLABELLED, GraphValidationError, check_finite_features,
                                        check_labels, check_splits, check_topology_values)
 from morphpipe.documents import read_json
+from morphpipe.numeric import check_int
 from morphpipe.outputs import replacing_directory
 
 HETERO_FORMAT_NAME = "morphpipe-hetero-graph"
@@ -353,6 +354,7 @@ class HeteroGraphStore:
     def open_feature_stores(self, directory: Path, cache_bytes: int, io_threads: int) -> None:
         """One FeatureStore per type with features, on features.TYPE.npy in `directory`, their caches sharing
         `cache_bytes` as `share_feature_cache` splits it."""
+        cache_bytes = check_int("feature_cache_bytes", cache_bytes, 0)
         hotness = {name: self.source_degrees(name) for name in self.features}
         row_bytes = {name: int(rows.shape[1]) * rows.element_size() for name, rows in self.features.items()}
         cached = share_feature_cache(hotness, row_bytes, cache_bytes)

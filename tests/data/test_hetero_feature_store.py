@@ -79,3 +79,13 @@ def test_load_dataset_puts_a_typed_graphs_features_on_disk_and_the_summaries_say
     out = capsys.readouterr().out
     assert "features by node type:" in out and "  institution: none (embedded by the model)" in out
     assert f"  paper: {tiers['paper']}" in out
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"feature_cache_bytes": -1}, "feature_cache_bytes"),
+    ({"feature_cache_bytes": 1.5}, "feature_cache_bytes"),
+    ({"io_threads": -2}, "io_threads"),
+])
+def test_bad_disk_settings_are_refused_naming_the_field(graph_dir, options, message):
+    with pytest.raises(ValueError, match=message):
+        HeteroGraphStore.load(graph_dir, features_on_disk=True, **options)
