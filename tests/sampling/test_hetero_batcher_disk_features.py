@@ -1,6 +1,7 @@
 """The typed batcher with features on disk (HeteroGraphStore.load(features_on_disk=True)): its batches equal those
 built from in-RAM features bit for bit, whatever share of each type's rows the shared cache holds; a type without
-features still gets its local ids; the native batcher takes each type's rows from one source."""
+features still gets its local ids; Route 1's typed batcher reads them through the stores too; the native batcher
+takes each type's rows from one source."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +13,7 @@ from morphpipe import native
 from morphpipe.data.hetero_generator import MagSpec, mag_shaped
 from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
+from morphpipe.sampling.hetero_torch_batcher import HeteroTorchBatcher
 
 FANOUTS = [4, 3]
 PAPER_ROW, AUTHOR_ROW = 6 * 4, 3 * 2  # float32 rows of width 6, float16 rows of width 3 (both straddle pages)
@@ -81,3 +83,17 @@ def test_the_native_typed_batcher_takes_each_types_rows_from_one_source(graph_di
     swapped = [stores[types["author"]] if name == "paper" else None for name in graph.type_names]
     with pytest.raises(RuntimeError, match="feature store of node type 0: 300 rows in .* for 400 nodes"):
         native.load().HeteroCpuBatcher(*arguments, [None] * 4, *rest, swapped)
+
+
+def test_route_1_typed_batches_read_through_the_stores_equal_those_from_ram(graph_dir):
+    in_ram = HeteroGraphStore.load(graph_dir, mmap=False)
+    on_disk = HeteroGraphStore.load(graph_dir, features_on_disk=True, feature_cache_bytes=1000, io_threads=1)
+    ram, disk = HeteroTorchBatcher(in_ram, FANOUTS, 64, seed=3), HeteroTorchBatcher(on_disk, FANOUTS, 64, seed=3)
+    gathered = 0
+    for expected, got in zip(ram.epoch(0), disk.epoch(0), strict=True):
+        assert torch.equal(got.input_nodes, expected.input_nodes)
+        for name in in_ram.type_names:
+            assert same_rows(got.x[name], expected.x[name]), name
+        gathered += got.x["paper"].shape[0]
+    counters = on_disk.feature_stores["paper"].counters()
+    assert counters.hits + counters.misses == gathered and counters.misses > 0
