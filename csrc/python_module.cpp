@@ -189,10 +189,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<HeteroCpuBatcher>(m, "HeteroCpuBatcher")
       .def(py::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>,
                     std::vector<at::Tensor>, std::vector<std::optional<at::Tensor>>, at::Tensor,
-                    std::vector<std::vector<int64_t>>, int64_t, int64_t, bool>(),
+                    std::vector<std::vector<int64_t>>, int64_t, int64_t, bool,
+                    std::vector<std::shared_ptr<FeatureStore>>>(),
            py::arg("type_offsets"), py::arg("src_types"), py::arg("dst_types"), py::arg("indptrs"), py::arg("indices"),
            py::arg("features"), py::arg("labels"), py::arg("fanouts"), py::arg("num_threads"), py::arg("queue_size"),
-           py::arg("pin_memory"))
+           py::arg("pin_memory"), py::arg("feature_stores") = std::vector<std::shared_ptr<FeatureStore>>(),
+           "features[t]: type t's rows in RAM (or memory-mapped), or None (no features, or rows on disk); "
+           "feature_stores[t]: the store gathering type t's rows from disk, or None")
       .def("start_epoch", &HeteroCpuBatcher::start_epoch, py::arg("order"), py::arg("batch_size"),
            py::arg("drop_last"), py::arg("epoch_seed"), py::arg("first_batch") = 0,
            py::call_guard<py::gil_scoped_release>())

@@ -6,7 +6,7 @@
 #include "common/edge_batch_checks.h"
 #include "common/random.h"
 #include "common/sampler_checks.h"
-#include "cpu/gather_rows.h"
+#include "cpu/feature_rows.h"
 #include "cpu/neighbor_sampler.h"
 
 namespace morphpipe {
@@ -81,16 +81,8 @@ uint64_t CpuBatcher::batch_seed(int64_t batch_index) const {
 }
 
 at::Tensor CpuBatcher::gather_features(const at::Tensor& input_nodes) {
-  const int64_t num_inputs = input_nodes.numel();
-  const int64_t* ids = input_nodes.data_ptr<int64_t>();
-  if (feature_store_) {
-    at::Tensor x = pool_->empty({num_inputs, feature_store_->width()}, feature_store_->dtype());
-    feature_store_->gather_into(ids, num_inputs, x);
-    return x;
-  }
-  at::Tensor x = pool_->empty({num_inputs, features_.size(1)}, features_.scalar_type());
-  gather_rows_into(features_, ids, num_inputs, x);
-  return x;
+  return gather_feature_rows(features_, feature_store_.get(), input_nodes.data_ptr<int64_t>(), input_nodes.numel(),
+                             *pool_);
 }
 
 CpuBatch CpuBatcher::build_edge_batch(EdgeBatchBuilder& builder, int64_t batch_index) {

@@ -6,7 +6,7 @@
 #include "common/hetero_sampler_checks.h"
 #include "common/random.h"
 #include "common/sampler_checks.h"
-#include "cpu/gather_rows.h"
+#include "cpu/feature_rows.h"
 
 namespace morphpipe {
 
@@ -14,13 +14,15 @@ HeteroCpuBatcher::HeteroCpuBatcher(std::vector<int64_t> type_offsets, std::vecto
                                    std::vector<int64_t> dst_types, std::vector<at::Tensor> indptrs,
                                    std::vector<at::Tensor> indices, std::vector<std::optional<at::Tensor>> features,
                                    at::Tensor labels, std::vector<std::vector<int64_t>> fanouts, int64_t num_threads,
-                                   int64_t queue_size, bool pin_memory)
+                                   int64_t queue_size, bool pin_memory,
+                                   std::vector<std::shared_ptr<FeatureStore>> feature_stores)
     : type_offsets_(std::move(type_offsets)),
       src_types_(std::move(src_types)),
       dst_types_(std::move(dst_types)),
       indptrs_(std::move(indptrs)),
       indices_(std::move(indices)),
       features_(std::move(features)),
+      feature_stores_(std::move(feature_stores)),
       labels_(std::move(labels)),
       fanouts_(std::move(fanouts)),
       num_threads_(num_threads),
@@ -32,7 +34,20 @@ HeteroCpuBatcher::HeteroCpuBatcher(std::vector<int64_t> type_offsets, std::vecto
   const size_t num_types = type_offsets_.size() - 1;
   TORCH_CHECK(features_.size() == num_types, "features: ", features_.size(), " entries for ", num_types,
               " node types; give one per type (None for a type without features)");
+  TORCH_CHECK(feature_stores_.empty() || feature_stores_.size() == num_types, "feature_stores: ",
+              feature_stores_.size(), " entries for ", num_types,
+              " node types; give one per type (None where the type's rows are not on disk), or none");
+  feature_stores_.resize(num_types);
   for (size_t t = 0; t < num_types; ++t) {
+    const int64_t count = type_offsets_[t + 1] - type_offsets_[t];
+    if (feature_stores_[t]) {
+      TORCH_CHECK(!features_[t], "features of node type ", t, ": give the rows either as a features tensor or as ",
+                  "a feature store, not both");
+      TORCH_CHECK(feature_stores_[t]->num_rows() == count, "feature store of node type ", t, ": ",
+                  feature_stores_[t]->num_rows(), " rows in ", feature_stores_[t]->path(), " for ", count,
+                  " nodes; give one feature row per node");
+      continue;
+    }
     if (!features_[t]) continue;
     const at::Tensor& rows = *features_[t];
     TORCH_CHECK(rows.device().is_cpu() && rows.dim() == 2 && rows.is_contiguous(), "features of node type ", t,
@@ -100,10 +115,8 @@ HeteroCpuBatch HeteroCpuBatcher::build_batch(HeteroNeighborSampler& sampler, con
     int64_t* out = local.data_ptr<int64_t>();
     const int64_t start = type_offsets_[t];
     for (int64_t i = 0; i < num; ++i) out[i] = global[i] - start;
-    if (features_[t]) {
-      const at::Tensor& rows = *features_[t];
-      batch.x[t] = pool_->empty({num, rows.size(1)}, rows.scalar_type());
-      gather_rows_into(rows, out, num, batch.x[t]);
+    if (features_[t] || feature_stores_[t]) {
+      batch.x[t] = gather_feature_rows(features_[t].value_or(at::Tensor()), feature_stores_[t].get(), out, num, *pool_);
     } else {
       batch.x[t] = std::move(local);
     }

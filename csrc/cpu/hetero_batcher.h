@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/buffer_pool.h"
+#include "cpu/feature_store.h"
 #include "cpu/hetero_sampler.h"
 #include "cpu/ordered_window.h"
 
@@ -24,18 +25,22 @@ struct HeteroCpuBatch {
   std::vector<std::vector<at::Tensor>> indptrs;  // [layer][relation]
   std::vector<std::vector<at::Tensor>> indices;  // [layer][relation]
   std::vector<std::vector<int64_t>> counts;      // [layer + 1][type]
-  std::vector<at::Tensor> x;  // per type: gathered feature rows, or local ids (int64) for a type without features
+  std::vector<at::Tensor> x;  // per type: gathered feature rows (from RAM or disk), or local ids (int64) for a type
+                              // without features
   at::Tensor y;
   double build_seconds = 0.0;
 };
 
 class HeteroCpuBatcher {
  public:
-  // features[t]: [count of type t, F_t] contiguous CPU rows, or std::nullopt for a type without features.
+  // features[t]: [count of type t, F_t] contiguous CPU rows, or std::nullopt for a type without features or one
+  // whose rows are on disk: feature_stores[t] (empty, or one per type, null where the rows are not on disk)
+  // gathers those, as CpuBatcher's feature_store does.
   HeteroCpuBatcher(std::vector<int64_t> type_offsets, std::vector<int64_t> src_types, std::vector<int64_t> dst_types,
                    std::vector<at::Tensor> indptrs, std::vector<at::Tensor> indices,
                    std::vector<std::optional<at::Tensor>> features, at::Tensor labels,
-                   std::vector<std::vector<int64_t>> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory);
+                   std::vector<std::vector<int64_t>> fanouts, int64_t num_threads, int64_t queue_size, bool pin_memory,
+                   std::vector<std::shared_ptr<FeatureStore>> feature_stores = {});
   ~HeteroCpuBatcher() { stop(); }
   HeteroCpuBatcher(const HeteroCpuBatcher&) = delete;
   HeteroCpuBatcher& operator=(const HeteroCpuBatcher&) = delete;
@@ -62,6 +67,7 @@ class HeteroCpuBatcher {
   std::vector<int64_t> type_offsets_, src_types_, dst_types_;
   std::vector<at::Tensor> indptrs_, indices_;
   std::vector<std::optional<at::Tensor>> features_;
+  std::vector<std::shared_ptr<FeatureStore>> feature_stores_;  // per type; null where features_ holds the rows
   at::Tensor labels_;
   std::vector<std::vector<int64_t>> fanouts_;
   int64_t num_threads_;

@@ -31,7 +31,7 @@ from morphpipe.data.link_generator import generate_link
 from morphpipe.data.ondisk import check_graph_output, nearest_existing_dir
 from morphpipe.data.presets import PRESETS, get_preset
 from morphpipe.data.store import GraphStore, ensure_preset, load_dataset, load_graph_dir
-from morphpipe.data.summary import summarize
+from morphpipe.data.summary import summarize, typed_feature_tiers
 from morphpipe.data.validation import GraphValidationError
 
 CONVERTERS = ("edgelist", "scipy", "ogb", "ogbl", "ogb-hetero", "igbh", "pyg", "pyg-link")
@@ -353,7 +353,9 @@ def run_info(args: argparse.Namespace) -> int:
     graph = load_dataset(args.target, root=args.root, **arguments.feature_tier(args))
     tiering.place_features(graph, args)
     if getattr(graph, "is_hetero", False):
-        print(json.dumps({"summary": repr(graph)}) if args.json else repr(graph))
+        tiers = typed_feature_tiers(graph)
+        lines = [repr(graph), "features by node type:", *(f"  {name}: {tier}" for name, tier in tiers.items())]
+        print(json.dumps({"summary": repr(graph), "feature_tiers": tiers}) if args.json else "\n".join(lines))
         return 0
     summary = summarize(graph)
     print(json.dumps(asdict(summary), indent=2) if args.json else summary)

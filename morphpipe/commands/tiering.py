@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from morphpipe.data.summary import array_tiers
+from morphpipe.data.summary import array_tiers, typed_feature_tiers
 from morphpipe.numeric import format_bytes
 from morphpipe.profiler.disk import cache_budget, default_memory_budget, features_fit, resident_bytes
 from morphpipe.scheduler.plan import count_of
@@ -12,8 +12,15 @@ from morphpipe.scheduler.plan import count_of
 
 def place_features(graph, args: argparse.Namespace) -> None:
     """Puts the features on the disk tier (no cache yet: the plan sizes it) when they do not fit the memory budget
-    beside the topology and the flags left the choice open; says so."""
-    if getattr(graph, "feature_store", None) is not None or getattr(graph, "is_hetero", False):
+    beside the topology and the flags left the choice open; says so. A typed graph's features go on disk only when
+    asked (--features-on-disk), their cache as --feature-cache-mb fixes it: a memory budget for it is refused."""
+    if getattr(graph, "is_hetero", False):
+        if args.memory_budget is not None:
+            raise ValueError(f"--memory-budget: the planner places features on disk and sizes their cache for "
+                             f"homogeneous graphs only, and {graph.name!r} is a typed graph; pass --features-on-disk "
+                             "--feature-cache-mb MB instead (or drop --memory-budget)")
+        return
+    if getattr(graph, "feature_store", None) is not None:
         return
     budget = args.memory_budget if args.memory_budget is not None else default_memory_budget()
     if features_fit(graph, budget):
@@ -33,6 +40,12 @@ def planned_cache_bytes(args: argparse.Namespace) -> int | None:
 def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
     """Gives the feature store the cache `plan` chose (unless --feature-cache-mb fixed it) and the I/O threads it
     chose (plans from before the planner chose them: the store keeps its own); says so."""
+    if getattr(graph, "is_hetero", False) and graph.feature_stores:
+        cached = ", ".join(f"{name} {store.num_cached:,} rows ({format_bytes(store.cache_bytes)})"
+                           for name, store in graph.feature_stores.items())
+        print(f"features on disk: hottest rows cached in RAM by type: {cached}, as --feature-cache-mb fixed them "
+              "(the planner does not size typed graphs' caches)")
+        return
     store = getattr(graph, "feature_store", None)
     if store is None or plan.tiering is None:
         return
@@ -49,7 +62,8 @@ def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
 def describe_tiers(graph, plan) -> str:
     """Which tier each array is on under `plan` (features: on disk with the planned cache, when it has one)."""
     if getattr(graph, "is_hetero", False):
-        return "tiers: every array in RAM or memory-mapped (the feature store reads homogeneous graphs only)"
+        return "tiers: features by node type: " + "; ".join(f"{name} {tier}"
+                                                           for name, tier in typed_feature_tiers(graph).items())
     tiers = array_tiers(graph)
     if plan.tiering is not None:
         threads = plan.tiering.io_threads

@@ -8,6 +8,8 @@ per-edge relation ids needs two searches per destination and relation (measured 
 on the mag preset: BENCHMARKS.md, scripts/bench_hetero_layout.py). Features are per node type,
 each with its own width and dtype; a type without features is embedded by the model. Labels
 are global (-1 outside the target type) and the splits are global ids of the target type.
+Features can stay on disk (`load(features_on_disk=True)`): one FeatureStore per type, the host
+cache shared between the types by `share_feature_cache`.
 
 On disk (a dataset directory): meta.json (format `morphpipe-hetero-graph`) and one .npy per
 array, written like the homogeneous format (`morphpipe.data.ondisk`: temporary names, renames,
@@ -27,10 +29,12 @@ import torch
 
 from morphpipe import __version__
 from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
-from morphpipe.data.ondisk import META_FILE, load_array, save_array
+from morphpipe.data.feature_store import DEFAULT_IO_THREADS, FeatureStore, hotness_order
+from morphpipe.data.ondisk import META_FILE, array_path, load_array, save_array
 from morphpipe.data.validation import (SPLIT_FIELDS, UNLABELLED, GraphValidationError, check_finite_features,
                                        check_labels, check_splits, check_topology_values)
 from morphpipe.documents import read_json
+from morphpipe.numeric import check_int
 from morphpipe.outputs import replacing_directory
 
 HETERO_FORMAT_NAME = "morphpipe-hetero-graph"
@@ -84,6 +88,11 @@ class HeteroGraphStore:
     name: str = "graph"
     source: dict[str, Any] = field(default_factory=dict)
     validated: bool = field(default=False, repr=False, compare=False)
+    # Features memory-mapped from their files (load with mmap or features_on_disk), for the tier a summary names.
+    features_mapped: bool = field(default=False, repr=False, compare=False)
+    # Features on disk (load(features_on_disk=True)): type -> the store the typed batcher gathers its rows through
+    # (hot rows cached in RAM, the rest read from features.TYPE.npy); `features` stays the memory map.
+    feature_stores: dict[str, FeatureStore] = field(default_factory=dict, repr=False, compare=False)
 
     is_hetero = True  # what task and command code branch on (a homogeneous GraphStore has no such attribute)
 
@@ -150,6 +159,15 @@ class HeteroGraphStore:
                              f"({[r.key for r in named]}); spell it as src__name__dst")
         raise ValueError(f"relation {spelling!r} is not in graph {self.name!r}; its relations are "
                          f"{[r.key for r in self.relations]}")
+
+    def source_degrees(self, type_name: str) -> torch.Tensor:
+        """int64 [count of the type]: in how many relations' neighbour lists each node of the type stands (its
+        out-degree over the relations it is the source of): how often sampling can draw it, so its row is read."""
+        degrees = torch.zeros(self.node_type(type_name).count, dtype=torch.int64)
+        for relation in self.relations:
+            if relation.src == type_name:
+                degrees += torch.bincount(self.indices[relation].long(), minlength=degrees.numel())
+        return degrees
 
     # --- the homogeneous view ----------------------------------------------------------------------------------
     def homogeneous_csc(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,10 +317,18 @@ class HeteroGraphStore:
                 target_type=self.target_type, num_classes=int(self.num_classes), source=self.source)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, mmap: bool = True, validate: bool = True) -> "HeteroGraphStore":
+    def load(cls, path: str | os.PathLike, mmap: bool = True, validate: bool = True, *,
+             features_on_disk: bool = False, feature_cache_bytes: int = 0,
+             io_threads: int = DEFAULT_IO_THREADS) -> "HeteroGraphStore":
         """Reads a heterogeneous graph directory (indices and features memory-mapped when `mmap`) and validates it
-        (`validate=False`: sizes and dtypes only)."""
+        (`validate=False`: sizes and dtypes only).
+
+        `features_on_disk` opens a FeatureStore on every type's features file, as GraphStore.load does on its one
+        (features then memory-mapped whatever `mmap` says; each store reads with its own `io_threads` threads):
+        the typed batcher reads rows from the files, the `feature_cache_bytes` of RAM shared between the types'
+        caches by `share_feature_cache`."""
         directory = Path(path)
+        mmap = mmap or features_on_disk
         meta = read_hetero_meta(directory)
         node_types = tuple(NodeType(str(t["name"]), int(t["start"]), int(t["count"])) for t in meta["node_types"])
         relations = tuple(Relation(str(r["src"]), str(r["name"]), str(r["dst"])) for r in meta["relations"])
@@ -319,8 +345,24 @@ class HeteroGraphStore:
         store = cls(node_types=node_types, relations=relations, indptr=indptr, indices=indices, features=features,
                     num_classes=int(meta["num_classes"]), target_type=str(meta["target_type"]),
                     name=str(meta.get("name", directory.name)), source=dict(meta.get("source", {})), **arrays)
+        store.features_mapped = mmap
         store.validate(scan_values=validate)
+        if features_on_disk:
+            store.open_feature_stores(directory, feature_cache_bytes, io_threads)
         return store
+
+    def open_feature_stores(self, directory: Path, cache_bytes: int, io_threads: int) -> None:
+        """One FeatureStore per type with features, on features.TYPE.npy in `directory`, their caches sharing
+        `cache_bytes` as `share_feature_cache` splits it."""
+        cache_bytes = check_int("feature_cache_bytes", cache_bytes, 0)
+        hotness = {name: self.source_degrees(name) for name in self.features}
+        row_bytes = {name: int(rows.shape[1]) * rows.element_size() for name, rows in self.features.items()}
+        cached = share_feature_cache(hotness, row_bytes, cache_bytes)
+        self.feature_stores = {}
+        for name, rows in self.features.items():
+            self.feature_stores[name] = FeatureStore(array_path(directory, f"features.{name}"), dtype_name(rows.dtype),
+                                                     cache_bytes=cached[name] * row_bytes[name],
+                                                     hotness=hotness[name], io_threads=io_threads)
 
     # --- what the batchers expect of a graph store ------------------------------------------------------------
     def note_first_use(self) -> None:
@@ -334,6 +376,29 @@ class HeteroGraphStore:
         return (f"HeteroGraphStore(name={self.name!r}, nodes: {types}; {len(self.relations)} relations, "
                 f"{self.num_edges} edges; target {self.target_type!r}, {self.num_classes} classes, "
                 f"splits={self.train_idx.numel()}/{self.val_idx.numel()}/{self.test_idx.numel()})")
+
+
+def share_feature_cache(hotness: Mapping[str, torch.Tensor], row_bytes: Mapping[str, int],
+                        cache_bytes: int) -> dict[str, int]:
+    """Rows of each type the shared host cache of `cache_bytes` holds: the rows with the most hotness per byte of
+    row over all types, taken in that order while they fit (ties: the type listed first, then the lower id).
+
+    A cached row saves about `hotness` reads (its node's share of the sampled neighbours) and costs its width in
+    bytes, so ranking by hotness per byte puts each byte of cache where it saves the most reads (the greedy
+    answer to this knapsack, within one row of the best); splitting by node count or by file size would give a
+    wide, cold type's rows the RAM a narrow, hot type's rows would serve more reads from. Within a type the
+    order is `hotness_order`'s, so a FeatureStore given that type's share caches exactly these rows."""
+    names = list(hotness)
+    if cache_bytes <= 0 or not names:
+        return {name: 0 for name in names}
+    density = torch.cat([hotness[name].double() / row_bytes[name] for name in names])
+    sizes = torch.cat([torch.full((hotness[name].numel(),), row_bytes[name], dtype=torch.int64) for name in names])
+    owner = torch.cat([torch.full((hotness[name].numel(),), index, dtype=torch.int64)
+                       for index, name in enumerate(names)])
+    order = hotness_order(density)
+    fits = torch.cumsum(sizes[order], 0) <= cache_bytes
+    taken = torch.bincount(owner[order[fits]], minlength=len(names))
+    return {name: int(taken[index]) for index, name in enumerate(names)}
 
 
 def write_hetero_meta(directory: Path, *, name: str, node_types: Sequence[NodeType],

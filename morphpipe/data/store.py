@@ -286,7 +286,7 @@ def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.P
                  feature_cache_bytes: int = 0) -> GraphStore | HeteroGraphStore:
     """A graph directory (with meta.json), or a preset from the cache (generated there first if missing);
     None means the "default" preset. A heterogeneous graph comes back as a HeteroGraphStore. `features_on_disk`
-    and `feature_cache_bytes` (homogeneous graphs): see GraphStore.load."""
+    and `feature_cache_bytes`: see GraphStore.load and HeteroGraphStore.load."""
     target = DEFAULT_DATASET if name_or_path is None else str(name_or_path)
     disk = {"features_on_disk": features_on_disk, "feature_cache_bytes": feature_cache_bytes}
     if is_graph_dir(Path(target).expanduser()):
@@ -302,15 +302,10 @@ def load_dataset(name_or_path: str | os.PathLike | None = None, root: str | os.P
 
 def load_graph_dir(path: Path, validate: bool = True, *, features_on_disk: bool = False,
                    feature_cache_bytes: int = 0) -> GraphStore | HeteroGraphStore:
-    """The graph in directory `path`, homogeneous or heterogeneous as its meta.json says; features on disk
-    (see GraphStore.load) for homogeneous graphs only."""
-    if is_hetero_dir(path):
-        if features_on_disk:
-            raise ValueError(f"features_on_disk: {path} holds a heterogeneous graph, whose features the feature "
-                             "store does not read yet; load it with its features in RAM or memory-mapped")
-        return HeteroGraphStore.load(path, validate=validate)
-    return GraphStore.load(path, validate=validate, features_on_disk=features_on_disk,
-                           feature_cache_bytes=feature_cache_bytes)
+    """The graph in directory `path`, homogeneous or heterogeneous as its meta.json says, its features on disk
+    when asked (see GraphStore.load and HeteroGraphStore.load)."""
+    loader = HeteroGraphStore.load if is_hetero_dir(path) else GraphStore.load
+    return loader(path, validate=validate, features_on_disk=features_on_disk, feature_cache_bytes=feature_cache_bytes)
 
 
 def ensure_preset(preset: Preset, root: str | os.PathLike | None = None, progress: bool = True,

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from morphpipe.data.dtypes import dtype_name, tensor_to_numpy
+from morphpipe.data.feature_store import FeatureStore
+from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.data.ondisk import ARRAY_FIELDS
 from morphpipe.data.store import GraphStore
 
@@ -77,14 +79,24 @@ def array_tiers(store: GraphStore) -> dict[str, str]:
     feature store (its hot rows in host RAM)."""
     mapped = {Path(path).stem for path in store.mapped_files}
     tiers = {name: "memory-mapped (page cache)" if name in mapped else "RAM" for name in ARRAY_FIELDS}
-    feature_store = store.feature_store
-    if feature_store is not None:
-        share = feature_store.num_cached / max(feature_store.shape[0], 1)
-        direct = ", O_DIRECT" if feature_store.direct else ""
-        tiers["features"] = (f"disk (feature store, {feature_store.describe_reader()}{direct}), "
-                             f"{feature_store.num_cached:,} hottest rows ({share:.1%}, "
-                             f"{feature_store.cache_bytes / 1e6:,.1f} MB) cached in RAM")
+    if store.feature_store is not None:
+        tiers["features"] = disk_tier(store.feature_store)
     return tiers
+
+
+def disk_tier(feature_store: FeatureStore) -> str:
+    """"disk (feature store, READER[, O_DIRECT]), N hottest rows (S%, M MB) cached in RAM"."""
+    share = feature_store.num_cached / max(feature_store.shape[0], 1)
+    direct = ", O_DIRECT" if feature_store.direct else ""
+    return (f"disk (feature store, {feature_store.describe_reader()}{direct}), {feature_store.num_cached:,} hottest "
+            f"rows ({share:.1%}, {feature_store.cache_bytes / 1e6:,.1f} MB) cached in RAM")
+
+
+def typed_feature_tiers(store: HeteroGraphStore) -> dict[str, str]:
+    """Where each node type's feature rows are read from (a type without features has none: the model embeds it)."""
+    in_memory = "memory-mapped (page cache)" if store.features_mapped else "RAM"
+    return {name: disk_tier(store.feature_stores[name]) if name in store.feature_stores else
+            in_memory if name in store.features else "none (embedded by the model)" for name in store.type_names}
 
 
 def summarize(store: GraphStore) -> GraphSummary:

@@ -91,12 +91,16 @@ class HeteroCpuBatcher(NativeEpochs, SeedBatcher):
         self.queue_size = check_positive("queue_size", queue_size if queue_size is not None else 2 * self.num_threads)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         types = {name: index for index, name in enumerate(graph.type_names)}
+        # Features on disk (HeteroGraphStore.load(features_on_disk=True)): those types' rows come through their stores.
+        stores = graph.feature_stores
         self._native = native.load().HeteroCpuBatcher(
             graph.type_offsets(), [types[r.src] for r in graph.relations], [types[r.dst] for r in graph.relations],
             [graph.indptr[r].contiguous() for r in graph.relations],
             [graph.indices[r].contiguous() for r in graph.relations],
-            [graph.features[name].contiguous() if name in graph.features else None for name in graph.type_names],
-            graph.labels.contiguous(), self.fanouts, self.num_threads, self.queue_size, self.pin_memory)
+            [graph.features[name].contiguous() if name in graph.features and name not in stores else None
+             for name in graph.type_names],
+            graph.labels.contiguous(), self.fanouts, self.num_threads, self.queue_size, self.pin_memory,
+            [stores[name].native if name in stores else None for name in graph.type_names])
 
     def checked_fanouts(self, fanouts: TypedFanouts) -> list[list[int]]:
         return relation_fanouts(self.graph, fanouts)

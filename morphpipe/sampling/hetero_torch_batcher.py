@@ -8,7 +8,9 @@ followed by the new neighbours in order of first occurrence (relation order, des
 draw order), so the batches have the shape and relabelling of Route 0's (the draws differ: another
 random source). Randomness is one generator on the device, seeded per batch.
 
-On a CUDA device the typed graph is copied into device memory (no zero-copy host views yet).
+On a CUDA device the typed graph is copied into device memory (no zero-copy host views yet), except the
+features of a type on disk (HeteroGraphStore.load(features_on_disk=True)): a batch's rows of that type are read
+through its FeatureStore and copied over (`StoreRows`, as the homogeneous Route 1 does).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from morphpipe.sampling.gpu_batcher import batch_seed
 from morphpipe.sampling.hetero_batcher import TypedFanouts, relation_fanouts
 from morphpipe.sampling.hetero_block import HeteroBlock
 from morphpipe.sampling.minibatch import Block, MiniBatch
+from morphpipe.sampling.store_rows import StoreRows
 from morphpipe.sampling.torch_sampler import relabel, sample_offsets, seeded_generator
 
 
@@ -74,7 +77,8 @@ class HeteroTorchBatcher(SeedBatcher):
                              f"[{target.start}, {target.stop}))")
         self.indptr = {r: graph.indptr[r].to(self.device) for r in graph.relations}
         self.indices = {r: graph.indices[r].to(self.device) for r in graph.relations}
-        self.features = {name: rows.to(self.device) for name, rows in graph.features.items()}
+        self.features = {name: StoreRows(graph.feature_stores[name], self.device) if name in graph.feature_stores
+                         else rows.to(self.device) for name, rows in graph.features.items()}
         self.labels = graph.labels.to(self.device)
 
     def checked_fanouts(self, fanouts: TypedFanouts) -> list[list[int]]:

@@ -75,3 +75,29 @@ def test_bench_measures_typed_batches(hetero_dir, capsys) -> None:
                  "--batches", "2"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert row[0] == "1" and float(row[1]) > 0 and float(row[3]) > 0  # threads, batches/s, GB/s of features
+
+
+def test_train_with_a_typed_graphs_features_on_disk(hetero_dir, profile, tmp_path, capsys) -> None:
+    argv = ["train", str(hetero_dir), "--model", "rgcn", "--fanouts", "4,3", "--batch-size", "64", "--epochs", "1",
+            "--profile", str(profile), "--no-progress", "--replan", "off", "--features-on-disk",
+            "--feature-cache-mb", "0.0032"]  # 100 of the 200 paper rows of 32 bytes
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert ("features on disk: hottest rows cached in RAM by type: paper 100 rows (0.0 MiB), as --feature-cache-mb "
+            "fixed them") in out
+    assert "test accuracy" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--memory-budget", "1G"], "--memory-budget: the planner places features on disk and sizes their cache for "
+                                "homogeneous graphs only, and 'mag-shaped' is a typed graph; pass --features-on-disk "
+                                "--feature-cache-mb MB instead"),
+    (["--features-on-disk", "--memory-budget", "1G"], "pass --features-on-disk --feature-cache-mb MB instead"),
+    (["--feature-cache-mb", "1"], "--feature-cache-mb sizes the cache of the feature store: add --features-on-disk"),
+])
+def test_automatic_tiering_of_a_typed_graph_is_refused_naming_what_to_pass(hetero_dir, profile, capsys, extra,
+                                                                           message) -> None:
+    argv = ["train", str(hetero_dir), "--model", "rgcn", "--fanouts", "4,3", "--batch-size", "64", "--epochs", "1",
+            "--profile", str(profile), "--no-progress", *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -20,7 +20,6 @@ from morphpipe.data import feature_store
 from morphpipe.data.dtypes import tensor_to_numpy
 from morphpipe.data.feature_store import (READER_ENV, FeatureStore, choose_reader, hottest_rows, npy_layout,
                                          reader_line)
-from morphpipe.data.hetero_generator import MagSpec, mag_shaped
 from morphpipe.data.store import load_dataset
 
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
@@ -290,13 +289,6 @@ def test_a_read_error_on_an_io_thread_reaches_the_caller(tmp_path, reader):
                                             torch.empty(0, dtype=torch.long), 4, False, reader == "io_uring")
     with pytest.raises(RuntimeError, match=f"features file {directory}: reading bytes .* failed: Is a directory"):
         unreadable.gather(torch.arange(0, 20_000, 2000))  # 8 KB apart: ten separate reads
-
-
-def test_features_on_disk_of_a_heterogeneous_graph_are_refused_naming_the_directory(tmp_path):
-    mag_shaped(MagSpec(num_papers=50, num_authors=30, num_institutions=4, num_fields=5, feature_dim=4)).save(
-        tmp_path / "mag")
-    with pytest.raises(ValueError, match=f"features_on_disk: {tmp_path / 'mag'} holds a heterogeneous graph"):
-        load_dataset(tmp_path / "mag", features_on_disk=True)
 
 
 def test_gathers_side_by_side_each_get_their_rows(tmp_path, reader):
