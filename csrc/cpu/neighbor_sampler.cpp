@@ -115,14 +115,20 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
                 neighbour, " outside [0, ", num_nodes_, "); validate the graph (GraphStore.validate) before sampling");
     out[edge] = neighbour;
   }
-  // Pass 4: relabel in edge order (a node's local id is its order of first appearance).
+  // Pass 4: relabel in edge order (a node's local id is its order of first appearance). Every neighbour is
+  // written past the known nodes and kept only when it is new: no branch on the outcome.
+  int64_t num_nodes = static_cast<int64_t>(nodes_.size());
+  nodes_.resize(num_nodes + num_edges);
+  int64_t* nodes = nodes_.data();
   for (int64_t edge = 0; edge < num_edges; ++edge) {
     if (edge + kSlotPrefetch < num_edges) map.prefetch(out[edge + kSlotPrefetch]);
     const int64_t neighbour = out[edge];
     bool inserted;
-    out[edge] = map.insert(neighbour, static_cast<int64_t>(nodes_.size()), inserted);
-    if (inserted) nodes_.push_back(neighbour);
+    out[edge] = map.insert(neighbour, num_nodes, inserted);
+    nodes[num_nodes] = neighbour;
+    num_nodes += inserted;
   }
+  nodes_.resize(num_nodes);
 }
 
 SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
