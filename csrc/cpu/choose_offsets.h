@@ -11,17 +11,22 @@
 
 namespace morphpipe {
 
+// Floyd's algorithm: `count` (at most kFloydMaxFanout) distinct offsets in [0, degree) into chosen[0..count),
+// exactly `count` draws, each subset equally likely. Writes straight into the caller's buffer (no vector).
+inline void floyd_offsets(int64_t degree, int64_t count, Xoshiro256& rng, int64_t* chosen) {
+  for (int64_t i = 0, upper = degree - count; upper < degree; ++i, ++upper) {
+    const int64_t draw = static_cast<int64_t>(rng.below(static_cast<uint64_t>(upper) + 1));
+    chosen[i] = std::find(chosen, chosen + i, draw) != chosen + i ? upper : draw;
+  }
+}
+
 // Draws `count` distinct offsets in [0, degree) into `chosen` (uniform over subsets); `shuffle` is scratch.
 inline void choose_offsets(int64_t degree, int64_t count, Xoshiro256& rng, std::vector<int64_t>& chosen,
                            std::vector<int64_t>& shuffle) {
   chosen.clear();
   if (count <= kFloydMaxFanout) {
-    // Floyd's algorithm: exactly `count` draws, each subset equally likely.
-    for (int64_t upper = degree - count; upper < degree; ++upper) {
-      const int64_t draw = static_cast<int64_t>(rng.below(static_cast<uint64_t>(upper) + 1));
-      const bool seen = std::find(chosen.begin(), chosen.end(), draw) != chosen.end();
-      chosen.push_back(seen ? upper : draw);
-    }
+    chosen.resize(count);
+    floyd_offsets(degree, count, rng, chosen.data());
     return;
   }
   shuffle.resize(degree);

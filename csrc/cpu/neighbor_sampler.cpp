@@ -42,12 +42,14 @@ void NeighborSampler::allowed_offsets(const index_t* neighbours, int64_t degree,
 template <typename index_t, typename Map>
 void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
                                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices) {
-  // Three passes, each a stream of independent random reads that is prefetched ahead of its use: the
-  // destinations' indptr entries, their neighbour lists, then the relabelling map's slots of the picked
-  // neighbours. The random choices (pass 2, in destination order) and the order of the map inserts (pass 3,
+  // Four passes, each a stream of independent random reads that is prefetched ahead of its use: the
+  // destinations' indptr entries, the random choices (positions in `indices`, no memory read), the picked
+  // neighbours' ids at those positions, then the relabelling map's slots of those neighbours. A pick in a long
+  // list is a miss of its own (its list's first line does not hold it), so the ids are read edge by edge, each
+  // prefetched ahead. The random choices (pass 2, in destination order) and the order of the map inserts (pass 4,
   // in edge order) are those of one fused loop, so the batch is the same.
   constexpr int64_t kIndptrPrefetch = 16;
-  constexpr int64_t kListPrefetch = 16;
+  constexpr int64_t kPickPrefetch = 32;
   constexpr int64_t kSlotPrefetch = 32;
   // Pass 1: how many neighbours each destination takes; list starts and degrees are kept for pass 2.
   begins_.resize(num_dst);
@@ -79,44 +81,54 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
               "one batch would hold more than 2^31 nodes; use a smaller batch_size or smaller fanouts");
   out_indices = pool.empty({num_edges}, at::kLong);
   int64_t* out = out_indices.data_ptr<int64_t>();
-  // Pass 2: pick each destination's neighbours, as global ids, into `out`.
+  // Pass 2: each destination's picks, as positions in `indices`, into `out`.
   for (int64_t dst = 0; dst < num_dst; ++dst) {
-    if (dst + kListPrefetch < num_dst) __builtin_prefetch(indices + begins_[dst + kListPrefetch]);
     const int64_t begin = begins_[dst];
     const int64_t degree = degrees_[dst];
-    const index_t* neighbours = indices + begin;
     int64_t* picked = out + out_indptr[dst];
     const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
-    auto emit = [&](int64_t neighbour) {
-      TORCH_CHECK(neighbour >= 0 && neighbour < num_nodes_, "graph topology: indices[", begin,
-                  "..] holds node id ", neighbour, " outside [0, ", num_nodes_,
-                  "); validate the graph (GraphStore.validate) before sampling");
-      *picked++ = neighbour;
-    };
     if (dst < static_cast<int64_t>(filtered_.size()) && filtered_[dst]) {
-      allowed_offsets(neighbours, degree, nodes_[dst]);
+      allowed_offsets(indices + begin, degree, nodes_[dst]);
       const int64_t allowed = static_cast<int64_t>(allowed_.size());
       if (taken == allowed) {
-        for (const int64_t offset : allowed_) emit(neighbours[offset]);
+        for (const int64_t offset : allowed_) *picked++ = begin + offset;
       } else {
         choose_offsets(allowed, taken, rng, chosen_, shuffle_);
-        for (const int64_t pick : chosen_) emit(neighbours[allowed_[pick]]);
+        for (const int64_t pick : chosen_) *picked++ = begin + allowed_[pick];
       }
     } else if (taken == degree) {
-      for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
+      for (int64_t offset = 0; offset < degree; ++offset) picked[offset] = begin + offset;
+    } else if (taken <= kFloydMaxFanout) {
+      floyd_offsets(degree, taken, rng, picked);
+      for (int64_t i = 0; i < taken; ++i) picked[i] += begin;
     } else {
       choose_offsets(degree, taken, rng, chosen_, shuffle_);
-      for (const int64_t offset : chosen_) emit(neighbours[offset]);
+      for (const int64_t offset : chosen_) *picked++ = begin + offset;
     }
   }
-  // Pass 3: relabel in edge order (a node's local id is its order of first appearance).
+  // Pass 3: the picked neighbours' global ids, read at their positions.
+  for (int64_t edge = 0; edge < num_edges; ++edge) {
+    if (edge + kPickPrefetch < num_edges) __builtin_prefetch(indices + out[edge + kPickPrefetch]);
+    const int64_t position = out[edge];
+    const int64_t neighbour = static_cast<int64_t>(indices[position]);
+    TORCH_CHECK(neighbour >= 0 && neighbour < num_nodes_, "graph topology: indices[", position, "] holds node id ",
+                neighbour, " outside [0, ", num_nodes_, "); validate the graph (GraphStore.validate) before sampling");
+    out[edge] = neighbour;
+  }
+  // Pass 4: relabel in edge order (a node's local id is its order of first appearance). Every neighbour is
+  // written past the known nodes and kept only when it is new: no branch on the outcome.
+  int64_t num_nodes = static_cast<int64_t>(nodes_.size());
+  nodes_.resize(num_nodes + num_edges);
+  int64_t* nodes = nodes_.data();
   for (int64_t edge = 0; edge < num_edges; ++edge) {
     if (edge + kSlotPrefetch < num_edges) map.prefetch(out[edge + kSlotPrefetch]);
     const int64_t neighbour = out[edge];
     bool inserted;
-    out[edge] = map.insert(neighbour, static_cast<int64_t>(nodes_.size()), inserted);
-    if (inserted) nodes_.push_back(neighbour);
+    out[edge] = map.insert(neighbour, num_nodes, inserted);
+    nodes[num_nodes] = neighbour;
+    num_nodes += inserted;
   }
+  nodes_.resize(num_nodes);
 }
 
 SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
