@@ -39,10 +39,15 @@ def reuse_wanted(environ: dict[str, str] | os._Environ = os.environ) -> bool:
     return value is None or value.strip() not in ("", "0")
 
 
+_installed = False  # whether this process installed it (so releasing needs no native load before)
+
+
 def reuse_cpu_memory() -> CpuMemoryReuse:
     """Installs the reusing allocator unless the user opted out or it is installed already; returns its state."""
-    if reuse_wanted():
+    global _installed
+    if reuse_wanted() and not _installed:
         native.load().install_cpu_memory_reuse(REUSE_MIN_BYTES)
+        _installed = True
     return cpu_memory_reuse()
 
 
@@ -53,5 +58,5 @@ def cpu_memory_reuse() -> CpuMemoryReuse:
 
 def release_idle_cpu_memory() -> int:
     """Hands the idle blocks back to the system (a memory measurement then sees what a step really adds); the
-    bytes released."""
-    return int(native.load().release_idle_cpu_memory())
+    bytes released (0 where the allocator was not installed)."""
+    return int(native.load().release_idle_cpu_memory()) if _installed else 0

@@ -13,7 +13,6 @@ from morphpipe.data.feature_store import FeatureStore, FeatureStoreCounters
 from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.numeric import format_bytes
 from morphpipe.nn.task import NodeClassification, Task
-from morphpipe.ops.cpu_memory import release_idle_cpu_memory
 from morphpipe.nn.train_step import PRECISIONS
 from morphpipe.profiler.ceiling import BF16_FLAGS, best_seconds, isa_flags
 from morphpipe.profiler.contention import ContentionMonitor
@@ -275,7 +274,6 @@ class Profiler:
         if self.device == "cpu":
             step = session.new_train_step(torch.device("cpu"))
             batches = session.cycled_batches()
-            release_idle_cpu_memory()  # kept blocks are resident already: the peak's growth would miss them
             with PeakResident(interval_s=STEP_MEMORY_INTERVAL_S) as peak:
                 for _ in range(2):
                     step(next(batches))
