@@ -51,6 +51,14 @@ def reuse_cpu_memory() -> CpuMemoryReuse:
     return cpu_memory_reuse()
 
 
+def reuse_line(environ: dict[str, str] | os._Environ = os.environ) -> str:
+    """One line for `morphpipe info`: whether CPU training reuses large tensors' memory, and who chose."""
+    if not reuse_wanted(environ):
+        return f"off ({REUSE_ENV}={environ.get(REUSE_ENV)!r}: torch's own allocator)"
+    state = "installed" if _installed else "installed by the first CPU training step"
+    return f"on (blocks of {REUSE_MIN_BYTES >> 20} MiB or more; {state}; {REUSE_ENV}=0 turns it off)"
+
+
 def cpu_memory_reuse() -> CpuMemoryReuse:
     """The reusing allocator's state now."""
     return CpuMemoryReuse(**native.load().cpu_memory_reuse())

@@ -12,7 +12,7 @@ import torch
 from morphpipe.nn import build_model
 from morphpipe.nn.train_step import TrainStep, make_optimizer
 from morphpipe.ops.cpu_memory import (REUSE_ENV, REUSE_MIN_BYTES, cpu_memory_reuse, release_idle_cpu_memory,
-                                      reuse_cpu_memory, reuse_wanted)
+                                      reuse_cpu_memory, reuse_line, reuse_wanted)
 from morphpipe.sampling import CpuBatcher
 
 MIB = 2**20
@@ -121,3 +121,5 @@ def test_the_user_can_opt_out() -> None:
     assert reuse_wanted({REUSE_ENV: "1"})
     assert not reuse_wanted({REUSE_ENV: "0"})
     assert not reuse_wanted({REUSE_ENV: ""})
+    assert reuse_line({REUSE_ENV: "0"}).startswith("off")
+    assert reuse_line({}).startswith("on (blocks of 2 MiB or more")
