@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -18,12 +19,12 @@ namespace {
 constexpr size_t kGranule = size_t{2} << 20;  // blocks come in 2 MiB steps, torch's huge-page size
 
 class ReuseCpuAllocator;
+ReuseCpuAllocator* installed_allocator = nullptr;  // never destroyed: tensors it lent may outlive everything else
 
 // One block of torch's memory (its DataPtr frees it), lent out or idle.
 struct Block {
   c10::DataPtr memory;
   size_t capacity = 0;
-  ReuseCpuAllocator* owner = nullptr;
 };
 
 class ReuseCpuAllocator final : public c10::Allocator {
@@ -74,10 +75,15 @@ class ReuseCpuAllocator final : public c10::Allocator {
         throw;
       }
       block->capacity = size;
-      block->owner = this;
     }
+    // The data pointer is the context too (a "simple" DataPtr, which torch's copy-on-write clones require); the
+    // deleter finds the block by it.
     void* data = block->memory.get();
-    return {data, block.release(), &ReuseCpuAllocator::give_back, c10::Device(c10::DeviceType::CPU)};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lent_.emplace(data, std::move(block));
+    }
+    return {data, data, &ReuseCpuAllocator::give_back, c10::Device(c10::DeviceType::CPU)};
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -109,13 +115,14 @@ class ReuseCpuAllocator final : public c10::Allocator {
   }
 
  private:
-  static void give_back(void* context) {
-    std::unique_ptr<Block> block(static_cast<Block*>(context));
-    block->owner->keep(std::move(block));
-  }
+  static void give_back(void* data) { installed_allocator->keep(data); }
 
-  void keep(std::unique_ptr<Block> block) {
+  void keep(void* data) {
     std::lock_guard<std::mutex> lock(mutex_);
+    auto found = lent_.find(data);
+    TORCH_INTERNAL_ASSERT(found != lent_.end(), "reusing CPU allocator: freed memory it did not lend");
+    std::unique_ptr<Block> block = std::move(found->second);
+    lent_.erase(found);
     lent_bytes_ -= block->capacity;
     idle_bytes_ += block->capacity;
     idle_.push_back(std::move(block));
@@ -125,6 +132,7 @@ class ReuseCpuAllocator final : public c10::Allocator {
   size_t min_bytes_;
   std::mutex mutex_;
   std::deque<std::unique_ptr<Block>> idle_;  // oldest returned first
+  std::unordered_map<void*, std::unique_ptr<Block>> lent_;  // by data pointer
   size_t lent_bytes_ = 0;
   size_t idle_bytes_ = 0;
   size_t peak_bytes_ = 0;
@@ -132,27 +140,26 @@ class ReuseCpuAllocator final : public c10::Allocator {
 };
 
 std::mutex install_mutex;
-ReuseCpuAllocator* installed = nullptr;  // never destroyed: tensors it lent may outlive everything else
 
 }  // namespace
 
 bool install_cpu_memory_reuse(int64_t min_bytes) {
   TORCH_CHECK(min_bytes > 0, "install_cpu_memory_reuse: min_bytes must be positive, got ", min_bytes);
   std::lock_guard<std::mutex> lock(install_mutex);
-  if (installed != nullptr) return false;
-  installed = new ReuseCpuAllocator(c10::GetCPUAllocator(), static_cast<size_t>(min_bytes));
-  c10::SetCPUAllocator(installed, /*priority=*/1);
+  if (installed_allocator != nullptr) return false;
+  installed_allocator = new ReuseCpuAllocator(c10::GetCPUAllocator(), static_cast<size_t>(min_bytes));
+  c10::SetCPUAllocator(installed_allocator, /*priority=*/1);
   return true;
 }
 
 CpuMemoryReuse cpu_memory_reuse() {
   std::lock_guard<std::mutex> lock(install_mutex);
-  return installed != nullptr ? installed->stats() : CpuMemoryReuse{};
+  return installed_allocator != nullptr ? installed_allocator->stats() : CpuMemoryReuse{};
 }
 
 int64_t release_idle_cpu_memory() {
   std::lock_guard<std::mutex> lock(install_mutex);
-  return installed != nullptr ? installed->release_idle() : 0;
+  return installed_allocator != nullptr ? installed_allocator->release_idle() : 0;
 }
 
 }  // namespace morphpipe

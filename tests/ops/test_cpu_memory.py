@@ -87,6 +87,7 @@ def test_a_freed_block_comes_back_to_the_next_request_it_holds_and_small_ones_pa
     del tensor
     again = torch.empty(7 * MIB, dtype=torch.uint8)
     assert again.data_ptr() == pointer
+    assert torch.equal(torch._lazy_clone(again), again)  # a "simple" data pointer, as copy-on-write clones need
     small = torch.ones(REUSE_MIN_BYTES // 4 - 1, dtype=torch.float32)  # just under the threshold
     after = cpu_memory_reuse()
     assert (after.hits - before.hits, after.misses - before.misses) == (1, 1)
