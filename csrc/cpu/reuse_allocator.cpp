@@ -29,7 +29,10 @@ struct Block {
 
 class ReuseCpuAllocator final : public c10::Allocator {
  public:
-  ReuseCpuAllocator(c10::Allocator* base, size_t min_bytes) : base_(base), min_bytes_(min_bytes) {}
+  ReuseCpuAllocator(c10::Allocator* base, size_t min_bytes)
+      : base_(base), base_raw_deleter_(base->raw_deleter()), min_bytes_(min_bytes) {
+    TORCH_CHECK(base_raw_deleter_ != nullptr, "the reusing CPU allocator wraps an allocator without raw_deleter()");
+  }
 
   c10::DataPtr allocate(size_t nbytes) override {
     if (nbytes < min_bytes_) return base_->allocate(nbytes);
@@ -76,8 +79,8 @@ class ReuseCpuAllocator final : public c10::Allocator {
       }
       block->capacity = size;
     }
-    // The data pointer is the context too (a "simple" DataPtr, which torch's copy-on-write clones require); the
-    // deleter finds the block by it.
+    // The data pointer is the context too (a "simple" DataPtr, which torch's copy-on-write clones and raw
+    // allocations require); the deleter finds the block by it.
     void* data = block->memory.get();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -85,6 +88,9 @@ class ReuseCpuAllocator final : public c10::Allocator {
     }
     return {data, data, &ReuseCpuAllocator::give_back, c10::Device(c10::DeviceType::CPU)};
   }
+
+  // Raw allocations (oneDNN's scratch memory: raw_allocate / raw_deallocate) free through this.
+  c10::DeleterFnPtr raw_deleter() const override { return &ReuseCpuAllocator::give_back; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
@@ -118,9 +124,15 @@ class ReuseCpuAllocator final : public c10::Allocator {
   static void give_back(void* data) { installed_allocator->keep(data); }
 
   void keep(void* data) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     auto found = lent_.find(data);
-    TORCH_INTERNAL_ASSERT(found != lent_.end(), "reusing CPU allocator: freed memory it did not lend");
+    if (found == lent_.end()) {
+      // A raw allocation torch's allocator made (below min_bytes, or before this one was installed), freed
+      // through raw_deleter(): its own deleter frees it.
+      lock.unlock();
+      base_raw_deleter_(data);
+      return;
+    }
     std::unique_ptr<Block> block = std::move(found->second);
     lent_.erase(found);
     lent_bytes_ -= block->capacity;
@@ -129,6 +141,7 @@ class ReuseCpuAllocator final : public c10::Allocator {
   }
 
   c10::Allocator* base_;
+  c10::DeleterFnPtr base_raw_deleter_;
   size_t min_bytes_;
   std::mutex mutex_;
   std::deque<std::unique_ptr<Block>> idle_;  // oldest returned first
