@@ -13,6 +13,7 @@
 #include "cpu/disk_probe.h"
 #include "cpu/feature_store.h"
 #include "cpu/io_uring.h"
+#include "cpu/reuse_allocator.h"
 #include "cpu/hetero_batcher.h"
 #ifdef MORPHPIPE_WITH_CUDA
 #include "cuda/host_pinning.h"
@@ -110,6 +111,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("path"), py::arg("block"), py::arg("seconds"),
       "O_DIRECT reads of `block` bytes one after another through `path`: (reads, bytes, seconds)");
+
+  m.def("install_cpu_memory_reuse", &morphpipe::install_cpu_memory_reuse, py::arg("min_bytes"),
+        "makes torch's CPU allocator keep freed blocks of min_bytes or more for reuse (once per process; False when "
+        "already installed)");
+  m.def(
+      "cpu_memory_reuse",
+      [] {
+        const morphpipe::CpuMemoryReuse s = morphpipe::cpu_memory_reuse();
+        py::dict out;
+        out["installed"] = s.installed;
+        out["min_bytes"] = s.min_bytes;
+        out["hits"] = s.hits;
+        out["misses"] = s.misses;
+        out["released"] = s.released;
+        out["lent_bytes"] = s.lent_bytes;
+        out["idle_bytes"] = s.idle_bytes;
+        out["peak_bytes"] = s.peak_bytes;
+        return out;
+      },
+      "what the reusing CPU allocator holds and has done (a dict; all zero before it is installed)");
+  m.def("release_idle_cpu_memory", &morphpipe::release_idle_cpu_memory,
+        "hands the reusing CPU allocator's idle blocks back to the system; returns the bytes released");
 
   py::class_<BufferPool, std::shared_ptr<BufferPool>>(
       m, "BufferPool", "the batchers' recycler of batch memory, on its own: its reuse rule can be checked directly")

@@ -19,7 +19,9 @@ with THP_MEM_ALLOC_ENABLE=0 to time both without huge pages.
 
 Peak memory: the step's high-water mark of resident memory above what was resident before it
 (/proc/self/clear_refs resets the mark), taken in a child process of this script run with
-MALLOC_MMAP_THRESHOLD_=131072 so that freed tensors go back to the OS and each step's peak is its own.
+MALLOC_MMAP_THRESHOLD_=131072 and MORPHPIPE_CPU_MEMORY_REUSE=0 so that freed tensors go back to the OS and each
+step's peak is its own. In this process both variants' steps run with the reusing CPU allocator
+(`morphpipe.ops.cpu_memory`, process-wide once a step exists); the legacy `morphpipe train` run goes without it.
 Step times are taken here, with glibc's own thresholds, as in a `morphpipe train` process (under that
 setting every tensor of 128 KiB or more would be fresh memory, and page faults would inflate the times).
 
@@ -53,6 +55,7 @@ from morphpipe.data import load_dataset  # noqa: E402
 from morphpipe.nn import build_model  # noqa: E402
 from morphpipe.nn.train_step import TrainStep, make_optimizer  # noqa: E402
 from morphpipe.huge_pages import HUGE_PAGES_ENV, huge_pages  # noqa: E402
+from morphpipe.ops.cpu_memory import REUSE_ENV  # noqa: E402
 from morphpipe.openmp_env import wait_policy  # noqa: E402
 from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, StepVariant, use_step_variant  # noqa: E402
 from morphpipe import native  # noqa: E402
@@ -168,6 +171,8 @@ def train_epochs(preset: str, variant: str, epochs: int) -> dict[str, object]:
         environment[HUGE_PAGES_ENV] = USER_ENVIRONMENT[HUGE_PAGES_ENV]
     elif variant == "legacy":
         environment[HUGE_PAGES_ENV] = "0"
+    if variant == "legacy":
+        environment[REUSE_ENV] = "0"  # torch's own allocator, as before the reusing one
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, check=True, env=environment)
     epochs_s = [float(match.group(2)) for match in EPOCH_LINE.finditer(result.stdout + result.stderr)]
@@ -206,7 +211,7 @@ def measure_peaks(args: argparse.Namespace) -> dict[str, float]:
         out = os.path.join(directory, "peaks.json")
         command = [sys.executable, __file__, "--presets", args.presets, "--models", args.models, "--threads",
                    args.threads, "--steps", args.steps, "--peaks-only", "--json", out]
-        subprocess.run(command, check=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
+        subprocess.run(command, check=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", REUSE_ENV: "0"})
         with open(out) as peaks:
             return json.load(peaks)
 

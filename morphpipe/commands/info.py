@@ -12,6 +12,7 @@ from morphpipe import native
 from morphpipe.data.feature_store import reader_line
 from morphpipe.huge_pages import huge_pages
 from morphpipe.openmp_env import wait_policy
+from morphpipe.ops.cpu_memory import reuse_line
 from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.sampling.backend_check import verdict_rows
 
@@ -37,6 +38,7 @@ def native_status(verbose: bool = False) -> list[tuple[str, str]]:
         ("OpenMP threads", str(openmp) if openmp else "built without OpenMP"),
         ("OpenMP wait policy", wait_policy().line()),
         ("huge pages for large tensors", huge_pages().line()),
+        ("CPU memory reuse in training", reuse_line()),
         ("feature store reader", reader_line()),
     ]
 

@@ -8,6 +8,7 @@ from torch import nn
 
 from morphpipe.nn.finite_guard import FiniteGuard
 from morphpipe.nn.task import NodeClassification, Task
+from morphpipe.ops.cpu_memory import reuse_cpu_memory
 from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import MiniBatch
 
@@ -44,7 +45,8 @@ class TrainStep:
     features stored in float16/bfloat16 are cast to the model's dtype on the device, so a compact
     feature store costs no precision in the model; with `precision="bf16"` the forward and loss run
     under bfloat16 autocast instead, and features enter as stored (the first projection reads them in
-    bfloat16 anyway). `guard` checks targets, loss and gradients
+    bfloat16 anyway). On the CPU, large tensors' memory is kept for reuse from the first step on
+    (`morphpipe.ops.cpu_memory`), so a step does not fault its activations in afresh. `guard` checks targets, loss and gradients
     before the update (`FiniteGuard`); a skipped step returns a NaN loss, which the epoch's mean
     leaves out.
     """
@@ -60,6 +62,8 @@ class TrainStep:
         self.precision = precision
         parameter = next(model.parameters())
         self.dtype = parameter.dtype
+        if parameter.device.type == "cpu":
+            reuse_cpu_memory()  # each step's activations and gradients reuse the last step's pages
         self.autocast = torch.autocast(parameter.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     @property

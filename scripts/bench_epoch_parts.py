@@ -1,0 +1,201 @@
+"""Benchmark: where a CPU training epoch's time goes, phase by phase, beside the step alone (issue 23).
+
+Runs the SAGE 3x256 epoch as `scripts/bench_sage_epoch.py` does (the `Profiler` on the workload, `plan_from_profile`,
+the `Trainer`'s executor; `--batches` batches of `--batch-size`, fanouts 15,10,5, float32) and splits each measured
+epoch into its batching phases (the batches built on the executor's thread when the plan takes turns, or taken
+from the CPU buffer), its training steps and the rest (the executor's own work between them), each with its wall
+time, the process's CPU time (user and system) and minor page faults (`getrusage`); then it trains the same
+batches again, the step alone, so a step slower inside the epoch than alone shows. System time and faults are
+what fresh memory costs (first touches); the reusing CPU allocator (`morphpipe.ops.cpu_memory`) is on unless
+MORPHPIPE_CPU_MEMORY_REUSE=0: `--compare-reuse` runs this script in fresh processes without and with it, in
+turns, and prints both rows of each dataset.
+
+Prints one table (seconds per epoch, the mean over the measured epochs) and the load. Not a test. Usage:
+  python scripts/bench_epoch_parts.py [--datasets default,bench-1m] [--batches 20] [--epochs 2] [--seed 0]
+         [--threads 2] [--compare-reuse [--rounds 1]]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import morphpipe  # noqa: F401  (the OpenMP wait policy and huge pages, as `morphpipe train` sets them)
+import torch
+
+from bench_sage_epoch import DROPOUT, HIDDEN, LR, RecordedSubset
+from dgl_peer import int_list
+from morphpipe.data import load_dataset
+from morphpipe.executor import Trainer
+from morphpipe.executor.trainer import torch_threads, training_threads
+from morphpipe.ops.cpu_memory import REUSE_ENV, cpu_memory_reuse
+from morphpipe.openmp_env import wait_policy
+from morphpipe.profiler.profiler import Profiler
+from morphpipe.sampling.throughput import measurement_seeds
+from morphpipe.scheduler import plan_from_profile
+
+FIELDS = ("wall", "user", "sys", "faults")
+
+
+def usage() -> tuple[float, float, float, int]:
+    """Now: wall clock, the process's user and system CPU seconds, minor page faults."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), r.ru_utime, r.ru_stime, r.ru_minflt
+
+
+class Phases:
+    """Sums of wall, user, sys and faults per phase name."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, list[float]] = {}
+
+    def add(self, name: str, before: tuple, after: tuple) -> None:
+        row = self.sums.setdefault(name, [0.0] * len(FIELDS))
+        for i, (a, b) in enumerate(zip(before, after)):
+            row[i] += b - a
+
+
+class TimedBatcher:
+    """The executor's Route 0 batcher, each `next()` booked as the batching phase; keeps the batches it gave."""
+
+    def __init__(self, inner, phases: Phases) -> None:
+        self.inner, self.phases, self.kept = inner, phases, []
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def epoch(self, epoch: int):
+        batches = iter(self.inner.epoch(epoch))
+        while True:
+            before = usage()
+            batch = next(batches, None)
+            self.phases.add("batch", before, usage())
+            if batch is None:
+                return
+            self.kept.append(batch)
+            yield batch
+
+
+def measure(dataset: str, args: argparse.Namespace) -> dict:
+    """One dataset: per measured epoch, the phases of the epoch and of the step alone on its batches."""
+    graph = load_dataset(dataset)
+    units = measurement_seeds(graph.train_idx, args.batches, args.batch_size, args.seed)
+    task = RecordedSubset(units)
+    profile = Profiler(graph, model="sage", fanouts=args.fanouts, batch_size=args.batch_size, hidden=HIDDEN,
+                       device="cpu", thread_counts=[args.threads], seed=args.seed, progress=False, task=task,
+                       precision="float32", log=lambda line: None).run()
+    plan = plan_from_profile(profile, seed=args.seed)
+    torch.manual_seed(args.seed)
+    model = task.build_model("sage", graph, num_layers=len(args.fanouts), hidden=HIDDEN, dropout=DROPOUT)
+    epochs = []
+    with Trainer(graph, model, plan, fanouts=args.fanouts, batch_size=args.batch_size, task=task, lr=LR,
+                 seed=args.seed, progress=False, log=lambda line: None) as trainer:
+        executor = trainer.executor
+        phases = Phases()
+        batcher = executor.cpu_batcher = TimedBatcher(executor.cpu_batcher, phases)
+        step = executor.step
+
+        def timed_step(batch):
+            before = usage()
+            loss = step(batch)
+            phases.add("step", before, usage())
+            return loss
+
+        executor.step = timed_step
+        for epoch in range(1 + args.epochs):
+            phases.sums.clear()
+            batcher.kept.clear()
+            before = usage()
+            with torch_threads(training_threads(trainer.plan)):
+                result = executor.run_epoch(epoch)
+                after = usage()
+                alone = Phases()
+                for batch in batcher.kept:  # the same batches again, nothing else running
+                    start = usage()
+                    step(batch)
+                    alone.add("step alone", start, usage())
+            epoch_row = [b - a for a, b in zip(before, after)]
+            parts = {"epoch": epoch_row, **phases.sums, **alone.sums}
+            parts["rest"] = [e - parts["batch"][i] - parts["step"][i] for i, e in enumerate(epoch_row)]
+            parts["input_nodes"] = statistics.fmean(b.input_nodes.numel() for b in batcher.kept)
+            parts["epoch_s"] = result.epoch_s
+            epochs.append(parts)
+    measured = epochs[1:]
+    mean = {name: [statistics.fmean(e[name][i] for e in measured) for i in range(len(FIELDS))]
+            for name in ("epoch", "batch", "step", "rest", "step alone")}
+    return {"dataset": dataset, "plan": plan.describe().splitlines()[0], "parts": mean,
+            "input_nodes": statistics.fmean(e["input_nodes"] for e in measured),
+            "reuse": dataclasses.asdict(cpu_memory_reuse()),
+            "wait_policy": wait_policy().line(), "load": os.getloadavg()[0]}
+
+
+def row_cells(found: dict, label: str) -> str:
+    parts = found["parts"]
+    cells = [found["dataset"], label, f"{parts['epoch'][0]:.2f}"]
+    for name in ("batch", "step", "rest", "step alone"):
+        wall, user, system, faults = parts[name]
+        cells.append(f"{wall:.2f} ({user:.2f} + {system:.2f}, {faults / 1000:.0f}k)")
+    cells.append(f"{found['load']:.1f}")
+    return "| " + " | ".join(cells) + " |"
+
+
+HEADER = ("| dataset | allocator | epoch s | batch s (user + sys CPU s, faults) | step s (user + sys, faults) | "
+          "rest s (user + sys, faults) | step alone s (user + sys, faults) | load |\n|" + "---|" * 8)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", default="default,bench-1m")
+    parser.add_argument("--fanouts", type=int_list, default="15,10,5")
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=2, help="measured epochs after the warm-up one (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compare-reuse", action="store_true",
+                        help="run without and with the reusing allocator, fresh processes in turns")
+    parser.add_argument("--rounds", type=int, default=1, help="with --compare-reuse: turns per variant")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child's output
+    args = parser.parse_args()
+    if args.batches < 1 or args.epochs < 1:
+        raise SystemExit(f"--batches and --epochs must be at least 1, got {args.batches} and {args.epochs}")
+    torch.set_num_threads(args.threads)
+    loads = [os.getloadavg()[0]]
+    if not args.compare_reuse:
+        found = [measure(dataset, args) for dataset in args.datasets.split(",")]
+        if args.json:
+            print(json.dumps(found))
+            return
+        rows = [(f, "reuse" if f["reuse"].get("installed") else "torch's") for f in found]
+    else:
+        rows = []
+        own = [arg for arg in sys.argv[1:] if arg not in ("--compare-reuse",)]
+        for _ in range(args.rounds):
+            for label, value in (("torch's", "0"), ("reuse", "1")):
+                child = subprocess.run([sys.executable, __file__, *own, "--json"], capture_output=True, text=True,
+                                       env={**os.environ, REUSE_ENV: value}, check=True)
+                rows += [(f, label) for f in json.loads(child.stdout.strip().splitlines()[-1])]
+    loads.append(os.getloadavg()[0])
+    print(f"SAGE {len(args.fanouts)}x{HIDDEN} float32, fanouts {args.fanouts}, batch {args.batch_size}, "
+          f"{args.batches} batches per epoch, mean of {args.epochs} measured epochs after a warm-up, "
+          f"{args.threads} threads; OpenMP wait policy {rows[0][0]['wait_policy']}; load average "
+          f"{min(loads):.1f}-{max(loads):.1f}")
+    print(HEADER)
+    for found, label in sorted(rows, key=lambda pair: pair[0]["dataset"]):
+        print(row_cells(found, label))
+    for found, label in rows:
+        print(f"{found['dataset']} ({label}): {found['plan']}; {found['input_nodes']:,.0f} input nodes a batch; "
+              f"allocator {found['reuse']}")
+
+
+if __name__ == "__main__":
+    main()
