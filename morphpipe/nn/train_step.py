@@ -46,9 +46,9 @@ class TrainStep:
     feature store costs no precision in the model; with `precision="bf16"` the forward and loss run
     under bfloat16 autocast instead, and features enter as stored (the first projection reads them in
     bfloat16 anyway). On the CPU, large tensors' memory is kept for reuse from the first step on
-    (`morphpipe.ops.cpu_memory`), so a step does not fault its activations in afresh. `guard` checks targets, loss and gradients
-    before the update (`FiniteGuard`); a skipped step returns a NaN loss, which the epoch's mean
-    leaves out.
+    (`morphpipe.ops.cpu_memory`), so a step does not fault its activations in afresh. `guard` checks
+    targets, loss and gradients before the update (`FiniteGuard`); a skipped step returns a NaN loss,
+    which the epoch's mean leaves out.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, task: Task | None = None,
