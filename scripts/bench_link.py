@@ -43,6 +43,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+import morphpipe  # noqa: F401  first, before torch: the OpenMP wait policy and huge pages, as `morphpipe train` sets them
 import numpy as np
 import torch
 

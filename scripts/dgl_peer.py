@@ -71,7 +71,9 @@ def dataset_directory(dataset: str) -> Path:
 
 def run_dgl_script(script: str, settings: dict, threads: int, dgl_python: str = DGL_PYTHON) -> dict:
     """Runs `script` in DGL's interpreter with `settings` (JSON in argv[1]) and `threads` OMP threads; returns the
-    JSON object it printed last. A failed run stops the benchmark with the end of DGL's stderr."""
+    JSON object it printed last. A failed run stops the benchmark with the end of DGL's stderr. DGL inherits this
+    process's environment, the OpenMP wait policy and huge pages `import morphpipe` set included: both sides run
+    under the same settings."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DGLBACKEND": "pytorch"}
     done = subprocess.run([dgl_python, "-c", script, json.dumps(settings)], capture_output=True, text=True, env=env,
                           check=False)
