@@ -21,10 +21,18 @@ constexpr size_t kGranule = size_t{2} << 20;  // blocks come in 2 MiB steps, tor
 class ReuseCpuAllocator;
 ReuseCpuAllocator* installed_allocator = nullptr;  // never destroyed: tensors it lent may outlive everything else
 
+// torch.profiler's memory view: an idle block counts as freed (reported at `keep`), a lent one as allocated (at
+// fresh allocation by the base allocator, at each lending after). Only idle blocks are destroyed: counted as
+// allocated again first, so the base allocator's own report of the free finds them.
+c10::ProfiledCPUMemoryReporter& profiler_memory() { return c10::profiledCPUMemoryReporter(); }
+
 // One block of torch's memory (its DataPtr frees it), lent out or idle.
 struct Block {
   c10::DataPtr memory;
   size_t capacity = 0;
+  ~Block() {
+    if (memory) profiler_memory().New(memory.get(), capacity);
+  }
 };
 
 class ReuseCpuAllocator final : public c10::Allocator {
@@ -51,6 +59,7 @@ class ReuseCpuAllocator final : public c10::Allocator {
       if (best != idle_.end()) {
         block = std::move(*best);
         idle_.erase(best);
+        profiler_memory().New(block->memory.get(), block->capacity);
         idle_bytes_ -= block->capacity;
         ++stats_.hits;
       } else {
@@ -137,6 +146,7 @@ class ReuseCpuAllocator final : public c10::Allocator {
     lent_.erase(found);
     lent_bytes_ -= block->capacity;
     idle_bytes_ += block->capacity;
+    profiler_memory().Delete(data);  // under the lock: lending it again reports after this
     idle_.push_back(std::move(block));
   }
 
