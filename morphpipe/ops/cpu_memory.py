@@ -34,9 +34,15 @@ class CpuMemoryReuse:
 
 
 def reuse_wanted(environ: dict[str, str] | os._Environ = os.environ) -> bool:
-    """False when the user opted out with MORPHPIPE_CPU_MEMORY_REUSE=0 (or an empty value)."""
+    """False when the user opted out with MORPHPIPE_CPU_MEMORY_REUSE=0 (or an empty value); any value but 0, 1 or
+    empty is refused, naming them (a "false" or "off" must not leave reuse on unnoticed)."""
     value = environ.get(REUSE_ENV)
-    return value is None or value.strip() not in ("", "0")
+    if value is None or value.strip() == "1":
+        return True
+    if value.strip() in ("", "0"):
+        return False
+    raise ValueError(f"{REUSE_ENV}={value!r}: set it to 0 (torch's own allocator) or 1 (large CPU tensors' memory "
+                     "reused, the default), or unset it")
 
 
 _installed = False  # whether this process installed it (so releasing needs no native load before)
@@ -53,7 +59,11 @@ def reuse_cpu_memory() -> CpuMemoryReuse:
 
 def reuse_line(environ: dict[str, str] | os._Environ = os.environ) -> str:
     """One line for `morphpipe info`: whether CPU training reuses large tensors' memory, and who chose."""
-    if not reuse_wanted(environ):
+    try:
+        wanted = reuse_wanted(environ)
+    except ValueError as error:
+        return f"not chosen: {error}"
+    if not wanted:
         return f"off ({REUSE_ENV}={environ.get(REUSE_ENV)!r}: torch's own allocator)"
     state = "installed" if _installed else "installed by the first CPU training step"
     return f"on (blocks of {REUSE_MIN_BYTES >> 20} MiB or more; {state}; {REUSE_ENV}=0 turns it off)"

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from morphpipe.nn import build_model
@@ -123,6 +124,10 @@ def test_the_user_can_opt_out() -> None:
     assert not reuse_wanted({REUSE_ENV: "0"})
     assert not reuse_wanted({REUSE_ENV: ""})
     assert reuse_line({REUSE_ENV: "0"}).startswith("off")
+    for value in ("false", "off", "2"):
+        with pytest.raises(ValueError, match=f"{REUSE_ENV}='{value}': set it to 0 .* or 1"):
+            reuse_wanted({REUSE_ENV: value})
+        assert reuse_line({REUSE_ENV: value}).startswith("not chosen: ")
     assert reuse_line({}).startswith("on (blocks of 2 MiB or more")
 
 
