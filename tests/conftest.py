@@ -6,6 +6,7 @@ import ...`; `tests` is a package, so no test module imports another one.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from morphpipe.data import load_dataset
+from morphpipe.data.hetero_generator import MagSpec, mag_shaped
 from morphpipe.ops import force_choices
 
 
@@ -65,3 +67,14 @@ def checkpoint_bytes(document, version: int = 2) -> bytes:
     header = {"format": "morphpipe-checkpoint", "version": version, "payload_bytes": len(payload),
               "sha256": hashlib.sha256(payload).hexdigest()}
     return json.dumps(header).encode() + b"\n" + payload
+
+
+def saved_mag_with_float16_authors(directory, spec: MagSpec, author_width: int, seed: int):
+    """A mag-shaped graph saved in `directory`: the generator's float32 paper features, float16 author features of
+    `author_width`, institutions and fields without features (typed feature stores' mixed dtypes and tiers)."""
+    graph = mag_shaped(spec)
+    authors = torch.randn(spec.num_authors, author_width, generator=torch.Generator().manual_seed(seed))
+    graph = dataclasses.replace(graph, features={**graph.features, "author": authors.to(torch.float16)},
+                                validated=False)
+    graph.save(directory)
+    return directory

@@ -2,28 +2,23 @@
 the types by hotness per byte of row (`share_feature_cache`), and each type's tier said by the summaries."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from morphpipe.commands.cli import main
 from morphpipe.data.feature_store import hottest_rows
-from morphpipe.data.hetero_generator import MagSpec, mag_shaped
+from morphpipe.data.hetero_generator import MagSpec
 from morphpipe.data.hetero_store import HeteroGraphStore, share_feature_cache
 from morphpipe.data.store import load_dataset
 from morphpipe.data.summary import typed_feature_tiers
+from tests.conftest import saved_mag_with_float16_authors
 
 
 @pytest.fixture(scope="module")
 def graph_dir(tmp_path_factory):
     """mag-shaped: float32 paper rows of 32 bytes, float16 author rows of 8 bytes, two types without features."""
-    graph = mag_shaped(MagSpec(num_papers=300, num_authors=200, num_institutions=10, num_fields=20, feature_dim=8))
-    authors = torch.randn(200, 4, generator=torch.Generator().manual_seed(2)).to(torch.float16)
-    graph = dataclasses.replace(graph, features={**graph.features, "author": authors}, validated=False)
-    directory = tmp_path_factory.mktemp("typed") / "mag"
-    graph.save(directory)
-    return directory
+    spec = MagSpec(num_papers=300, num_authors=200, num_institutions=10, num_fields=20, feature_dim=8)
+    return saved_mag_with_float16_authors(tmp_path_factory.mktemp("typed") / "mag", spec, author_width=4, seed=2)
 
 
 def test_the_cache_goes_to_the_rows_with_most_hotness_per_byte():

@@ -4,16 +4,15 @@ features still gets its local ids; Route 1's typed batcher reads them through th
 takes each type's rows from one source."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from morphpipe import native
-from morphpipe.data.hetero_generator import MagSpec, mag_shaped
+from morphpipe.data.hetero_generator import MagSpec
 from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
 from morphpipe.sampling.hetero_torch_batcher import HeteroTorchBatcher
+from tests.conftest import saved_mag_with_float16_authors
 
 FANOUTS = [4, 3]
 PAPER_ROW, AUTHOR_ROW = 6 * 4, 3 * 2  # float32 rows of width 6, float16 rows of width 3 (both straddle pages)
@@ -22,12 +21,8 @@ PAPER_ROW, AUTHOR_ROW = 6 * 4, 3 * 2  # float32 rows of width 6, float16 rows of
 @pytest.fixture(scope="module")
 def graph_dir(tmp_path_factory):
     """A small mag-shaped graph: float32 paper features, float16 author features, institutions and fields without."""
-    graph = mag_shaped(MagSpec(num_papers=400, num_authors=300, num_institutions=12, num_fields=30, feature_dim=6))
-    authors = torch.randn(300, 3, generator=torch.Generator().manual_seed(5)).to(torch.float16)
-    graph = dataclasses.replace(graph, features={**graph.features, "author": authors}, validated=False)
-    directory = tmp_path_factory.mktemp("typed") / "mag"
-    graph.save(directory)
-    return directory
+    spec = MagSpec(num_papers=400, num_authors=300, num_institutions=12, num_fields=30, feature_dim=6)
+    return saved_mag_with_float16_authors(tmp_path_factory.mktemp("typed") / "mag", spec, author_width=3, seed=5)
 
 
 def same_rows(got: torch.Tensor, expected: torch.Tensor) -> bool:
