@@ -31,6 +31,7 @@ import torch
 
 from bench_sage_epoch import DROPOUT, HIDDEN, LR, RecordedSubset
 from dgl_peer import int_list
+from morphpipe.commands.arguments import integer
 from morphpipe.data import load_dataset
 from morphpipe.executor import Trainer
 from morphpipe.executor.trainer import torch_threads, training_threads
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compare-reuse", action="store_true",
                         help="run without and with the reusing allocator, fresh processes in turns")
-    parser.add_argument("--rounds", type=int, default=1, help="with --compare-reuse: turns per variant")
+    parser.add_argument("--rounds", type=integer(1), default=1, help="with --compare-reuse: turns per variant")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child's output
     args = parser.parse_args()
     if args.batches < 1 or args.epochs < 1:

@@ -16,30 +16,38 @@ from pathlib import Path
 
 from bench_hetero import our_batching  # this script's folder is on sys.path when it runs
 
+from dgl_peer import int_list
+from morphpipe.commands.arguments import integer, number
 from morphpipe.cores import usable_cores
 from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.data.presets import PRESETS
 from morphpipe.data.store import ensure_preset
 
 
+def share_list(text: str) -> list[float]:
+    """An argparse `type=`: comma-separated shares, each a finite number in [0, 1]."""
+    return [number(0.0, 1.0)(part) for part in text.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="mag", help="a heterogeneous preset or dataset directory (default mag)")
-    parser.add_argument("--fanouts", default="10,10", help="neighbours per hop for every relation (default 10,10)")
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--batches", type=int, default=18, help="batches timed, on a second pass (default 18)")
-    parser.add_argument("--threads", type=int, default=usable_cores())
-    parser.add_argument("--cache-shares", default="0,0.1,0.5,1",
-                        help="host cache sizes as shares of all feature bytes (default 0,0.1,0.5,1)")
+    parser.add_argument("--fanouts", type=int_list, default="10,10",
+                        help="neighbours per hop for every relation (default 10,10)")
+    parser.add_argument("--batch-size", type=integer(1), default=1024)
+    parser.add_argument("--batches", type=integer(1), default=18, help="batches timed, on a second pass (default 18)")
+    parser.add_argument("--threads", type=integer(1), default=usable_cores())
+    parser.add_argument("--cache-shares", type=share_list, default="0,0.1,0.5,1",
+                        help="host cache sizes as shares of all feature bytes, each in [0, 1] (default 0,0.1,0.5,1)")
     args = parser.parse_args()
-    fanouts = [int(f) for f in args.fanouts.split(",")]
+    fanouts = args.fanouts
     directory = Path(args.dataset) if Path(args.dataset).is_dir() else ensure_preset(PRESETS[args.dataset])
     in_ram = HeteroGraphStore.load(directory, mmap=False)
     feature_bytes = sum(rows.numel() * rows.element_size() for rows in in_ram.features.values())
     load = os.getloadavg()[0]
     rows = [("RAM", None, our_batching(in_ram, fanouts, args.batch_size, args.batches, args.threads))]
     del in_ram
-    for share in (float(text) for text in args.cache_shares.split(",")):
+    for share in args.cache_shares:
         graph = HeteroGraphStore.load(directory, features_on_disk=True, feature_cache_bytes=int(share * feature_bytes))
         measured = our_batching(graph, fanouts, args.batch_size, args.batches, args.threads)
         counters = [store.counters() for store in graph.feature_stores.values()]
