@@ -1,5 +1,7 @@
 #include "cpu/io_thread_pool.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace morphpipe {
@@ -79,6 +81,24 @@ void IoThreadPool::run(int64_t count, const std::function<void(int64_t)>& task) 
     if (position != jobs_.end()) jobs_.erase(position);
   }
   if (job->error) std::rethrow_exception(job->error);
+}
+
+SharedIoPool::SharedIoPool(int64_t num_threads)
+    : num_threads_(std::max<int64_t>(num_threads, 0)),
+      pool_(std::make_unique<IoThreadPool>(num_threads_)),
+      owner_(::getpid()) {}
+
+IoThreadPool& SharedIoPool::get() {
+  const pid_t pid = ::getpid();
+  if (owner_.load(std::memory_order_acquire) != pid) {
+    std::lock_guard<std::mutex> lock(new_pool_mutex_);
+    if (owner_.load(std::memory_order_relaxed) != pid) {
+      (void)pool_.release();  // the parent's: its threads and lock are not this process's to use or join
+      pool_ = std::make_unique<IoThreadPool>(num_threads_);
+      owner_.store(pid, std::memory_order_release);
+    }
+  }
+  return *pool_;
 }
 
 }  // namespace morphpipe

@@ -10,6 +10,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sys/types.h>
+
 #include <thread>
 #include <vector>
 
@@ -48,6 +50,26 @@ class IoThreadPool {
   std::deque<std::shared_ptr<Job>> jobs_;  // jobs with tasks not yet claimed (front first)
   bool stopping_ = false;
   std::vector<std::thread> threads_;
+};
+
+// The pread pool one or more feature stores read through (a typed graph's stores share one, so their reads together
+// keep the pool's threads, not one pool's per store, in flight), owned by the process that made it. A forked child
+// has none of its parent's pool threads, and one of them may have held the pool's lock at the fork: `get()` leaves
+// that pool untouched in the child (never destroyed: its threads are not the child's) and starts the child's own.
+class SharedIoPool {
+ public:
+  explicit SharedIoPool(int64_t num_threads);
+  SharedIoPool(const SharedIoPool&) = delete;
+  SharedIoPool& operator=(const SharedIoPool&) = delete;
+
+  IoThreadPool& get();
+  int64_t num_threads() const { return num_threads_; }
+
+ private:
+  int64_t num_threads_;
+  std::unique_ptr<IoThreadPool> pool_;
+  std::atomic<pid_t> owner_;
+  std::mutex new_pool_mutex_;  // taken only in a forked child's first gathers, never in the process that made pool_
 };
 
 }  // namespace morphpipe
