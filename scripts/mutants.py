@@ -541,8 +541,10 @@ MUTANTS: list[dict] = [
          replace="return max(0, budget - resident_bytes(graph))",
          tests=["tests/profiler/test_disk_profile_run.py", "tests/commands/test_disk_tier.py"], ci=False),
     dict(name="pickled-feature-store-keeps-the-hotness", file="morphpipe/data/feature_store.py",
-         find="            cached = hottest_rows(hotness, num_cached)\n        self._open(path, dtype, cached, io_threads, direct, reader)",
-         replace="            cached = hottest_rows(hotness, num_cached)\n        self._open(path, dtype, cached, io_threads, direct, reader)"
+         find="            cached = hottest_rows(hotness, num_cached)\n"
+              "        self._open(path, dtype, cached, io_threads, direct, reader, shares_io_with)",
+         replace="            cached = hottest_rows(hotness, num_cached)\n"
+                 "        self._open(path, dtype, cached, io_threads, direct, reader, shares_io_with)"
                  "\n        self._arguments = (*self._arguments, hotness)",
          tests=[f"{FEATURE_STORE}::test_a_store_keeps_its_cached_rows_not_the_hotness_they_were_chosen_by"], ci=False),
     # --- issue 25: mid-epoch checkpoints (SIGTERM) ----------------------------------------------------

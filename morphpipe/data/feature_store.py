@@ -198,7 +198,7 @@ class FeatureStore:
              shares_io_with: FeatureStore | None = None) -> FeatureStore:
         """A store on the same file read the same way, caching `cached_rows` (row ids; None: no cache), with
         `io_threads` I/O threads (None: this store's): what the profiler times the disk and the CPU apart with."""
-        twin = FeatureStore.__new__(FeatureStore)
+        twin = type(self).__new__(type(self))
         rows = torch.empty(0, dtype=torch.int64) if cached_rows is None else torch.as_tensor(cached_rows).long()
         twin._open(self.path, self.dtype_name, rows, self.io_threads if io_threads is None else io_threads,
                    self.direct, self.reader, shares_io_with)

@@ -27,21 +27,23 @@ def test_tune_and_train_tier_a_typed_graph_within_the_memory_budget(typed_dir, t
     graph = HeteroGraphStore.load(typed_dir)
     budget = resident_bytes(graph) + 2_000  # the features (12 kB) do not fit beside the topology
     plan_path, profile_path = tmp_path / "plan.json", tmp_path / "profile.json"
-    assert main(["tune", str(typed_dir), *WORKLOAD, "--warmup", "1", "--memory-budget", str(budget), "-o", str(plan_path),
-                 "--profile-output", str(profile_path)]) == 0, capsys.readouterr().err
+    assert main(["tune", str(typed_dir), *WORKLOAD, "--warmup", "1", "--memory-budget", str(budget),
+                 "-o", str(plan_path), "--profile-output", str(profile_path)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "do not fit the memory budget" in out and "feature store of each featured node type" in out
     profile, plan = Profile.load(profile_path), Plan.load(plan_path)
     disk = profile.disk
     assert disk is not None, "the typed graph's disk must be profiled"
     assert disk.num_rows == 300 + 200 and disk.row_bytes == -(-(300 * 32 + 200 * 8) // 500)
-    assert disk.resident_bytes >= resident_bytes(graph) and disk.cache_budget_bytes <= budget - resident_bytes(graph)
+    assert disk.resident_bytes >= resident_bytes(graph)
+    assert disk.cache_budget_bytes <= budget - resident_bytes(graph)
     assert plan.tiering is not None and plan.tiering.cache_bytes <= max(disk.cache_budget_bytes, 0)
     hotness = {name: graph.source_degrees(name) for name in ("paper", "author")}
     split = share_feature_cache(hotness, {"paper": 32, "author": 8}, plan.tiering.cache_bytes)
     assert "tiers: features by node type: paper disk (feature store" in out
-    assert f"the types sharing it by hotness per byte (paper {split['paper']:,} rows, author {split['author']:,} rows)" \
-        in out
+    shared = (f"the types sharing it by hotness per byte (paper {split['paper']:,} rows, "
+              f"author {split['author']:,} rows)")
+    assert shared in out
     assert main(["train", str(typed_dir), *WORKLOAD, "--memory-budget", str(budget), "--plan", str(plan_path),
                  "--epochs", "1", "--no-progress", "--replan", "off"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
