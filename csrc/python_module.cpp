@@ -155,6 +155,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "shares_io_with: a pread store with as many I/O threads whose pool this store reads through, or None")
       .def("shares_io_with", &FeatureStore::shares_io_with, py::arg("other"),
            "True when this store and other read through one pread pool")
+      .def("pool_read_ns", &FeatureStore::pool_read_ns,
+           "nanoseconds reads of this store or any sharing its pool were in flight (side by side counted once)")
+      .def("reset_pool_read_ns", &FeatureStore::reset_pool_read_ns)
       .def("gather", &FeatureStore::gather, py::arg("ids"), py::call_guard<py::gil_scoped_release>())
       .def(
           "counters",

@@ -221,19 +221,13 @@ void FeatureStore::read_rows(const int64_t* rows, const int64_t* positions, int6
   const std::vector<Read> reads = plan_reads(order);
   int64_t bytes = 0;
   for (const Read& read : reads) bytes += request_bytes(read);
-  {
-    std::lock_guard<std::mutex> lock(reading_mutex_);
-    if (gathers_reading_++ == 0) reading_since_ = std::chrono::steady_clock::now();
-  }
+  reading_.begin();
+  pool_->reading().begin();
   struct DoneReading {  // also when a read fails: the time counted so far stays right
     FeatureStore& store;
     ~DoneReading() {
-      std::lock_guard<std::mutex> lock(store.reading_mutex_);
-      if (--store.gathers_reading_ == 0) {
-        store.read_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::steady_clock::now() - store.reading_since_)
-                              .count();
-      }
+      store.pool_->reading().end();
+      store.reading_.end();
     }
   } done_reading{*this};
   if (io_uring_) {
@@ -402,28 +396,17 @@ at::Tensor FeatureStore::gather(const at::Tensor& rows) {
 
 FeatureStoreCounters FeatureStore::counters() const {
   // Gathers reading side by side may keep the reading time open for a whole epoch: the open part counts up to now.
-  int64_t read_ns;
-  {
-    std::lock_guard<std::mutex> lock(reading_mutex_);
-    read_ns = read_ns_.load();
-    if (gathers_reading_ > 0) {
-      read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                                       reading_since_)
-                     .count();
-    }
-  }
+  const int64_t read_ns = reading_.read_ns();
   return {hits_.load(), misses_.load(), reads_.load(), bytes_read_.load(), read_ns, read_gathers_.load()};
 }
 
 void FeatureStore::reset_counters() {
-  std::lock_guard<std::mutex> lock(reading_mutex_);
   hits_ = 0;
   misses_ = 0;
   reads_ = 0;
   bytes_read_ = 0;
-  read_ns_ = 0;
   read_gathers_ = 0;
-  if (gathers_reading_ > 0) reading_since_ = std::chrono::steady_clock::now();  // the open part counts from now
+  reading_.reset();  // a gather reading now counts from now
 }
 
 }  // namespace morphpipe

@@ -60,6 +60,10 @@ class FeatureStore {
 
   FeatureStoreCounters counters() const;
   void reset_counters();
+  // The time reads of this store or any store sharing its pool were in flight (side by side counted once), since
+  // the pool started or `reset_pool_read_ns`.
+  int64_t pool_read_ns() const { return pool_->reading().read_ns(); }
+  void reset_pool_read_ns() { pool_->reading().reset(); }
 
   const std::string& path() const { return path_; }
   int64_t num_rows() const { return num_rows_; }
@@ -130,11 +134,8 @@ class FeatureStore {
   struct Ring;
   std::mutex rings_mutex_;
   std::vector<std::unique_ptr<Ring>> idle_rings_;
-  std::atomic<int64_t> hits_{0}, misses_{0}, reads_{0}, bytes_read_{0}, read_ns_{0}, read_gathers_{0};
-  // Reads in flight: gathers reading now, and since when at least one was (one clock read per gather, not per row).
-  mutable std::mutex reading_mutex_;
-  int64_t gathers_reading_ = 0;
-  std::chrono::steady_clock::time_point reading_since_;
+  std::atomic<int64_t> hits_{0}, misses_{0}, reads_{0}, bytes_read_{0}, read_gathers_{0};
+  ReadingTimer reading_;  // this store's reads in flight (its pool's timer counts every sharing store's)
 };
 
 }  // namespace morphpipe

@@ -83,6 +83,31 @@ void IoThreadPool::run(int64_t count, const std::function<void(int64_t)>& task) 
   if (job->error) std::rethrow_exception(job->error);
 }
 
+void ReadingTimer::begin() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reading_++ == 0) since_ = std::chrono::steady_clock::now();
+}
+
+void ReadingTimer::end() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (--reading_ == 0) {
+    read_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since_).count();
+  }
+}
+
+int64_t ReadingTimer::read_ns() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reading_ == 0) return read_ns_;
+  return read_ns_ +
+         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since_).count();
+}
+
+void ReadingTimer::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  read_ns_ = 0;
+  if (reading_ > 0) since_ = std::chrono::steady_clock::now();
+}
+
 SharedIoPool::SharedIoPool(int64_t num_threads)
     : num_threads_(std::max<int64_t>(num_threads, 0)),
       pool_(std::make_unique<IoThreadPool>(num_threads_)),

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -52,6 +53,24 @@ class IoThreadPool {
   std::vector<std::thread> threads_;
 };
 
+// Wall time with reads in flight: gathers reading side by side counted once, one clock read per gather that reads
+// (not per row); `begin` when a gather starts reading, `end` when it is done (also when a read failed).
+class ReadingTimer {
+ public:
+  void begin();
+  void end();
+  // Nanoseconds with reads in flight since the timer started or `reset`, the part open now included.
+  int64_t read_ns() const;
+  // From zero again; a part open now counts from now.
+  void reset();
+
+ private:
+  mutable std::mutex mutex_;
+  int64_t reading_ = 0;  // gathers reading now
+  int64_t read_ns_ = 0;  // closed parts
+  std::chrono::steady_clock::time_point since_;
+};
+
 // The pread pool one or more feature stores read through (a typed graph's stores share one, so their reads together
 // keep the pool's threads, not one pool's per store, in flight), owned by the process that made it. A forked child
 // has none of its parent's pool threads, and one of them may have held the pool's lock at the fork: `get()` leaves
@@ -64,8 +83,12 @@ class SharedIoPool {
 
   IoThreadPool& get();
   int64_t num_threads() const { return num_threads_; }
+  // The time reads of any store reading through this pool were in flight (a typed graph's types' reads side by side
+  // counted once: the time the disk was held for them all).
+  ReadingTimer& reading() { return reading_; }
 
  private:
+  ReadingTimer reading_;
   int64_t num_threads_;
   std::unique_ptr<IoThreadPool> pool_;
   std::atomic<pid_t> owner_;

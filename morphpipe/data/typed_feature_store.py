@@ -59,7 +59,7 @@ class TypedFeatureStore:
 
     Rows of this view: type t's row r is `offsets[t] + r`. `rows_of` turns a batch's global input node ids into
     these rows (nodes of types without features are not read), `count_reads` and `gather` split rows by type,
-    `counters` sums the types' counters, `rows_cached_by` is the rows a shared cache of that many bytes holds (its
+    `counters` sums the types' counters (the read time: their shared pool's), `rows_cached_by` is the rows a shared cache of that many bytes holds (its
     first rows in `hotness()`'s order), `row_bytes` the mean bytes of a row (rounded up)."""
 
     def __init__(self, stores: Mapping[str, FeatureStore], starts: Mapping[str, int],
@@ -151,15 +151,26 @@ class TypedFeatureStore:
         """Rows `rows` read type after type: each touched type's rows (in `rows`' order within the type)."""
         return [self.stores[name].gather(local) for name, local in self._by_type(rows).items()]
 
+    def shares_one_pool(self) -> bool:
+        """True when every type's store reads through one pread pool (its timer then times all their reads)."""
+        first, *others = [store.native for store in self.stores.values()]
+        return self.reader == "pread" and all(first.shares_io_with(other) for other in others)
+
     def counters(self) -> FeatureStoreCounters:
-        """The types' counters summed (read time too: the typed batcher gathers a batch's types one after another)."""
+        """The types' counters summed; the read time is their shared pool's (reads of several types side by side,
+        from several batching threads, counted once: the time the disk was held for them all), or with io_uring
+        (a ring per gather, no pool) the types' read times summed."""
         parts = [store.counters() for store in self.stores.values()]
-        return FeatureStoreCounters(*(sum(getattr(part, name) for part in parts) for name in
-                                      ("hits", "misses", "reads", "bytes_read", "read_seconds", "read_gathers")))
+        summed = {name: sum(getattr(part, name) for part in parts)
+                  for name in ("hits", "misses", "reads", "bytes_read", "read_seconds", "read_gathers")}
+        if self.shares_one_pool():
+            summed["read_seconds"] = next(iter(self.stores.values())).native.pool_read_ns() * 1e-9
+        return FeatureStoreCounters(**summed)
 
     def reset_counters(self) -> None:
         for store in self.stores.values():
             store.reset_counters()
+        next(iter(self.stores.values())).native.reset_pool_read_ns()
 
     def twin(self, *, io_threads: int | None = None, cached_rows: torch.Tensor | None = None) -> TypedFeatureStore:
         """The same files read the same way through a new shared pool of `io_threads` I/O threads (None: this one's),

@@ -24,6 +24,8 @@ def typed_dir(tmp_path_factory):
 
 
 def test_tune_and_train_tier_a_typed_graph_within_the_memory_budget(typed_dir, tmp_path, capsys):
+    """The user's path end to end (over 10 s on a loaded machine: the disk profile's timed reads, and a second
+    profile when the machine was busy): the one test of placing, profiling, planning and applying a typed tiering."""
     graph = HeteroGraphStore.load(typed_dir)
     budget = resident_bytes(graph) + 2_000  # the features (12 kB) do not fit beside the topology
     plan_path, profile_path = tmp_path / "plan.json", tmp_path / "profile.json"

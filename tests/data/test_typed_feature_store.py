@@ -62,11 +62,14 @@ def test_the_one_store_view_counts_and_reads_as_its_types_stores(graph_dir):
     total = store.counters()
     assert total.hits + total.misses == 4 and total.hits == sum(part.hits for part in summed)
     assert total.reads == sum(part.reads for part in summed) and total.bytes_read == sum(p.bytes_read for p in summed)
+    # The read time is the shared pool's: each type's reads within it, the two (one after the other) at most summed.
+    assert max(part.read_seconds for part in summed) <= total.read_seconds
+    assert total.read_seconds <= sum(part.read_seconds for part in summed) + 1e-3
     paper_reads = graph.feature_stores["paper"].count_reads(torch.tensor([3, 7]))
     author_reads = graph.feature_stores["author"].count_reads(torch.tensor([5, 0]))
     assert store.count_reads(rows) == (paper_reads[0] + author_reads[0], paper_reads[1] + author_reads[1])
     store.reset_counters()
-    assert store.counters().hits == store.counters().misses == 0
+    assert store.counters().hits == store.counters().misses == 0 and store.counters().read_seconds == 0
 
 
 @pytest.mark.parametrize("cache_bytes", [0, 700, 4000, 10**6])
