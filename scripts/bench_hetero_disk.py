@@ -32,6 +32,7 @@ from morphpipe.data.store import ensure_preset
 from morphpipe.profiler import Profiler
 from morphpipe.profiler.disk import resident_bytes
 from morphpipe.scheduler import plan_from_profile
+from morphpipe.scheduler.plan import count_of
 
 
 def share_list(text: str) -> list[float]:
@@ -59,7 +60,8 @@ def planned_rows(directory: Path, shares: list[float], feature_bytes: int, args)
         measured["predicted_hit_ratio"] = plan.tiering.hit_ratio
         rows.append((f"disk, planned (budget: topology {resident_bytes(graph) / 1e6:,.0f} MB + working set "
                      f"{working / 1e6:,.0f} MB + {share:.0%} of the features): cache "
-                     f"{plan.tiering.cache_bytes / 1e6:,.1f} MB, {graph.feature_store.io_threads} I/O threads",
+                     f"{plan.tiering.cache_bytes / 1e6:,.1f} MB, "
+                     f"{count_of(graph.feature_store.io_threads, 'I/O thread')}",
                      graph.feature_stores, measured))
     return rows
 
