@@ -9,6 +9,7 @@ each type's store, the cache a number of bytes buys as the rows `share_feature_c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
@@ -59,8 +60,9 @@ class TypedFeatureStore:
 
     Rows of this view: type t's row r is `offsets[t] + r`. `rows_of` turns a batch's global input node ids into
     these rows (nodes of types without features are not read), `count_reads` and `gather` split rows by type,
-    `counters` sums the types' counters (the read time: their shared pool's), `rows_cached_by` is the rows a shared cache of that many bytes holds (its
-    first rows in `hotness()`'s order), `row_bytes` the mean bytes of a row (rounded up)."""
+    `counters` sums the types' counters (the read time: their shared pool's), `rows_cached_by` is the rows a shared
+    cache of that many bytes holds (its first rows in `hotness()`'s order), `row_bytes` the mean bytes of a row
+    (rounded up)."""
 
     def __init__(self, stores: Mapping[str, FeatureStore], starts: Mapping[str, int],
                  hotness: Mapping[str, torch.Tensor]) -> None:
@@ -89,7 +91,7 @@ class TypedFeatureStore:
         return max(1, -(-self.features_bytes // max(self.num_rows, 1)))
 
     @property
-    def path(self):
+    def path(self) -> Path:
         """The largest type's file: where the disk is measured."""
         return max(self.stores.values(), key=lambda store: store.num_rows * store.row_bytes).path
 
