@@ -22,10 +22,9 @@ cache) and minus a tenth of it left to the page cache. With `--limit-gib` every 
 from its first batch instead (no unlimited batches: on papers100m-like the memory map would take hours for them),
 keeping `--working-gib` for its own working memory. A preset is copied out of the shared dataset cache first, so
 that no other process's map of the same files holds their pages. The page cache is dropped before each child when
-the kernel allows it.
-Beside them: the disk's random 4 KiB read rate at the store's queue depth and its
-sequential rate (O_DIRECT loops of ours, morphpipe.profiler.disk: the random reads kept in flight by threads and
-by one io_uring, the higher rate counting as the disk's), and the share of them the store's misses reach.
+the kernel allows it. Beside them: the disk's random 4 KiB read rate at the store's queue depth and its sequential
+rate (O_DIRECT loops of ours, morphpipe.profiler.disk: the random reads kept in flight by threads and by one
+io_uring, the higher rate counting as the disk's), and the share of them the store's misses reach.
 
   python scripts/bench_giant.py /work/bench_scratch/bench-10m --shares 0.8 --json bench_out/giant_store.json
 """
