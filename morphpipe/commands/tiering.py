@@ -10,10 +10,12 @@ from morphpipe.profiler.disk import cache_budget, default_memory_budget, feature
 from morphpipe.scheduler.plan import count_of
 
 
-def place_features(graph, args: argparse.Namespace) -> None:
+def place_features(graph, args: argparse.Namespace, hold_in_ram: bool = True) -> None:
     """Puts the features on the disk tier (no cache yet: the plan sizes it) when they do not fit the memory budget
-    beside the topology and the flags left the choice open; says so. A typed graph's features go on disk only when
-    asked (--features-on-disk), their cache as --feature-cache-mb fixes it: a memory budget for it is refused."""
+    beside the topology and the flags left the choice open; says so. Features that fit are copied out of their
+    memory map into RAM on huge pages when `hold_in_ram` (commands that batch: a batch's row gathers run faster
+    there). A typed graph's features go on disk only when asked (--features-on-disk), their cache as
+    --feature-cache-mb fixes it: a memory budget for it is refused."""
     if getattr(graph, "is_hetero", False):
         if args.memory_budget is not None:
             raise ValueError(f"--memory-budget: the planner places features on disk and sizes their cache for "
@@ -24,6 +26,8 @@ def place_features(graph, args: argparse.Namespace) -> None:
         return
     budget = args.memory_budget if args.memory_budget is not None else default_memory_budget()
     if features_fit(graph, budget):
+        if hold_in_ram:
+            graph.hold_features_in_ram(progress=not getattr(args, "no_progress", False))
         return
     features = graph.features.shape[0] * graph.features.shape[1] * graph.features.element_size()
     graph.open_feature_store(0)
