@@ -399,9 +399,10 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
                          seconds: float = 1.0, resident: int = 0,
                          store_reads: FeatureStoreCounters | None = None) -> DiskProfile:
     """The DiskProfile of a FeatureStore `store`: the disk under its file measured at its I/O threads' queue depth
-    and its row size, the hit curve of an in-degree (`hotness`) cache over the rows of `gathered` batches and the
-    preads per missed row at each size of it, and the read rate `store_reads` (the store's counters while it
-    gathered those batches) achieved, when it timed at least MIN_TIMED_READS reads."""
+    and its row size, the hit curve of a cache of the rows with the largest `hotness` (the store's own ranking, the
+    graph's `cache_hotness`) over the rows of `gathered` batches and the preads per missed row at each size of it,
+    and the read rate `store_reads` (the store's counters while it gathered those batches) achieved, when it timed
+    at least MIN_TIMED_READS reads."""
     num_rows, width = store.shape
     row_bytes = width * store.dtype.itemsize
     block = max(PAGE, -(-row_bytes // PAGE) * PAGE)

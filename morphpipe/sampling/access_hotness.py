@@ -72,3 +72,19 @@ def expected_batch_reads(indptr: torch.Tensor, indices: torch.Tensor, seeds: tor
     seed_probability = torch.zeros(num_nodes, dtype=torch.float64)
     seed_probability[seed_ids] = min(1.0, batch_size / seed_ids.numel())
     return read_probability(indptr, indices, seed_probability, fanouts, progress=progress) * num_batches
+
+
+def rank_by_expected_access(graph, seeds: torch.Tensor, fanouts: Sequence[int], batch_size: int, *,
+                            progress: bool = False) -> bool:
+    """Ranks the feature cache of homogeneous `graph` (features on disk) by `expected_batch_reads` for an epoch over
+    node ids `seeds` in batches of `batch_size` sampled with `fanouts`, unless it already is for these; returns
+    whether the cache is ranked so. Nothing changes for a graph without a feature store or a typed graph."""
+    if getattr(graph, "feature_store", None) is None or not hasattr(graph, "rank_feature_cache"):
+        return False
+    fanouts = check_fanouts(fanouts)
+    ranked_by = (f"expected access (fanouts {','.join(map(str, fanouts))}, batch {batch_size}, "
+                 f"{len(seeds):,} seeds)")
+    if graph.cache_ranked_by != ranked_by:
+        graph.rank_feature_cache(expected_batch_reads(graph.indptr, graph.indices, seeds, fanouts, batch_size,
+                                                      progress=progress), ranked_by)
+    return True
