@@ -538,9 +538,12 @@ def default_memory_budget() -> int:
 
 
 def resident_bytes(graph) -> int:
-    """What a graph needs in RAM besides its features: the topology (read at random by sampling), labels, splits."""
+    """What a graph needs in RAM besides its features: the topology (read at random by sampling), labels, splits,
+    and the ranking of its feature cache where one is kept (`rank_feature_cache`)."""
+    ranking = getattr(graph, "cache_ranking", None)
     return sum(tensor.numel() * tensor.element_size()
-               for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx))
+               for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
+                              *(() if ranking is None else (ranking[1],))))
 
 
 def features_fit(graph, memory_budget: int | None = None) -> bool:

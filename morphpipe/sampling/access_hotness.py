@@ -31,32 +31,45 @@ def read_probability(indptr: torch.Tensor, indices: torch.Tensor, seed_probabili
     """float64 [N]: the probability that one batch reads each node's row (is among its input nodes), when node v
     is a seed of the batch with probability `seed_probability[v]` and the batch samples `fanouts` (-1: every
     neighbour) over the CSC `indptr`/`indices` (in-neighbours of v at indices[indptr[v]:indptr[v+1]]). Each hop is
-    one native pass over the edges, `chunk_edges` at a time (the progress bar's steps); memory: a few [N] arrays."""
-    fanouts = check_fanouts(fanouts)
-    chunk_edges = check_int("chunk_edges", chunk_edges, 1)
+    one native pass over the edges, `chunk_edges` at a time (the progress bar's steps); memory: three [N] float64."""
     num_nodes = indptr.numel() - 1
     if seed_probability.shape != (num_nodes,):
         raise ValueError(f"seed_probability: expected one probability per node, shape ({num_nodes},), got "
                          f"{tuple(seed_probability.shape)}")
+    probability = seed_probability.to(torch.float64, copy=True).clamp_(0.0, 1.0)
+    return _propagate(indptr, indices, probability, fanouts, chunk_edges, progress)
+
+
+def _propagate(indptr: torch.Tensor, indices: torch.Tensor, probability: torch.Tensor, fanouts: Sequence[int],
+               chunk_edges: int, progress: bool) -> torch.Tensor:
+    """`read_probability` from the seed probabilities `probability` (float64, in [0, 1]), updated in place."""
+    fanouts = check_fanouts(fanouts)
+    chunk_edges = check_int("chunk_edges", chunk_edges, 1)
     indptr = indptr.contiguous()
-    degrees = (indptr[1:] - indptr[:-1]).clamp(min=1).to(torch.float64)
-    num_edges = int(indptr[-1])
+    num_nodes, num_edges = indptr.numel() - 1, int(indptr[-1])
     # destination ranges of about `chunk_edges` edges each (one long list may make a range longer)
     marks = torch.tensor(range(chunk_edges, num_edges, chunk_edges), dtype=torch.int64)
     bounds = torch.unique(torch.cat([torch.tensor([0]), torch.searchsorted(indptr, marks),
                                      torch.tensor([num_nodes])])).tolist()
-    probability = seed_probability.to(torch.float64).clamp(0.0, 1.0)
+    weight = torch.empty(num_nodes, dtype=torch.float64)
+    unpicked = torch.empty(num_nodes, dtype=torch.float64)
     ops = native.ops()
     with tqdm(total=len(fanouts) * num_edges, desc="expected row reads", unit="edge", unit_scale=True,
               disable=not progress) as bar:
         for fanout in fanouts:
-            picked = probability if fanout < 0 else probability * (fanout / degrees).clamp(max=1.0)
-            weight = torch.log1p(-picked)  # per destination: log P(its visits leave a given in-neighbour unpicked)
-            unpicked = torch.zeros(num_nodes, dtype=torch.float64)
+            # per destination: log P(its visit leaves a given in-neighbour unpicked) = log(1 - q * min(1, f / deg))
+            if fanout < 0:
+                torch.neg(probability, out=weight)
+            else:
+                torch.sub(indptr[1:], indptr[:-1], out=weight)
+                weight.clamp_(min=fanout).reciprocal_().mul_(-fanout).mul_(probability)
+            weight.log1p_()
+            unpicked.zero_()
             for begin, end in zip(bounds[:-1], bounds[1:]):
                 ops.add_to_sources(indptr, indices, weight, begin, end, unpicked)
                 bar.update(int(indptr[end] - indptr[begin]))
-            probability = 1.0 - (1.0 - probability) * torch.exp(unpicked)
+            # q <- 1 - (1 - q) * exp(unpicked)
+            probability.neg_().add_(1.0).mul_(unpicked.exp_()).neg_().add_(1.0)
     return probability
 
 
@@ -69,9 +82,9 @@ def expected_batch_reads(indptr: torch.Tensor, indices: torch.Tensor, seeds: tor
     batch_size = check_int("batch_size", batch_size, 1)
     seed_ids = check_seed_ids(seeds, num_nodes)
     num_batches = max(1, math.ceil(seed_ids.numel() / batch_size))
-    seed_probability = torch.zeros(num_nodes, dtype=torch.float64)
-    seed_probability[seed_ids] = min(1.0, batch_size / seed_ids.numel())
-    return read_probability(indptr, indices, seed_probability, fanouts, progress=progress) * num_batches
+    probability = torch.zeros(num_nodes, dtype=torch.float64)
+    probability[seed_ids] = min(1.0, batch_size / seed_ids.numel())
+    return _propagate(indptr, indices, probability, fanouts, CHUNK_EDGES, progress).mul_(num_batches)
 
 
 def rank_by_expected_access(graph, seeds: torch.Tensor, fanouts: Sequence[int], batch_size: int, *,
@@ -84,7 +97,7 @@ def rank_by_expected_access(graph, seeds: torch.Tensor, fanouts: Sequence[int], 
     fanouts = check_fanouts(fanouts)
     ranked_by = (f"expected access (fanouts {','.join(map(str, fanouts))}, batch {batch_size}, "
                  f"{len(seeds):,} seeds)")
-    if graph.cache_ranked_by != ranked_by:
-        graph.rank_feature_cache(expected_batch_reads(graph.indptr, graph.indices, seeds, fanouts, batch_size,
-                                                      progress=progress), ranked_by)
+    if graph.cache_ranked_by != ranked_by:  # kept as float32: half the memory, the same ranking but for near ties
+        reads = expected_batch_reads(graph.indptr, graph.indices, seeds, fanouts, batch_size, progress=progress)
+        graph.rank_feature_cache(reads.to(torch.float32), ranked_by)
     return True

@@ -69,7 +69,7 @@ def test_the_hit_curve_is_that_of_the_ranking_the_store_caches_by(on_disk, profi
     # the workload's expected reads rank the cache the profile's hit curve predicts, and that planned caches hold
     assert on_disk.cache_ranked_by.startswith("expected access (fanouts 5,3, batch 64")
     reads = expected_batch_reads(on_disk.indptr, on_disk.indices, on_disk.train_idx, [5, 3], 64)
-    assert torch.equal(on_disk.cache_hotness(), reads)
+    assert torch.equal(on_disk.cache_hotness(), reads.float())
 
 
 def test_a_disk_bound_epoch_follows_the_disk_not_the_cpu(profiled):

@@ -106,7 +106,7 @@ def test_the_feature_cache_holds_the_rows_with_the_most_expected_reads(tmp_path)
     assert rank_by_expected_access(graph, graph.train_idx, [4, 3], 64)
     assert graph.cache_ranked_by.startswith("expected access (fanouts 4,3, batch 64")
     reads = expected_batch_reads(graph.indptr, graph.indices, graph.train_idx, [4, 3], 64)
-    hottest = hottest_rows(reads, 100)
+    hottest = hottest_rows(reads.float(), 100)
     store = graph.feature_store
     assert store.num_cached == 100
     store.reset_counters()
