@@ -1,8 +1,9 @@
 """Which feature rows a static host cache should hold: the hit ratio of a cache of the k hottest rows ranked by
-in-degree (the store's fallback), by occurrences in neighbour lists (the GPU cache's "degree"), and by expected access (morphpipe.sampling.access_hotness: the expected number of an epoch's
-batches that read a row under our sampler, from the CSC, the training seeds and the fanouts), measured over the
-batches of an epoch that neither ranking saw, at several cache sizes; beside it, the time each ranking takes and the
-hit ratio the expected-access model predicts for itself (its cached share of the expected reads).
+in-degree (the store's fallback), by occurrences in neighbour lists (the GPU cache's "degree"), and by expected
+access (morphpipe.sampling.access_hotness: the expected number of an epoch's batches that read a row under our
+sampler, from the CSC, the training seeds and the fanouts), measured over the batches of an epoch that no ranking
+saw, at several cache sizes; beside it, the time each ranking takes and the hit ratio the expected-access model
+predicts for itself (its cached share of the expected reads).
 
   python scripts/bench_hotness.py /work/bench_scratch/bench-10m --batches 100 --json bench_out/hotness.json
 """

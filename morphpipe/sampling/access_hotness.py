@@ -5,9 +5,11 @@ The sampler (uniform, without replacement, `fanouts[h]` at hop h from the seeds)
 destination of the next hop, and a destination v of degree d takes each of its in-neighbours with probability
 min(1, f / d). Treating the picks as independent, the probability q_h(u) that u is among a batch's first h hops obeys
     1 - q_{h+1}(u) = (1 - q_h(u)) * prod over edges u -> v of (1 - q_h(v) * min(1, f_h / deg(v))),
-one pass over the edges per hop (`morphpipe::add_to_sources`, reading the memory-mapped indices in place). q_0 is a node's chance of being a seed
-of a given batch (batch_size / seeds for a training node). A batch reads each of its input nodes once, so the rows
-a cache of k rows should hold are the k with the largest q_L: that maximises the expected hits under the model.
+one pass over the edges per hop (`morphpipe::add_to_sources`, reading the memory-mapped indices in place). q_0 is
+a node's chance of being a seed of a given batch (batch_size / seeds for a training node). A batch reads each of its
+input nodes once, so the rows a cache of k rows should hold are the k with the largest q_L: that maximises the
+expected hits under the model. Where paths meet, the independence over-counts (tests/sampling/test_access_hotness.py
+bounds by how much); measured rankings: BENCHMARKS.md, "Ranking the hot rows by expected access".
 """
 from __future__ import annotations
 
