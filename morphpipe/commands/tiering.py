@@ -79,6 +79,7 @@ def describe_tiers(graph, plan) -> str:
     if plan.tiering is not None:
         threads = plan.tiering.io_threads
         reads = "" if threads is None else f", read by {count_of(threads, 'I/O thread')}"
-        tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows cached "
-                             f"in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%}){reads}")
+        ranked_by = getattr(graph, "cache_ranked_by", "in-degree")
+        tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows by "
+                             f"{ranked_by} cached in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%}){reads}")
     return "tiers: " + "; ".join(f"{name} {tier}" for name, tier in tiers.items())
