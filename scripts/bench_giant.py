@@ -79,6 +79,9 @@ def main() -> int:
     parser.add_argument("--scratch", type=Path, default=Path("/work/bench_scratch"),
                         help="where a preset is copied to, away from other processes' maps "
                              "(default /work/bench_scratch)")
+    parser.add_argument("--ranking", choices=("in-degree", "expected-access"), default="in-degree",
+                        help="what the store's cache ranks rows by: in-degree (default), or the expected reads of "
+                             "morphpipe.sampling.access_hotness for these seeds, fanouts and batch size")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name in ("limit_gib", "working_gib"):
@@ -195,7 +198,7 @@ def parent(args) -> int:
                            str(args.threads), "--io-threads", str(args.io_threads), "--uring-depth",
                            str(depth), "--seconds", str(args.seconds),
                            "--max-batches", str(args.max_batches), "--max-seconds", str(args.max_seconds),
-                           "--working-gib", str(args.working_gib)] + \
+                           "--working-gib", str(args.working_gib), "--ranking", args.ranking] + \
                     (["--limit-gib", str(args.limit_gib)] if args.limit_gib else [])
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 stdout, stderr = process.communicate()
@@ -324,6 +327,7 @@ def child(args) -> int:
     from morphpipe.data.feature_store import FeatureStore
     from morphpipe.data.ondisk import read_meta
     from morphpipe.sampling import CpuBatcher
+    from morphpipe.sampling.access_hotness import expected_batch_reads
 
     native.load()
     directory = Path(args.dataset)
@@ -344,13 +348,16 @@ def child(args) -> int:
             room -= args.working_gib * 2**30
         cache_bytes = max(0, int(room))
     graph = GraphStore.load(directory, validate=False)
+    fanouts = [int(f) for f in args.fanouts.split(",")]
     if on_disk:
+        hotness = graph.in_degrees() if args.ranking == "in-degree" else \
+            expected_batch_reads(graph.indptr, graph.indices, graph.train_idx, fanouts, args.batch_size)
         graph.feature_store = FeatureStore(directory / "features.npy", read_meta(directory).feature_dtype,
-                                           cache_bytes=cache_bytes, hotness=graph.in_degrees(),
+                                           cache_bytes=cache_bytes, hotness=hotness,
                                            io_threads=io_threads, direct=reads == "direct",
                                            reader="io_uring" if reader == "uring" else "pread")
+        del hotness
     store = graph.feature_store
-    fanouts = [int(f) for f in args.fanouts.split(",")]
     batcher = CpuBatcher(graph, fanouts, args.batch_size, num_threads=args.threads, queue_size=args.threads, seed=0,
                          pin_memory=False)
 

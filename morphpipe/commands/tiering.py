@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 
 from morphpipe.data.summary import array_tiers, typed_feature_tiers
+from morphpipe.nn.task import NodeClassification
 from morphpipe.numeric import format_bytes
 from morphpipe.profiler.disk import cache_budget, default_memory_budget, features_fit, resident_bytes
+from morphpipe.sampling.access_hotness import rank_by_expected_access
 from morphpipe.scheduler.plan import count_of
 
 
@@ -41,6 +43,14 @@ def planned_cache_bytes(args: argparse.Namespace) -> int | None:
     return None if args.feature_cache_mb is None else int(args.feature_cache_mb * 1e6)
 
 
+def rank_hot_rows(graph, task, settings: dict[str, object], progress: bool = True) -> None:
+    """Ranks the feature cache by the rows' expected reads under the run's workload (node classification's seeds,
+    fanouts and batch size), as the profiler does when it plans; other tasks keep the in-degree ranking."""
+    if isinstance(task, NodeClassification):
+        rank_by_expected_access(graph, task.seeds(graph), settings["fanouts"], int(settings["batch_size"]),
+                                progress=progress)
+
+
 def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
     """Gives the feature store the cache `plan` chose (unless --feature-cache-mb fixed it) and the I/O threads it
     chose (plans from before the planner chose them: the store keeps its own); says so."""
@@ -57,7 +67,8 @@ def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
     io_threads = plan.tiering.io_threads
     if store.cache_bytes != cache_bytes or io_threads not in (None, store.io_threads):
         store = graph.open_feature_store(cache_bytes, io_threads)
-    print(f"features on disk: {store.num_cached:,} hottest rows ({format_bytes(store.cache_bytes)}) cached in RAM, "
+    print(f"features on disk: {store.num_cached:,} hottest rows by {graph.cache_ranked_by} "
+          f"({format_bytes(store.cache_bytes)}) cached in RAM, "
           + ("as you fixed" if args.feature_cache_mb is not None else
              f"as planned (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
           + f"; {count_of(store.io_threads, 'I/O thread')}" + (", as planned" if io_threads is not None else ""))
@@ -72,6 +83,7 @@ def describe_tiers(graph, plan) -> str:
     if plan.tiering is not None:
         threads = plan.tiering.io_threads
         reads = "" if threads is None else f", read by {count_of(threads, 'I/O thread')}"
-        tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows cached "
-                             f"in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%}){reads}")
+        ranked_by = getattr(graph, "cache_ranked_by", "in-degree")
+        tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows by "
+                             f"{ranked_by} cached in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%}){reads}")
     return "tiers: " + "; ".join(f"{name} {tier}" for name, tier in tiers.items())

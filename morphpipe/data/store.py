@@ -52,6 +52,8 @@ class GraphStore:
     # Features on disk (load(features_on_disk=True)): the CPU batcher gathers rows through this store (hot rows
     # cached in RAM, the rest read from features.npy); `features` stays the memory map for everything else.
     feature_store: FeatureStore | None = field(default=None, repr=False, compare=False)
+    # What the feature cache ranks rows by: (what it is, one value per row); None: in-degree (`cache_hotness`).
+    cache_ranking: tuple[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """numpy arrays given for any array field become tensors (zero-copy where numpy's dtype allows)."""
@@ -78,7 +80,7 @@ class GraphStore:
 
     def open_feature_store(self, cache_bytes: int = 0, io_threads: int | None = None) -> FeatureStore:
         """From now on the batcher reads the features from their file through a FeatureStore caching `cache_bytes`
-        of the hottest rows by in-degree with `io_threads` I/O threads (replacing the store open now, whose I/O
+        of the hottest rows by `cache_hotness` with `io_threads` I/O threads (replacing the store open now, whose I/O
         settings it keeps where not given): how a run moves its features to the disk tier, or gives the cache and
         the I/O threads the sizes its plan chose."""
         path = next((file for file in self.mapped_files if Path(file).stem == "features"), None)
@@ -89,7 +91,7 @@ class GraphStore:
         current = self.feature_store
         self.feature_store = None  # the old store's cache is freed before the new one is read
         self.feature_store = FeatureStore(path, dtype_name(self.feature_dtype), cache_bytes=cache_bytes,
-                                          hotness=self.in_degrees(),
+                                          hotness=self.cache_hotness(),
                                           io_threads=(io_threads if io_threads is not None else current.io_threads
                                                       if current is not None else DEFAULT_IO_THREADS),
                                           direct=current.direct if current is not None else None,
@@ -124,6 +126,29 @@ class GraphStore:
     def in_degrees(self) -> torch.Tensor:
         """int64 [N]: number of in-neighbours of each node."""
         return self.indptr[1:] - self.indptr[:-1]
+
+    def cache_hotness(self) -> torch.Tensor:
+        """One value per row: the feature cache holds the rows with the largest (the ranking given to
+        `rank_feature_cache`, else in-degree)."""
+        return self.cache_ranking[1] if self.cache_ranking is not None else self.in_degrees()
+
+    @property
+    def cache_ranked_by(self) -> str:
+        """What the feature cache ranks rows by, in words."""
+        return self.cache_ranking[0] if self.cache_ranking is not None else "in-degree"
+
+    def rank_feature_cache(self, hotness: torch.Tensor, ranked_by: str) -> None:
+        """From now on the feature cache holds the rows with the largest `hotness` (one value per row; `ranked_by`
+        says what it is): an open feature store with a cache is re-opened with the same settings so that its rows
+        follow the new ranking."""
+        if not isinstance(hotness, torch.Tensor) or hotness.shape != (self.num_nodes,) or hotness.is_complex():
+            shape = tuple(hotness.shape) if isinstance(hotness, torch.Tensor) else type(hotness).__name__
+            raise ValueError(f"hotness: expected one real value per node of {self.name!r}, shape ({self.num_nodes},), "
+                             f"got {shape}")
+        self.cache_ranking = (ranked_by, hotness)
+        store = self.feature_store
+        if store is not None and store.cache_bytes:
+            self.open_feature_store(store.cache_bytes, store.io_threads)
 
     def require_edge_split(self, task: str = "link") -> EdgeSplit:
         """The graph's edge split, or a GraphValidationError saying how to make one."""
@@ -216,7 +241,8 @@ class GraphStore:
 
         `features_on_disk` opens a FeatureStore on features.npy (features are then memory-mapped whatever `mmap`
         says): the CPU batcher reads rows from the file with `io_threads` threads, the hottest rows by in-degree
-        cached in `feature_cache_bytes` of RAM. `validate` still scans the features once, through the map."""
+        cached in `feature_cache_bytes` of RAM (`rank_feature_cache` re-ranks them, e.g. by expected access, once the
+        workload is known). `validate` still scans the features once, through the map."""
         meta = read_meta(path)
         arrays = {name: load_array(path, name, mmap=name in MMAP_FIELDS and (mmap or features_on_disk and
                                                                              name == "features"))

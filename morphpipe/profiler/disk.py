@@ -399,9 +399,10 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
                          seconds: float = 1.0, resident: int = 0,
                          store_reads: FeatureStoreCounters | None = None) -> DiskProfile:
     """The DiskProfile of a FeatureStore `store`: the disk under its file measured at its I/O threads' queue depth
-    and its row size, the hit curve of an in-degree (`hotness`) cache over the rows of `gathered` batches and the
-    preads per missed row at each size of it, and the read rate `store_reads` (the store's counters while it
-    gathered those batches) achieved, when it timed at least MIN_TIMED_READS reads."""
+    and its row size, the hit curve of a cache of the rows with the largest `hotness` (the store's own ranking, the
+    graph's `cache_hotness`) over the rows of `gathered` batches and the preads per missed row at each size of it,
+    and the read rate `store_reads` (the store's counters while it gathered those batches) achieved, when it timed
+    at least MIN_TIMED_READS reads."""
     num_rows, width = store.shape
     row_bytes = width * store.dtype.itemsize
     block = max(PAGE, -(-row_bytes // PAGE) * PAGE)
@@ -537,9 +538,12 @@ def default_memory_budget() -> int:
 
 
 def resident_bytes(graph) -> int:
-    """What a graph needs in RAM besides its features: the topology (read at random by sampling), labels, splits."""
+    """What a graph needs in RAM besides its features: the topology (read at random by sampling), labels, splits,
+    and the ranking of its feature cache where one is kept (`rank_feature_cache`)."""
+    ranking = getattr(graph, "cache_ranking", None)
     return sum(tensor.numel() * tensor.element_size()
-               for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx))
+               for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
+                              *(() if ranking is None else (ranking[1],))))
 
 
 def features_fit(graph, memory_budget: int | None = None) -> bool:
