@@ -18,6 +18,9 @@ TORCH_LIBRARY(morphpipe, m) {
         "int[] fanouts, int num_negatives, Tensor? negative_cdf, bool exclude, bool undirected, bool reject_positives, "
         "int seed) -> (Tensor seeds, Tensor src, Tensor dst, Tensor negative_dst, Tensor input_nodes, "
         "Tensor[] block_indptrs, Tensor[] block_indices)");
+  // CPU only: out[u] += values[v] for every edge u -> v of the CSC (indptr, indices) with begin <= v < end and
+  // values[v] != 0 (values, out: float64 [num_nodes]); deterministic sums. The expected-access hotness's edge pass.
+  m.def("add_to_sources(Tensor indptr, Tensor indices, Tensor values, int begin, int end, Tensor(a!) out) -> ()");
   // out[i] = source[index[i]] for a 2-D source (feature gathering).
   m.def("gather_rows(Tensor source, Tensor index) -> Tensor");
   // Route 1 (CUDA only): sample_neighbors with topology in pinned host memory (read over UVA) and the

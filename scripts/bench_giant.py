@@ -16,13 +16,15 @@ its own: by default the store's (io_threads + 1) and the pool's total shared amo
 ((io_threads + threads) / threads: the same reads in flight in all as the pool).
 
 Each child first builds 6 batches unlimited, takes the peak anonymous memory it held besides the arrays (its
-working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the
-dataset's arrays; the store's cache gets that room minus the topology (indptr, labels and splits in RAM,
-indices in the page cache) and minus a tenth of it left to the page cache. A preset is copied out of the shared dataset cache first, so that no other
-process's map of the same files holds their pages. The page cache is dropped before each child when the
-kernel allows it. Beside them: the disk's random 4 KiB read rate at the store's queue depth and its
-sequential rate (O_DIRECT loops of ours, morphpipe.profiler.disk: the random reads kept in flight by threads and
-by one io_uring, the higher rate counting as the disk's), and the share of them the store's misses reach.
+working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the dataset's
+arrays; the store's cache gets that room minus the topology (indptr, labels and splits in RAM, indices in the page
+cache) and minus a tenth of it left to the page cache. With `--limit-gib` every child runs under that one limit
+from its first batch instead (no unlimited batches: on papers100m-like the memory map would take hours for them),
+keeping `--working-gib` for its own working memory. A preset is copied out of the shared dataset cache first, so
+that no other process's map of the same files holds their pages. The page cache is dropped before each child when
+the kernel allows it. Beside them: the disk's random 4 KiB read rate at the store's queue depth and its sequential
+rate (O_DIRECT loops of ours, morphpipe.profiler.disk: the random reads kept in flight by threads and by one
+io_uring, the higher rate counting as the disk's), and the share of them the store's misses reach.
 
   python scripts/bench_giant.py /work/bench_scratch/bench-10m --shares 0.8 --json bench_out/giant_store.json
 """
@@ -50,6 +52,13 @@ def main() -> int:
     parser.add_argument("dataset", help="graph directory or preset name (generated into the cache if missing)")
     parser.add_argument("--shares", default="1,0.8,0.5",
                         help="memory limits as shares of the dataset's arrays (1: everything fits; default 1,0.8,0.5)")
+    parser.add_argument("--limit-gib", type=float, default=None,
+                        help="one fixed memory limit in GiB for every mode instead of --shares, set before the first "
+                             "batch (for graphs whose memory map cannot build batches unlimited in reasonable time, "
+                             "e.g. papers100m-like); the store's cache gets it less --working-gib, the topology and a "
+                             "tenth left to the page cache")
+    parser.add_argument("--working-gib", type=float, default=1.0,
+                        help="with --limit-gib: the room kept for the process's own working memory (default 1.0)")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
                         help=f"any of {','.join(MODES)} (default {','.join(DEFAULT_MODES)})")
     parser.add_argument("--batch-size", type=int, default=1024)
@@ -70,8 +79,15 @@ def main() -> int:
     parser.add_argument("--scratch", type=Path, default=Path("/work/bench_scratch"),
                         help="where a preset is copied to, away from other processes' maps "
                              "(default /work/bench_scratch)")
+    parser.add_argument("--ranking", choices=("in-degree", "expected-access"), default="in-degree",
+                        help="what the store's cache ranks rows by: in-degree (default), or the expected reads of "
+                             "morphpipe.sampling.access_hotness for these seeds, fanouts and batch size")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name in ("limit_gib", "working_gib"):
+        value = getattr(args, name)
+        if value is not None and not (0 < value < float("inf")):
+            parser.error(f"--{name.replace('_', '-')} {value}: give a positive number of GiB")
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
         parser.error(f"--modes: {', '.join(sorted(unknown))} unknown; choose from {', '.join(MODES)}")
@@ -168,7 +184,9 @@ def parent(args) -> int:
     results = []
     configurations = [(mode, int(depth)) for mode in args.modes.split(",")
                       for depth in (args.uring_depths.split(",") if mode.startswith("uring") else [0])]
-    for share in [float(s) for s in args.shares.split(",")]:
+    # With --limit-gib, one share: the fixed limit's, which the child sets before its first batch.
+    shares = [args.limit_gib * 2**30 / total] if args.limit_gib else [float(s) for s in args.shares.split(",")]
+    for share in shares:
         for mode, depth in configurations:
             dropped = drop_page_cache()
             group = CGROUP_ROOT / f"morphpipe-bench-giant-{os.getpid()}-{mode}-{depth}-{share}"
@@ -179,7 +197,9 @@ def parent(args) -> int:
                            "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--threads",
                            str(args.threads), "--io-threads", str(args.io_threads), "--uring-depth",
                            str(depth), "--seconds", str(args.seconds),
-                           "--max-batches", str(args.max_batches), "--max-seconds", str(args.max_seconds)]
+                           "--max-batches", str(args.max_batches), "--max-seconds", str(args.max_seconds),
+                           "--working-gib", str(args.working_gib), "--ranking", args.ranking] + \
+                    (["--limit-gib", str(args.limit_gib)] if args.limit_gib else [])
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 stdout, stderr = process.communicate()
             finally:
@@ -297,6 +317,9 @@ def child(args) -> int:
     mode, share, group = args.child.split(":", 2)
     share, group = float(share), Path(group)
     (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    fixed_limit = int(args.limit_gib * 2**30) if args.limit_gib else None
+    if fixed_limit is not None:
+        (group / "memory.limit_in_bytes").write_text(f"{fixed_limit}\n")
     import torch
 
     from morphpipe import native
@@ -304,6 +327,7 @@ def child(args) -> int:
     from morphpipe.data.feature_store import FeatureStore
     from morphpipe.data.ondisk import read_meta
     from morphpipe.sampling import CpuBatcher
+    from morphpipe.sampling.access_hotness import expected_batch_reads
 
     native.load()
     directory = Path(args.dataset)
@@ -320,15 +344,20 @@ def child(args) -> int:
         # What the topology needs, and a tenth of the room left to the page cache: a cache that squeezes the
         # memory-mapped indices makes the sampler fault them in with readahead (measured: 0.007 batches/s).
         room = share * total - in_ram - array_bytes(directory, ["indices"]) - 4 * num_nodes - 0.1 * share * total
+        if fixed_limit is not None:  # no unlimited batches to measure the working memory by: keep what was asked
+            room -= args.working_gib * 2**30
         cache_bytes = max(0, int(room))
     graph = GraphStore.load(directory, validate=False)
+    fanouts = [int(f) for f in args.fanouts.split(",")]
     if on_disk:
+        hotness = graph.in_degrees() if args.ranking == "in-degree" else \
+            expected_batch_reads(graph.indptr, graph.indices, graph.train_idx, fanouts, args.batch_size)
         graph.feature_store = FeatureStore(directory / "features.npy", read_meta(directory).feature_dtype,
-                                           cache_bytes=cache_bytes, hotness=graph.in_degrees(),
+                                           cache_bytes=cache_bytes, hotness=hotness,
                                            io_threads=io_threads, direct=reads == "direct",
                                            reader="io_uring" if reader == "uring" else "pread")
+        del hotness
     store = graph.feature_store
-    fanouts = [int(f) for f in args.fanouts.split(",")]
     batcher = CpuBatcher(graph, fanouts, args.batch_size, num_threads=args.threads, queue_size=args.threads, seed=0,
                          pin_memory=False)
 
@@ -339,14 +368,17 @@ def child(args) -> int:
             epoch += 1
 
     stream = batches()
-    peak_anon = 0
-    for _ in range(6):  # unlimited: the working memory (batch buffers, recycled) reaches its steady size
-        next(stream)
-        peak_anon = max(peak_anon, cgroup_stat(group)["rss"])
-    anon_arrays = in_ram + (store.cache_bytes + 4 * graph.num_nodes if store is not None else 0)
-    working = max(0, peak_anon - anon_arrays)
-    limit = int(1.15 * working + share * total)
-    (group / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    if fixed_limit is None:
+        peak_anon = 0
+        for _ in range(6):  # unlimited: the working memory (batch buffers, recycled) reaches its steady size
+            next(stream)
+            peak_anon = max(peak_anon, cgroup_stat(group)["rss"])
+        anon_arrays = in_ram + (store.cache_bytes + 4 * graph.num_nodes if store is not None else 0)
+        working = max(0, peak_anon - anon_arrays)
+        limit = int(1.15 * working + share * total)
+        (group / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    else:
+        working, limit = int(args.working_gib * 2**30), fixed_limit
     (group / "memory.max_usage_in_bytes").write_text("0\n")
     limited = time.perf_counter()
     progress = {"count": 0, "started": None, "io_before": None}

@@ -118,7 +118,8 @@ class FeatureStore:
 
     `dtype` names the feature dtype ("float32", "float16", "bfloat16"; bfloat16 is stored as uint16 bits, so it
     must be named); by default the file's own. `cache_bytes` of host RAM hold the rows with the largest
-    `hotness` (one value per row, e.g. in-degree), read once now. A gather keeps `io_threads` + 1 reads in
+    `hotness` (one value per row, e.g. in-degree, or the expected reads of morphpipe.sampling.access_hotness),
+    read once now. A gather keeps `io_threads` + 1 reads in
     flight. `reader` "io_uring" submits them at once to a ring of that depth, "pread" has `io_threads` pool
     threads issue them beside the caller; by default $MORPHPIPE_FEATURE_READER, else DEFAULT_READER (io_uring
     only where this process may set one up; `reader_note` says why not). `direct` reads with O_DIRECT, past the
@@ -144,6 +145,10 @@ class FeatureStore:
                 shape = None if hotness is None else tuple(hotness.shape)
                 raise ValueError(f"hotness: a cache of {cache_bytes:,} bytes needs one hotness value per row "
                                  f"({num_rows} rows), got {shape}; pass e.g. the graph's in-degrees")
+            if hotness.is_floating_point() and not bool(torch.isfinite(hotness).all()):
+                raise ValueError(f"hotness: row {int((~torch.isfinite(hotness)).nonzero()[0])} has hotness "
+                                 f"{float(hotness[~torch.isfinite(hotness)][0])}, which ranks nothing; pass finite "
+                                 "values (e.g. the graph's in-degrees)")
             cached = hottest_rows(hotness, num_cached)
         self._open(path, dtype, cached, io_threads, direct, reader, shares_io_with)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name, features_from_storage, numpy_view, tensor_to_numpy
 from morphpipe.data.edge_split import SPLIT_EDGES_HINT, EdgeSplit
@@ -21,7 +22,7 @@ from morphpipe.data.hetero_store import HeteroGraphStore, is_hetero_dir, read_he
 from morphpipe.data.ondisk import (ARRAY_FIELDS, EDGE_SPLIT_FILE, MMAP_FIELDS, GraphMeta, array_path,
                                    foreign_entries, is_graph_dir, load_array, read_meta, save_array, write_meta)
 from morphpipe.data.presets import PRESETS, Preset
-from morphpipe.data.validation import GraphValidationError, validate_graph
+from morphpipe.data.validation import SCAN_CHUNK_BYTES, GraphValidationError, unmap_pages, validate_graph
 from morphpipe.outputs import replacing_directory
 
 DATA_DIR_ENV = "MORPHPIPE_DATA_DIR"
@@ -51,6 +52,8 @@ class GraphStore:
     # Features on disk (load(features_on_disk=True)): the CPU batcher gathers rows through this store (hot rows
     # cached in RAM, the rest read from features.npy); `features` stays the memory map for everything else.
     feature_store: FeatureStore | None = field(default=None, repr=False, compare=False)
+    # What the feature cache ranks rows by: (what it is, one value per row); None: in-degree (`cache_hotness`).
+    cache_ranking: tuple[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """numpy arrays given for any array field become tensors (zero-copy where numpy's dtype allows)."""
@@ -77,7 +80,7 @@ class GraphStore:
 
     def open_feature_store(self, cache_bytes: int = 0, io_threads: int | None = None) -> FeatureStore:
         """From now on the batcher reads the features from their file through a FeatureStore caching `cache_bytes`
-        of the hottest rows by in-degree with `io_threads` I/O threads (replacing the store open now, whose I/O
+        of the hottest rows by `cache_hotness` with `io_threads` I/O threads (replacing the store open now, whose I/O
         settings it keeps where not given): how a run moves its features to the disk tier, or gives the cache and
         the I/O threads the sizes its plan chose."""
         path = next((file for file in self.mapped_files if Path(file).stem == "features"), None)
@@ -88,16 +91,64 @@ class GraphStore:
         current = self.feature_store
         self.feature_store = None  # the old store's cache is freed before the new one is read
         self.feature_store = FeatureStore(path, dtype_name(self.feature_dtype), cache_bytes=cache_bytes,
-                                          hotness=self.in_degrees(),
+                                          hotness=self.cache_hotness(),
                                           io_threads=(io_threads if io_threads is not None else current.io_threads
                                                       if current is not None else DEFAULT_IO_THREADS),
                                           direct=current.direct if current is not None else None,
                                           reader=current.reader if current is not None else None)
         return self.feature_store
 
+    def hold_features_in_ram(self, progress: bool = False) -> bool:
+        """Copies memory-mapped features into anonymous memory, which torch puts on 2 MiB pages (huge_pages.py):
+        a batch's random row gathers then miss the TLB far less than on the map's 4 KiB pages. The copy goes chunk
+        by chunk, each chunk's mapped pages released behind it. False when there is nothing to copy (features
+        already in RAM, or read through the feature store)."""
+        path = next((file for file in self.mapped_files if Path(file).stem == "features"), None)
+        if path is None or self.feature_store is not None:
+            return False
+        validated = self.is_validated()
+        mapped = self.features
+        values = tensor_to_numpy(mapped)
+        held = torch.empty(mapped.shape, dtype=mapped.dtype)
+        rows = max(1, SCAN_CHUNK_BYTES // max(1, mapped.shape[1] * mapped.element_size()))
+        with tqdm(total=mapped.shape[0] * mapped.shape[1] * mapped.element_size(), unit="B", unit_scale=True,
+                  desc=f"{self.name}: features into RAM", disable=not progress, leave=False) as bar:
+            for start in range(0, mapped.shape[0], rows):
+                held[start:start + rows].copy_(mapped[start:start + rows])
+                unmap_pages(values[start:start + rows])  # a clean copy-on-write map: nothing of ours is lost
+                bar.update(held[start:start + rows].numel() * held.element_size())
+        self.features = held
+        del self.mapped_files[path]  # its file may change now without harm
+        if validated:  # the same values, checked before
+            self.validated_signature = self._signature()
+        return True
+
     def in_degrees(self) -> torch.Tensor:
         """int64 [N]: number of in-neighbours of each node."""
         return self.indptr[1:] - self.indptr[:-1]
+
+    def cache_hotness(self) -> torch.Tensor:
+        """One value per row: the feature cache holds the rows with the largest (the ranking given to
+        `rank_feature_cache`, else in-degree)."""
+        return self.cache_ranking[1] if self.cache_ranking is not None else self.in_degrees()
+
+    @property
+    def cache_ranked_by(self) -> str:
+        """What the feature cache ranks rows by, in words."""
+        return self.cache_ranking[0] if self.cache_ranking is not None else "in-degree"
+
+    def rank_feature_cache(self, hotness: torch.Tensor, ranked_by: str) -> None:
+        """From now on the feature cache holds the rows with the largest `hotness` (one value per row; `ranked_by`
+        says what it is): an open feature store with a cache is re-opened with the same settings so that its rows
+        follow the new ranking."""
+        if not isinstance(hotness, torch.Tensor) or hotness.shape != (self.num_nodes,) or hotness.is_complex():
+            shape = tuple(hotness.shape) if isinstance(hotness, torch.Tensor) else type(hotness).__name__
+            raise ValueError(f"hotness: expected one real value per node of {self.name!r}, shape ({self.num_nodes},), "
+                             f"got {shape}")
+        self.cache_ranking = (ranked_by, hotness)
+        store = self.feature_store
+        if store is not None and store.cache_bytes:
+            self.open_feature_store(store.cache_bytes, store.io_threads)
 
     def require_edge_split(self, task: str = "link") -> EdgeSplit:
         """The graph's edge split, or a GraphValidationError saying how to make one."""
@@ -190,7 +241,8 @@ class GraphStore:
 
         `features_on_disk` opens a FeatureStore on features.npy (features are then memory-mapped whatever `mmap`
         says): the CPU batcher reads rows from the file with `io_threads` threads, the hottest rows by in-degree
-        cached in `feature_cache_bytes` of RAM. `validate` still scans the features once, through the map."""
+        cached in `feature_cache_bytes` of RAM (`rank_feature_cache` re-ranks them, e.g. by expected access, once the
+        workload is known). `validate` still scans the features once, through the map."""
         meta = read_meta(path)
         arrays = {name: load_array(path, name, mmap=name in MMAP_FIELDS and (mmap or features_on_disk and
                                                                              name == "features"))

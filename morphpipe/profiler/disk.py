@@ -399,10 +399,11 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
                          seconds: float = 1.0, resident: int = 0,
                          store_reads: FeatureStoreCounters | None = None) -> DiskProfile:
     """The DiskProfile of a FeatureStore `store`: the disk under its file measured at its I/O threads' queue depth
-    and its row size, the hit curve of an in-degree (`hotness`) cache over the rows of `gathered` batches and the
-    preads per missed row at each size of it, and the read rate `store_reads` (the store's counters while it
-    gathered those batches) achieved, when it timed at least MIN_TIMED_READS reads. `store` may be a typed graph's
-    TypedFeatureStore (its rows every featured type's, `row_bytes` their mean, `rows_cached_by` the shared cache's)."""
+    and its row size, the hit curve of a cache of the rows with the largest `hotness` (the store's own ranking, the
+    graph's `cache_hotness`) over the rows of `gathered` batches and the preads per missed row at each size of it,
+    and the read rate `store_reads` (the store's counters while it gathered those batches) achieved, when it timed
+    at least MIN_TIMED_READS reads. `store` may be a typed graph's TypedFeatureStore (its rows every featured
+    type's, `row_bytes` their mean, `rows_cached_by` the shared cache's, `hotness()` its order)."""
     num_rows, row_bytes = store.num_rows, store.row_bytes
     block = max(PAGE, -(-row_bytes // PAGE) * PAGE)
     size = os.path.getsize(store.path)
@@ -535,11 +536,13 @@ def default_memory_budget() -> int:
 
 def resident_bytes(graph) -> int:
     """What a graph needs in RAM besides its features: the topology (read at random by sampling; a typed graph's
-    every relation), labels, splits."""
+    every relation), labels, splits, and the ranking of its feature cache where one is kept (`rank_feature_cache`)."""
+    ranking = getattr(graph, "cache_ranking", None)
     topology = [part for arrays in (graph.indptr, graph.indices)
                 for part in (arrays.values() if isinstance(arrays, dict) else [arrays])]
     return sum(tensor.numel() * tensor.element_size()
-               for tensor in (*topology, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx))
+               for tensor in (*topology, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
+                              *(() if ranking is None else (ranking[1],))))
 
 
 def features_bytes(graph) -> int:

@@ -22,6 +22,7 @@ from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.profiler.operators import MIN_TIMED_STEPS, OPERATORS, ProfilingSession
 from morphpipe.profiler.profile import PhaseTiming, Profile
 from morphpipe.profiler.resident import PeakResident
+from morphpipe.sampling.access_hotness import rank_by_expected_access
 from morphpipe.sampling.validation import check_fanouts, check_positive
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -190,6 +191,9 @@ class Profiler:
         """Measures every phase once and returns the Profile."""
         phases = self.phases()
         per_measurement = self.warmup + self.steps
+        if isinstance(self.task, NodeClassification):  # the cache the disk is measured behind ranks by the workload
+            rank_by_expected_access(self.graph, self.task.seeds(self.graph), self.fanouts, self.batch_size,
+                                    progress=self.progress)
         store = getattr(self.graph, "feature_store", None)
         # A typed graph's stores are seen as one (TypedFeatureStore): its rows are the featured types' rows, its
         # hotness the shared cache's order; a homogeneous graph's rows are its nodes, hot by in-degree.
@@ -244,7 +248,7 @@ class Profiler:
                 bar.set_postfix_str("training's memory")
                 working = self.working_bytes(session, batch_bytes)
                 bar.set_postfix_str("disk reads")
-                hotness = store.hotness() if typed else self.graph.in_degrees()
+                hotness = store.hotness() if typed else self.graph.cache_hotness()
                 disk = replace(measure_disk_profile(store, gathered, hotness,
                                                     cache_budget(self.graph, self.memory_budget, working),
                                                     self.disk_seconds, resident_bytes(self.graph) + working,

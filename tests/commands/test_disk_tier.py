@@ -30,6 +30,7 @@ def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(
     assert "so the run will hold more than it (raise --memory-budget, or lower --gbs or --batch-size)" in out
     assert plan.tiering.cache_budget_bytes == 0 and plan.tiering.candidates_s
     assert f"features on disk: {plan.tiering.cache_bytes // 256:,} hottest rows" in out and "as planned" in out
+    assert "hottest rows by expected access (fanouts 4,3, batch 256, " in out  # the ranking the profile measured
     assert "features on disk behind a host cache" in out
     if plan.tiering.io_threads is not None:  # timed at several I/O thread counts (O_DIRECT reads): the plan's applied
         assert f"{count_of(plan.tiering.io_threads, 'I/O thread')}, as planned" in out

@@ -435,3 +435,33 @@ def child_exit_code(pid: int, timeout_s: float) -> int:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail(f"the forked child was still gathering after {timeout_s} s (deadlocked)")
+
+
+def test_a_graph_ranks_its_cache_by_the_hotness_given_and_reopens_its_store(tmp_path):
+    from morphpipe.data import GeneratorSpec, generate
+
+    generate(GeneratorSpec(kind="community", num_nodes=500, avg_degree=4, feature_dim=16), tmp_path / "graph",
+             progress=False)
+    graph = load_dataset(tmp_path / "graph", features_on_disk=True)
+    graph.open_feature_store(64 * 10, io_threads=3)
+    assert graph.cache_ranked_by == "in-degree" and torch.equal(graph.cache_hotness(), graph.in_degrees())
+    hotness = torch.arange(500, dtype=torch.float64)  # rows 490..499 hottest
+    graph.rank_feature_cache(hotness, "a test's ranking")
+    store = graph.feature_store
+    assert (store.num_cached, store.io_threads, graph.cache_ranked_by) == (10, 3, "a test's ranking")
+    store.gather(torch.arange(490, 500))
+    assert (store.counters().hits, store.counters().misses) == (10, 0)
+    assert graph.open_feature_store(64 * 20).num_cached == 20  # a re-sized cache keeps the ranking
+    with pytest.raises(ValueError, match=r"hotness: expected one real value per node of .*, shape \(500,\), got "
+                                         r"\(499,\)"):
+        graph.rank_feature_cache(hotness[:499], "short")
+    assert graph.cache_ranked_by == "a test's ranking"
+
+
+def test_a_hotness_that_is_not_finite_is_refused_with_the_row(tmp_path):
+    path = tmp_path / "features.npy"
+    np.save(path, np.zeros((10, 4), dtype=np.float32))
+    hotness = torch.zeros(10, dtype=torch.float64)
+    hotness[6] = float("nan")
+    with pytest.raises(ValueError, match="hotness: row 6 has hotness nan"):
+        FeatureStore(path, cache_bytes=32, hotness=hotness)

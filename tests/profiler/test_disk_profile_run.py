@@ -15,6 +15,7 @@ from morphpipe.profiler.disk import resident_bytes
 from morphpipe.profiler.operators import OPERATORS, no_sync, timed_steps
 from morphpipe.profiler.profile import PhaseTiming
 from morphpipe.profiler.profiler import Profiler
+from morphpipe.sampling.access_hotness import expected_batch_reads
 from morphpipe.scheduler import plan_from_profile
 from morphpipe.scheduler.whatif import what_if
 from tests.conftest import make_graph
@@ -62,6 +63,13 @@ def test_the_timed_cpu_batches_read_nothing_from_the_disk(on_disk, profiled):
         assert disk.reads_per_s_curve == () and disk.reads_per_s_at(0) == disk.store_reads_per_s
         assert disk.io_curve == () and disk.read_cpu_s_per_batch(0) == 0.0
     assert profile.to_dict()["disk"] == type(profile).from_dict(profile.to_dict()).to_dict()["disk"]
+
+
+def test_the_hit_curve_is_that_of_the_ranking_the_store_caches_by(on_disk, profiled):
+    # the workload's expected reads rank the cache the profile's hit curve predicts, and that planned caches hold
+    assert on_disk.cache_ranked_by.startswith("expected access (fanouts 5,3, batch 64")
+    reads = expected_batch_reads(on_disk.indptr, on_disk.indices, on_disk.train_idx, [5, 3], 64)
+    assert torch.equal(on_disk.cache_hotness(), reads.float())
 
 
 def test_a_disk_bound_epoch_follows_the_disk_not_the_cpu(profiled):
