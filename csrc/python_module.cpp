@@ -147,10 +147,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("held_bytes", &BufferPool::held_bytes);
 
   py::class_<FeatureStore, std::shared_ptr<FeatureStore>>(m, "FeatureStore")
-      .def(py::init<std::string, int64_t, int64_t, int64_t, at::ScalarType, const at::Tensor&, int64_t, bool, bool>(),
+      .def(py::init<std::string, int64_t, int64_t, int64_t, at::ScalarType, const at::Tensor&, int64_t, bool, bool,
+                    const std::shared_ptr<FeatureStore>&>(),
            py::arg("path"), py::arg("data_offset"), py::arg("num_rows"), py::arg("width"), py::arg("dtype"),
            py::arg("cached_rows"), py::arg("io_threads"), py::arg("direct"), py::arg("io_uring"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("shares_io_with") = nullptr, py::call_guard<py::gil_scoped_release>(),
+           "shares_io_with: a pread store with as many I/O threads whose pool this store reads through, or None")
+      .def("shares_io_with", &FeatureStore::shares_io_with, py::arg("other"),
+           "True when this store and other read through one pread pool")
+      .def("pool_read_ns", &FeatureStore::pool_read_ns,
+           "nanoseconds reads of this store or any sharing its pool were in flight (side by side counted once)")
+      .def("reset_pool_read_ns", &FeatureStore::reset_pool_read_ns)
       .def("gather", &FeatureStore::gather, py::arg("ids"), py::call_guard<py::gil_scoped_release>())
       .def(
           "counters",

@@ -4,14 +4,21 @@ against the same features in RAM, at several sizes of the shared host cache.
 Each row loads the graph afresh (in RAM: read whole, mmap=False; on disk: one FeatureStore per featured type with
 the default reader and O_DIRECT where the file system allows it, the cache `--cache-shares` of all feature bytes
 shared by hotness per byte), then times the second of two passes of `--batches` batches of training seeds with
-HeteroCpuBatcher (bench_hetero.our_batching). Prints a table to paste into BENCHMARKS.md. Not a test.
+HeteroCpuBatcher (bench_hetero.our_batching). Then the automatic tiering: the graph on disk is profiled once as
+`tune` profiles it (Profiler: disk read rates, the hit curve of the shared cache, training's working set; one thread
+count, few steps), and for each of `--memory-budgets` (the share of the feature bytes a budget leaves to the cache
+beside the topology and the working set) the planner picks the cache and I/O threads (plan_from_profile) and
+batching is timed with that plan's stores: its predicted hit ratio beside the measured one. Prints a table to paste
+into BENCHMARKS.md. Not a test.
 
-Usage: python scripts/bench_hetero_disk.py [--dataset mag] [--fanouts 10,10] [--batch-size 1024] [--batches 18]
+Usage: PYTHONPATH=. python scripts/bench_hetero_disk.py [--dataset mag] [--fanouts 10,10] [--batch-size 1024]
+                                                        [--batches 18] [--memory-budgets 0.1,0.5,1]
 """
 from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from bench_hetero import our_batching  # this script's folder is on sys.path when it runs
@@ -22,11 +29,51 @@ from morphpipe.cores import usable_cores
 from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.data.presets import PRESETS
 from morphpipe.data.store import ensure_preset
+from morphpipe.profiler import Profiler
+from morphpipe.profiler.disk import resident_bytes
+from morphpipe.scheduler import plan_from_profile
+from morphpipe.scheduler.plan import count_of
 
 
 def share_list(text: str) -> list[float]:
     """An argparse `type=`: comma-separated shares, each a finite number in [0, 1]."""
     return [number(0.0, 1.0)(part) for part in text.split(",")]
+
+
+def planned_rows(directory: Path, shares: list[float], feature_bytes: int, args) -> list[tuple[str, dict, dict]]:
+    """Profiles the graph with its features on disk once (the hit curve up to every row cached), then for each share
+    plans the cache within a memory budget that leaves that share of the feature bytes to it beside the topology and
+    training's working set, and times batching with the plan's cache and I/O threads: (row name, stores, figures)."""
+    graph = HeteroGraphStore.load(directory, features_on_disk=True)
+    budget = resident_bytes(graph) + 2 * feature_bytes + (16 << 30)  # beyond the working set: the whole curve
+    profile = Profiler(graph, model="rgcn", fanouts=args.fanouts, batch_size=args.batch_size, device="cpu",
+                       thread_counts=[args.threads], warmup=1, steps=3, progress=False, memory_budget=budget,
+                       log=lambda line: None).run()
+    working = profile.disk.resident_bytes - resident_bytes(graph)
+    rows = []
+    for share in shares:
+        cache_budget = int(share * feature_bytes)
+        plan = plan_from_profile(profile.replaced(disk=replace(profile.disk, cache_budget_bytes=cache_budget)),
+                                 engine="fast")
+        graph.open_feature_store(plan.tiering.cache_bytes, plan.tiering.io_threads)
+        measured = measured_batching(graph, args)
+        measured["predicted_hit_ratio"] = plan.tiering.hit_ratio
+        rows.append((f"disk, planned (budget: topology {resident_bytes(graph) / 1e6:,.0f} MB + working set "
+                     f"{working / 1e6:,.0f} MB + {share:.0%} of the features): cache "
+                     f"{plan.tiering.cache_bytes / 1e6:,.1f} MB, "
+                     f"{count_of(graph.feature_store.io_threads, 'I/O thread')}",
+                     graph.feature_stores, measured))
+    return rows
+
+
+def measured_batching(graph, args) -> dict:
+    """Typed batches/s through the graph's stores, with their hit ratio and MB read per batch (both passes)."""
+    graph.feature_store.reset_counters()
+    measured = our_batching(graph, args.fanouts, args.batch_size, args.batches, args.threads)
+    counted = graph.feature_store.counters()
+    measured["hit_ratio"] = counted.hit_ratio
+    measured["mb_read_per_batch"] = counted.bytes_read / 1e6 / (2 * args.batches)
+    return measured
 
 
 def main() -> None:
@@ -39,6 +86,9 @@ def main() -> None:
     parser.add_argument("--threads", type=integer(1), default=usable_cores())
     parser.add_argument("--cache-shares", type=share_list, default="0,0.1,0.5,1",
                         help="host cache sizes as shares of all feature bytes, each in [0, 1] (default 0,0.1,0.5,1)")
+    parser.add_argument("--memory-budgets", type=share_list, default="0.1,0.5,1",
+                        help="memory budgets to plan the tiering within, as what the topology and training's working "
+                             "set need plus this share of the feature bytes, each in [0, 1] (default 0.1,0.5,1)")
     args = parser.parse_args()
     fanouts = args.fanouts
     directory = Path(args.dataset) if Path(args.dataset).is_dir() else ensure_preset(PRESETS[args.dataset])
@@ -49,13 +99,8 @@ def main() -> None:
     del in_ram
     for share in args.cache_shares:
         graph = HeteroGraphStore.load(directory, features_on_disk=True, feature_cache_bytes=int(share * feature_bytes))
-        measured = our_batching(graph, fanouts, args.batch_size, args.batches, args.threads)
-        counters = [store.counters() for store in graph.feature_stores.values()]
-        hits, misses = sum(c.hits for c in counters), sum(c.misses for c in counters)
-        measured["hit_ratio"] = hits / max(hits + misses, 1)
-        # both passes read through the stores: the bytes per batch are over both
-        measured["mb_read_per_batch"] = sum(c.bytes_read for c in counters) / 1e6 / (2 * args.batches)
-        rows.append((f"disk, cache {share:.0%}", graph.feature_stores, measured))
+        rows.append((f"disk, cache {share:.0%}", graph.feature_stores, measured_batching(graph, args)))
+    rows.extend(planned_rows(directory, args.memory_budgets, feature_bytes, args))
     load = max(load, os.getloadavg()[0])
     print(f"{directory.name}: features {feature_bytes / 1e6:,.1f} MB over {len(rows[1][1] or {})} typed store(s); "
           f"fanouts {fanouts} (every relation), batch {args.batch_size}, {args.threads} threads, {args.batches} "
@@ -65,7 +110,8 @@ def main() -> None:
     base = rows[0][2]["batches_per_s"]
     for name, stores, measured in rows:
         cached = "-" if stores is None else ", ".join(f"{t} {s.num_cached:,}" for t, s in stores.items())
-        hit = "-" if stores is None else f"{measured['hit_ratio']:.1%}"
+        hit = "-" if stores is None else f"{measured['hit_ratio']:.1%}" + (
+            f" (predicted {measured['predicted_hit_ratio']:.1%})" if "predicted_hit_ratio" in measured else "")
         read = "-" if stores is None else f"{measured['mb_read_per_batch']:.2f}"
         print(f"| {name} | {cached} | {hit} | {read} | {measured['batches_per_s']:.2f} | "
               f"{measured['batches_per_s'] / base:.2f}x | {1e3 * measured['cpu_s_per_batch']:.1f} |")

@@ -541,10 +541,21 @@ MUTANTS: list[dict] = [
          replace="return max(0, budget - resident_bytes(graph))",
          tests=["tests/profiler/test_disk_profile_run.py", "tests/commands/test_disk_tier.py"], ci=False),
     dict(name="pickled-feature-store-keeps-the-hotness", file="morphpipe/data/feature_store.py",
-         find="            cached = hottest_rows(hotness, num_cached)\n        self._open(path, dtype, cached, io_threads, direct, reader)",
-         replace="            cached = hottest_rows(hotness, num_cached)\n        self._open(path, dtype, cached, io_threads, direct, reader)"
+         find="            cached = hottest_rows(hotness, num_cached)\n"
+              "        self._open(path, dtype, cached, io_threads, direct, reader, shares_io_with)",
+         replace="            cached = hottest_rows(hotness, num_cached)\n"
+                 "        self._open(path, dtype, cached, io_threads, direct, reader, shares_io_with)"
                  "\n        self._arguments = (*self._arguments, hotness)",
          tests=[f"{FEATURE_STORE}::test_a_store_keeps_its_cached_rows_not_the_hotness_they_were_chosen_by"], ci=False),
+    dict(name="typed-stores-each-start-a-pool", file="morphpipe/data/hetero_store.py",
+         find="io_threads=io_threads, direct=direct, reader=reader, shares_io_with=shared)",
+         replace="io_threads=io_threads, direct=direct, reader=reader, shares_io_with=None)",
+         tests=["tests/data/test_typed_feature_store.py::"
+                "test_the_types_stores_read_through_one_pool_and_batches_equal_those_from_ram"], ci=False),
+    dict(name="typed-epoch-reads-not-counted", file="morphpipe/data/hetero_store.py",
+         find="        if not self.feature_stores:\n            return None\n        hotness",
+         replace="        if self.feature_stores or not self.feature_stores:\n            return None\n        hotness",
+         tests=["tests/executor/test_typed_feature_reads.py"], ci=False),
     # --- issue 25: mid-epoch checkpoints (SIGTERM) ----------------------------------------------------
     dict(name="partial-resume-repeats-the-last-applied-batch", file="morphpipe/executor/executor.py",
          find="batches, count = _batches(self.cpu_batcher, epoch, first_cpu), self.split.n_cpu - first_cpu",

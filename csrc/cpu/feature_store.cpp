@@ -62,7 +62,8 @@ struct FeatureStore::Ring {
 };
 
 FeatureStore::FeatureStore(std::string path, int64_t data_offset, int64_t num_rows, int64_t width,
-                           at::ScalarType dtype, const at::Tensor& cached_rows, int64_t io_threads, bool direct, bool io_uring)
+                           at::ScalarType dtype, const at::Tensor& cached_rows, int64_t io_threads, bool direct,
+                           bool io_uring, const std::shared_ptr<FeatureStore>& shares_io_with)
     : path_(std::move(path)),
       data_offset_(data_offset),
       num_rows_(num_rows),
@@ -71,10 +72,18 @@ FeatureStore::FeatureStore(std::string path, int64_t data_offset, int64_t num_ro
       row_bytes_(width * static_cast<int64_t>(c10::elementSize(dtype))),
       direct_(direct),
       io_threads_(io_threads),
-      io_uring_(io_uring),
-      pool_(std::make_unique<IoThreadPool>(io_uring ? 0 : std::max<int64_t>(io_threads, 0))),
-      pool_owner_(::getpid()) {
+      io_uring_(io_uring) {
   TORCH_CHECK(io_threads >= 0, "io_threads: need 0 or more I/O threads, got ", io_threads);
+  if (shares_io_with) {
+    TORCH_CHECK(!io_uring && !shares_io_with->io_uring_ && shares_io_with->io_threads_ == io_threads,
+                "shares_io_with: a store shares the pread pool of a pread store with as many I/O threads; ",
+                shares_io_with->path_, " reads with ", shares_io_with->io_uring_ ? "io_uring" : "a pread pool", " and ",
+                shares_io_with->io_threads_, " I/O threads, this store with ", io_uring ? "io_uring" : "a pread pool",
+                " and ", io_threads);
+    pool_ = shares_io_with->pool_;
+  } else {
+    pool_ = std::make_shared<SharedIoPool>(io_uring ? 0 : io_threads);
+  }
   TORCH_CHECK(!io_uring || IoUring::unavailable_reason().empty(), "FeatureStore: io_uring was asked for, but ",
               IoUring::unavailable_reason(), "; read with the pread pool (io_uring=False)");
   TORCH_CHECK(data_offset >= 0 && num_rows >= 0 && width >= 1,
@@ -212,19 +221,13 @@ void FeatureStore::read_rows(const int64_t* rows, const int64_t* positions, int6
   const std::vector<Read> reads = plan_reads(order);
   int64_t bytes = 0;
   for (const Read& read : reads) bytes += request_bytes(read);
-  {
-    std::lock_guard<std::mutex> lock(reading_mutex_);
-    if (gathers_reading_++ == 0) reading_since_ = std::chrono::steady_clock::now();
-  }
+  reading_.begin();
+  pool_->reading().begin();
   struct DoneReading {  // also when a read fails: the time counted so far stays right
     FeatureStore& store;
     ~DoneReading() {
-      std::lock_guard<std::mutex> lock(store.reading_mutex_);
-      if (--store.gathers_reading_ == 0) {
-        store.read_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::steady_clock::now() - store.reading_since_)
-                              .count();
-      }
+      store.pool_->reading().end();
+      store.reading_.end();
     }
   } done_reading{*this};
   if (io_uring_) {
@@ -247,26 +250,13 @@ void FeatureStore::place_rows(const Read& read, const std::vector<std::pair<int6
 
 void FeatureStore::read_with_threads(const std::vector<Read>& reads,
                                      const std::vector<std::pair<int64_t, int64_t>>& order, char* out) {
-  pool().run(static_cast<int64_t>(reads.size()), [&](int64_t k) {
+  pool_->get().run(static_cast<int64_t>(reads.size()), [&](int64_t k) {
     const Read& read = reads[k];
     const int64_t buffer_begin = request_begin(read.begin);
     char* buffer = scratch.reserve(page_ceil(read.end) - buffer_begin);
     read_exactly(buffer, read.begin, read.end);
     place_rows(read, order, buffer, buffer_begin, out);
   });
-}
-
-IoThreadPool& FeatureStore::pool() {
-  const pid_t pid = ::getpid();
-  if (pool_owner_.load(std::memory_order_acquire) != pid) {
-    std::lock_guard<std::mutex> lock(new_pool_mutex_);
-    if (pool_owner_.load(std::memory_order_relaxed) != pid) {
-      (void)pool_.release();  // the parent's: its threads and lock are not this process's to use or join
-      pool_ = std::make_unique<IoThreadPool>(io_uring_ ? 0 : std::max<int64_t>(io_threads_, 0));
-      pool_owner_.store(pid, std::memory_order_release);
-    }
-  }
-  return *pool_;
 }
 
 void FeatureStore::read_with_ring(const std::vector<Read>& reads,
@@ -406,28 +396,17 @@ at::Tensor FeatureStore::gather(const at::Tensor& rows) {
 
 FeatureStoreCounters FeatureStore::counters() const {
   // Gathers reading side by side may keep the reading time open for a whole epoch: the open part counts up to now.
-  int64_t read_ns;
-  {
-    std::lock_guard<std::mutex> lock(reading_mutex_);
-    read_ns = read_ns_.load();
-    if (gathers_reading_ > 0) {
-      read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                                       reading_since_)
-                     .count();
-    }
-  }
+  const int64_t read_ns = reading_.read_ns();
   return {hits_.load(), misses_.load(), reads_.load(), bytes_read_.load(), read_ns, read_gathers_.load()};
 }
 
 void FeatureStore::reset_counters() {
-  std::lock_guard<std::mutex> lock(reading_mutex_);
   hits_ = 0;
   misses_ = 0;
   reads_ = 0;
   bytes_read_ = 0;
-  read_ns_ = 0;
   read_gathers_ = 0;
-  if (gathers_reading_ > 0) reading_since_ = std::chrono::steady_clock::now();  // the open part counts from now
+  reading_.reset();  // a gather reading now counts from now
 }
 
 }  // namespace morphpipe

@@ -38,9 +38,12 @@ class FeatureStore {
   // `io_uring`, submitted at once to a ring of that depth by the gathering thread itself (a ring per concurrent
   // gather, none of the pool's threads started); else as preads by `io_threads` pool threads beside the caller
   // (the pool shared by concurrent gathers). `direct` opens the file with O_DIRECT (page-aligned reads into
-  // aligned buffers, no page cache).
+  // aligned buffers, no page cache). `shares_io_with` (a pread store of the same io_threads, or null): this store
+  // reads through that store's pool instead of starting its own, so the two keep io_threads + callers reads in
+  // flight together (a typed graph's stores, one per node type, share one pool this way).
   FeatureStore(std::string path, int64_t data_offset, int64_t num_rows, int64_t width, at::ScalarType dtype,
-               const at::Tensor& cached_rows, int64_t io_threads, bool direct, bool io_uring);
+               const at::Tensor& cached_rows, int64_t io_threads, bool direct, bool io_uring,
+               const std::shared_ptr<FeatureStore>& shares_io_with = nullptr);
   ~FeatureStore();
   FeatureStore(const FeatureStore&) = delete;
   FeatureStore& operator=(const FeatureStore&) = delete;
@@ -57,6 +60,10 @@ class FeatureStore {
 
   FeatureStoreCounters counters() const;
   void reset_counters();
+  // The time reads of this store or any store sharing its pool were in flight (side by side counted once), since
+  // the pool started or `reset_pool_read_ns`.
+  int64_t pool_read_ns() const { return pool_->reading().read_ns(); }
+  void reset_pool_read_ns() { pool_->reading().reset(); }
 
   const std::string& path() const { return path_; }
   int64_t num_rows() const { return num_rows_; }
@@ -66,6 +73,8 @@ class FeatureStore {
   int64_t io_threads() const { return io_threads_; }
   bool direct() const { return direct_; }
   bool io_uring() const { return io_uring_; }
+  // True when this store and `other` read through one pread pool.
+  bool shares_io_with(const FeatureStore& other) const { return !io_uring_ && pool_ == other.pool_; }
 
  private:
   // A read of file bytes [begin, end) serving sorted misses [first, last) (positions into the sorted miss list).
@@ -119,22 +128,14 @@ class FeatureStore {
   int64_t num_cached_ = 0;
   at::Tensor cache_;               // uint8 [num_cached * row_bytes]
   std::vector<int32_t> slot_of_;  // row -> slot in cache_, -1 when not cached; empty without a cache
-  // The pread pool of the process that made it (no threads with io_uring). A forked child has none of its parent's
-  // pool threads, and one of them may have held the pool's lock at the fork: `pool()` leaves that pool untouched in
-  // the child (never destroyed: its threads are not the child's) and starts the child's own.
-  IoThreadPool& pool();
-  std::unique_ptr<IoThreadPool> pool_;
-  std::atomic<pid_t> pool_owner_;
-  std::mutex new_pool_mutex_;  // taken only in a forked child's first gathers, never in the process that made pool_
+  // The pread pool (no threads with io_uring): the store's own, or the one it shares with other stores.
+  std::shared_ptr<SharedIoPool> pool_;
   // Rings not lent to a gather now (io_uring only); a gather takes one, or opens one when none is idle.
   struct Ring;
   std::mutex rings_mutex_;
   std::vector<std::unique_ptr<Ring>> idle_rings_;
-  std::atomic<int64_t> hits_{0}, misses_{0}, reads_{0}, bytes_read_{0}, read_ns_{0}, read_gathers_{0};
-  // Reads in flight: gathers reading now, and since when at least one was (one clock read per gather, not per row).
-  mutable std::mutex reading_mutex_;
-  int64_t gathers_reading_ = 0;
-  std::chrono::steady_clock::time_point reading_since_;
+  std::atomic<int64_t> hits_{0}, misses_{0}, reads_{0}, bytes_read_{0}, read_gathers_{0};
+  ReadingTimer reading_;  // this store's reads in flight (its pool's timer counts every sharing store's)
 };
 
 }  // namespace morphpipe

@@ -1,5 +1,7 @@
 #include "cpu/io_thread_pool.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace morphpipe {
@@ -79,6 +81,49 @@ void IoThreadPool::run(int64_t count, const std::function<void(int64_t)>& task) 
     if (position != jobs_.end()) jobs_.erase(position);
   }
   if (job->error) std::rethrow_exception(job->error);
+}
+
+void ReadingTimer::begin() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reading_++ == 0) since_ = std::chrono::steady_clock::now();
+}
+
+void ReadingTimer::end() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (--reading_ == 0) {
+    read_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since_).count();
+  }
+}
+
+int64_t ReadingTimer::read_ns() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reading_ == 0) return read_ns_;
+  return read_ns_ +
+         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since_).count();
+}
+
+void ReadingTimer::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  read_ns_ = 0;
+  if (reading_ > 0) since_ = std::chrono::steady_clock::now();
+}
+
+SharedIoPool::SharedIoPool(int64_t num_threads)
+    : num_threads_(std::max<int64_t>(num_threads, 0)),
+      pool_(std::make_unique<IoThreadPool>(num_threads_)),
+      owner_(::getpid()) {}
+
+IoThreadPool& SharedIoPool::get() {
+  const pid_t pid = ::getpid();
+  if (owner_.load(std::memory_order_acquire) != pid) {
+    std::lock_guard<std::mutex> lock(new_pool_mutex_);
+    if (owner_.load(std::memory_order_relaxed) != pid) {
+      (void)pool_.release();  // the parent's: its threads and lock are not this process's to use or join
+      pool_ = std::make_unique<IoThreadPool>(num_threads_);
+      owner_.store(pid, std::memory_order_release);
+    }
+  }
+  return *pool_;
 }
 
 }  // namespace morphpipe

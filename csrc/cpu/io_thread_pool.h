@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -10,6 +11,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sys/types.h>
+
 #include <thread>
 #include <vector>
 
@@ -48,6 +51,48 @@ class IoThreadPool {
   std::deque<std::shared_ptr<Job>> jobs_;  // jobs with tasks not yet claimed (front first)
   bool stopping_ = false;
   std::vector<std::thread> threads_;
+};
+
+// Wall time with reads in flight: gathers reading side by side counted once, one clock read per gather that reads
+// (not per row); `begin` when a gather starts reading, `end` when it is done (also when a read failed).
+class ReadingTimer {
+ public:
+  void begin();
+  void end();
+  // Nanoseconds with reads in flight since the timer started or `reset`, the part open now included.
+  int64_t read_ns() const;
+  // From zero again; a part open now counts from now.
+  void reset();
+
+ private:
+  mutable std::mutex mutex_;
+  int64_t reading_ = 0;  // gathers reading now
+  int64_t read_ns_ = 0;  // closed parts
+  std::chrono::steady_clock::time_point since_;
+};
+
+// The pread pool one or more feature stores read through (a typed graph's stores share one, so their reads together
+// keep the pool's threads, not one pool's per store, in flight), owned by the process that made it. A forked child
+// has none of its parent's pool threads, and one of them may have held the pool's lock at the fork: `get()` leaves
+// that pool untouched in the child (never destroyed: its threads are not the child's) and starts the child's own.
+class SharedIoPool {
+ public:
+  explicit SharedIoPool(int64_t num_threads);
+  SharedIoPool(const SharedIoPool&) = delete;
+  SharedIoPool& operator=(const SharedIoPool&) = delete;
+
+  IoThreadPool& get();
+  int64_t num_threads() const { return num_threads_; }
+  // The time reads of any store reading through this pool were in flight (a typed graph's types' reads side by side
+  // counted once: the time the disk was held for them all).
+  ReadingTimer& reading() { return reading_; }
+
+ private:
+  ReadingTimer reading_;
+  int64_t num_threads_;
+  std::unique_ptr<IoThreadPool> pool_;
+  std::atomic<pid_t> owner_;
+  std::mutex new_pool_mutex_;  // taken only in a forked child's first gathers, never in the process that made pool_
 };
 
 }  // namespace morphpipe

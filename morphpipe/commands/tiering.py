@@ -7,7 +7,7 @@ import argparse
 from morphpipe.data.summary import array_tiers, typed_feature_tiers
 from morphpipe.nn.task import NodeClassification
 from morphpipe.numeric import format_bytes
-from morphpipe.profiler.disk import cache_budget, default_memory_budget, features_fit, resident_bytes
+from morphpipe.profiler.disk import cache_budget, default_memory_budget, features_bytes, features_fit, resident_bytes
 from morphpipe.sampling.access_hotness import rank_by_expected_access
 from morphpipe.scheduler.plan import count_of
 
@@ -16,26 +16,26 @@ def place_features(graph, args: argparse.Namespace, hold_in_ram: bool = True) ->
     """Puts the features on the disk tier (no cache yet: the plan sizes it) when they do not fit the memory budget
     beside the topology and the flags left the choice open; says so. Features that fit are copied out of their
     memory map into RAM on huge pages when `hold_in_ram` (commands that batch: a batch's row gathers run faster
-    there). A typed graph's features go on disk only when asked (--features-on-disk), their cache as
-    --feature-cache-mb fixes it: a memory budget for it is refused."""
-    if getattr(graph, "is_hetero", False):
-        if args.memory_budget is not None:
-            raise ValueError(f"--memory-budget: the planner places features on disk and sizes their cache for "
-                             f"homogeneous graphs only, and {graph.name!r} is a typed graph; pass --features-on-disk "
-                             "--feature-cache-mb MB instead (or drop --memory-budget)")
-        return
+    there; a homogeneous graph's). A typed graph's featured types go on disk together, their stores sharing the
+    cache the plan sizes. A --memory-budget below what the topology, labels and splits need is refused with that
+    number."""
+    needed = resident_bytes(graph)
+    if args.memory_budget is not None and args.memory_budget < needed:
+        raise ValueError(f"--memory-budget: {format_bytes(args.memory_budget)} is below the {format_bytes(needed)} "
+                         f"that {graph.name!r}'s topology, labels and splits need in RAM (the sampler reads them at "
+                         f"random); give --memory-budget {-(-needed // 2**20)}M or more")
     if getattr(graph, "feature_store", None) is not None:
         return
     budget = args.memory_budget if args.memory_budget is not None else default_memory_budget()
     if features_fit(graph, budget):
-        if hold_in_ram:
+        if hold_in_ram and not getattr(graph, "is_hetero", False):
             graph.hold_features_in_ram(progress=not getattr(args, "no_progress", False))
         return
-    features = graph.features.shape[0] * graph.features.shape[1] * graph.features.element_size()
     graph.open_feature_store(0)
-    print(f"features ({format_bytes(features)}) do not fit the memory budget ({format_bytes(budget)}) beside the "
-          f"topology, labels and splits ({format_bytes(resident_bytes(graph))}): reading them from disk through the "
-          f"feature store, its host cache sized by the plan (at most {format_bytes(cache_budget(graph, budget))})")
+    print(f"features ({format_bytes(features_bytes(graph))}) do not fit the memory budget ({format_bytes(budget)}) "
+          f"beside the topology, labels and splits ({format_bytes(needed)}): reading them from disk through the "
+          f"feature store{' of each featured node type' if getattr(graph, 'is_hetero', False) else ''}, its host "
+          f"cache sized by the plan (at most {format_bytes(cache_budget(graph, budget))})")
 
 
 def planned_cache_bytes(args: argparse.Namespace) -> int | None:
@@ -51,39 +51,60 @@ def rank_hot_rows(graph, task, settings: dict[str, object], progress: bool = Tru
                                 progress=progress)
 
 
+def cached_rows(graph, store) -> str:
+    """The rows the feature store's cache holds: by node type for a typed graph (ranked by source degree per byte),
+    with what they are ranked by for a homogeneous one."""
+    if getattr(graph, "is_hetero", False):
+        return "hottest rows cached in RAM by type: " + ", ".join(
+            f"{name} {part.num_cached:,} rows ({format_bytes(part.cache_bytes)})"
+            for name, part in store.stores.items())
+    return (f"{store.num_cached:,} hottest rows by {graph.cache_ranked_by} ({format_bytes(store.cache_bytes)}) "
+            "cached in RAM")
+
+
 def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
-    """Gives the feature store the cache `plan` chose (unless --feature-cache-mb fixed it) and the I/O threads it
-    chose (plans from before the planner chose them: the store keeps its own); says so."""
-    if getattr(graph, "is_hetero", False) and graph.feature_stores:
-        cached = ", ".join(f"{name} {store.num_cached:,} rows ({format_bytes(store.cache_bytes)})"
-                           for name, store in graph.feature_stores.items())
-        print(f"features on disk: hottest rows cached in RAM by type: {cached}, as --feature-cache-mb fixed them "
-              "(the planner does not size typed graphs' caches)")
-        return
+    """Gives the feature store (a typed graph's: its types' stores, sharing the cache) the cache `plan` chose (unless
+    --feature-cache-mb fixed it) and the I/O threads it chose (plans from before the planner chose them: the store
+    keeps its own); says so."""
     store = getattr(graph, "feature_store", None)
-    if store is None or plan.tiering is None:
+    if store is None:
+        return
+    if plan.tiering is None:  # a plan made with the features in RAM (or from a profile without the disk)
+        fixed = "as --feature-cache-mb fixed them" if args.feature_cache_mb is not None else "the plan sizes no cache"
+        print(f"features on disk: {cached_rows(graph, store)}, {fixed}")
         return
     cache_bytes = store.cache_bytes if args.feature_cache_mb is not None else plan.tiering.cache_bytes
     io_threads = plan.tiering.io_threads
     if store.cache_bytes != cache_bytes or io_threads not in (None, store.io_threads):
         store = graph.open_feature_store(cache_bytes, io_threads)
-    print(f"features on disk: {store.num_cached:,} hottest rows by {graph.cache_ranked_by} "
-          f"({format_bytes(store.cache_bytes)}) cached in RAM, "
+    shared = " shared by the node types" if getattr(graph, "is_hetero", False) else ""
+    print(f"features on disk: {cached_rows(graph, store)}, "
           + ("as you fixed" if args.feature_cache_mb is not None else
              f"as planned (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
-          + f"; {count_of(store.io_threads, 'I/O thread')}" + (", as planned" if io_threads is not None else ""))
+          + f"; {count_of(store.io_threads, 'I/O thread')}{shared}"
+          + (", as planned" if io_threads is not None else ""))
 
 
 def describe_tiers(graph, plan) -> str:
-    """Which tier each array is on under `plan` (features: on disk with the planned cache, when it has one)."""
-    if getattr(graph, "is_hetero", False):
-        return "tiers: features by node type: " + "; ".join(f"{name} {tier}"
-                                                           for name, tier in typed_feature_tiers(graph).items())
-    tiers = array_tiers(graph)
+    """Which tier each array is on under `plan` (features: on disk with the planned cache, when it has one; a typed
+    graph's by node type, with the cache the types share)."""
+    planned = ""
     if plan.tiering is not None:
         threads = plan.tiering.io_threads
         reads = "" if threads is None else f", read by {count_of(threads, 'I/O thread')}"
-        ranked_by = getattr(graph, "cache_ranked_by", "in-degree")
-        tiers["features"] = (f"disk (feature store), {format_bytes(plan.tiering.cache_bytes)} of hottest rows by "
-                             f"{ranked_by} cached in RAM (predicted hit ratio {plan.tiering.hit_ratio:.1%}){reads}")
+        ranked_by = "" if getattr(graph, "is_hetero", False) else f" by {graph.cache_ranked_by}"
+        planned = (f"{format_bytes(plan.tiering.cache_bytes)} of hottest rows{ranked_by} cached in RAM (predicted "
+                   f"hit ratio {plan.tiering.hit_ratio:.1%}){reads}")
+    if getattr(graph, "is_hetero", False):
+        tiers = "tiers: features by node type: " + "; ".join(f"{name} {tier}"
+                                                            for name, tier in typed_feature_tiers(graph).items())
+        store = graph.feature_store
+        if store is None or not planned:
+            return tiers
+        by_type = ", ".join(f"{name} {rows:,} rows" for name, rows in
+                            store.cached_by_type(plan.tiering.cache_bytes).items())
+        return f"{tiers}; planned: {planned}, the types sharing it by hotness per byte ({by_type})"
+    tiers = array_tiers(graph)
+    if planned:
+        tiers["features"] = f"disk (feature store), {planned}"
     return "tiers: " + "; ".join(f"{name} {tier}" for name, tier in tiers.items())

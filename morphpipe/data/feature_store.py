@@ -125,11 +125,14 @@ class FeatureStore:
     only where this process may set one up; `reader_note` says why not). `direct` reads with O_DIRECT, past the
     page cache (False: through it); by default it does so where the file system allows it (measured faster under
     memory pressure: BENCHMARKS.md, bench_giant), else says so once and reads through the page cache.
+    `shares_io_with` (a pread store with as many I/O threads): read through that store's pool instead of starting
+    another, so both keep `io_threads` + callers reads in flight together (a typed graph's stores share one).
     """
 
     def __init__(self, path: str | os.PathLike, dtype: str | None = None, *, cache_bytes: int = 0,
                  hotness: torch.Tensor | None = None, io_threads: int = DEFAULT_IO_THREADS,
-                 direct: bool | None = None, reader: str | None = None) -> None:
+                 direct: bool | None = None, reader: str | None = None,
+                 shares_io_with: FeatureStore | None = None) -> None:
         layout = npy_layout(Path(path))
         num_rows, width = layout.shape
         if width < 1:
@@ -147,13 +150,13 @@ class FeatureStore:
                                  f"{float(hotness[~torch.isfinite(hotness)][0])}, which ranks nothing; pass finite "
                                  "values (e.g. the graph's in-degrees)")
             cached = hottest_rows(hotness, num_cached)
-        self._open(path, dtype, cached, io_threads, direct, reader)
+        self._open(path, dtype, cached, io_threads, direct, reader, shares_io_with)
 
     def _open(self, path: str | os.PathLike, dtype: str | None, cached: torch.Tensor, io_threads: int,
-              direct: bool | None, reader: str | None) -> None:
+              direct: bool | None, reader: str | None, shares_io_with: FeatureStore | None = None) -> None:
         """Opens the file with `cached` (row ids) read into the cache. Pickling re-opens it with the same rows (a
         worker process gets its own threads and cache); the hotness they were chosen by is not kept: at
-        papers100M scale it is 0.9 GB, the ids of a cache a third of that."""
+        papers100M scale it is 0.9 GB, the ids of a cache a third of that; nor is a shared pool (`shares_io_with`)."""
         self.path = Path(path)
         self._arguments = (path, dtype, cached, io_threads, direct, reader)
         self.reader, self.reader_note = choose_reader(reader)
@@ -167,7 +170,8 @@ class FeatureStore:
         direct = _direct_reads_allowed(self.path) if direct is None else bool(direct)
         self._native = native.load().FeatureStore(str(self.path), layout.data_offset, num_rows, width,
                                                   FEATURE_DTYPES[self.dtype_name], cached, io_threads, direct,
-                                                  self.reader == "io_uring")
+                                                  self.reader == "io_uring",
+                                                  None if shares_io_with is None else shares_io_with.native)
 
     @property
     def native(self) -> object:
@@ -181,6 +185,29 @@ class FeatureStore:
     @property
     def dtype(self) -> torch.dtype:
         return self._native.dtype
+
+    @property
+    def num_rows(self) -> int:
+        return self._native.num_rows
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row in the file."""
+        return self._native.width * self.dtype.itemsize
+
+    def rows_cached_by(self, cache_bytes: int) -> int:
+        """Rows a cache of `cache_bytes` holds (the hottest that many)."""
+        return min(self.num_rows, max(0, int(cache_bytes)) // self.row_bytes)
+
+    def twin(self, *, io_threads: int | None = None, cached_rows: torch.Tensor | None = None,
+             shares_io_with: FeatureStore | None = None) -> FeatureStore:
+        """A store on the same file read the same way, caching `cached_rows` (row ids; None: no cache), with
+        `io_threads` I/O threads (None: this store's): what the profiler times the disk and the CPU apart with."""
+        twin = type(self).__new__(type(self))
+        rows = torch.empty(0, dtype=torch.int64) if cached_rows is None else torch.as_tensor(cached_rows).long()
+        twin._open(self.path, self.dtype_name, rows, self.io_threads if io_threads is None else io_threads,
+                   self.direct, self.reader, shares_io_with)
+        return twin
 
     @property
     def num_cached(self) -> int:

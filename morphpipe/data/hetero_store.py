@@ -8,8 +8,9 @@ per-edge relation ids needs two searches per destination and relation (measured 
 on the mag preset: BENCHMARKS.md, scripts/bench_hetero_layout.py). Features are per node type,
 each with its own width and dtype; a type without features is embedded by the model. Labels
 are global (-1 outside the target type) and the splits are global ids of the target type.
-Features can stay on disk (`load(features_on_disk=True)`): one FeatureStore per type, the host
-cache shared between the types by `share_feature_cache`.
+Features can stay on disk (`load(features_on_disk=True)`): one FeatureStore per type, all reading through one
+pool of I/O threads, the host cache shared between the types by `share_feature_cache`; `feature_store` sees them
+as one store (morphpipe.data.typed_feature_store), as the profiler, planner and trainer read a homogeneous graph's.
 
 On disk (a dataset directory): meta.json (format `morphpipe-hetero-graph`) and one .npy per
 array, written like the homogeneous format (`morphpipe.data.ondisk`: temporary names, renames,
@@ -29,8 +30,9 @@ import torch
 
 from morphpipe import __version__
 from morphpipe.data.dtypes import FEATURE_DTYPES, FEATURE_STORAGE, dtype_name, features_from_storage, tensor_to_numpy
-from morphpipe.data.feature_store import DEFAULT_IO_THREADS, FeatureStore, hotness_order
+from morphpipe.data.feature_store import DEFAULT_IO_THREADS, FeatureStore
 from morphpipe.data.ondisk import META_FILE, array_path, load_array, save_array
+from morphpipe.data.typed_feature_store import TypedFeatureStore, share_feature_cache
 from morphpipe.data.validation import (SPLIT_FIELDS, UNLABELLED, GraphValidationError, check_finite_features,
                                        check_labels, check_splits, check_topology_values)
 from morphpipe.documents import read_json
@@ -93,6 +95,10 @@ class HeteroGraphStore:
     # Features on disk (load(features_on_disk=True)): type -> the store the typed batcher gathers its rows through
     # (hot rows cached in RAM, the rest read from features.TYPE.npy); `features` stays the memory map.
     feature_stores: dict[str, FeatureStore] = field(default_factory=dict, repr=False, compare=False)
+    # The directory the features were loaded from (None: not loaded from one), where open_feature_store finds them.
+    directory: Path | None = field(default=None, repr=False, compare=False)
+    # Each featured type's row hotness (source degrees) the open stores' shared cache was split by.
+    feature_hotness: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     is_hetero = True  # what task and command code branch on (a homogeneous GraphStore has no such attribute)
 
@@ -346,23 +352,65 @@ class HeteroGraphStore:
                     num_classes=int(meta["num_classes"]), target_type=str(meta["target_type"]),
                     name=str(meta.get("name", directory.name)), source=dict(meta.get("source", {})), **arrays)
         store.features_mapped = mmap
+        store.directory = directory
         store.validate(scan_values=validate)
         if features_on_disk:
             store.open_feature_stores(directory, feature_cache_bytes, io_threads)
         return store
 
-    def open_feature_stores(self, directory: Path, cache_bytes: int, io_threads: int) -> None:
-        """One FeatureStore per type with features, on features.TYPE.npy in `directory`, their caches sharing
-        `cache_bytes` as `share_feature_cache` splits it."""
+    def open_feature_stores(self, directory: Path, cache_bytes: int, io_threads: int,
+                            direct: bool | None = None, reader: str | None = None) -> None:
+        """One FeatureStore per type with features, on features.TYPE.npy in `directory`, all reading through the
+        first one's pool of `io_threads` I/O threads (with io_uring: a ring per gather, no pool), their caches
+        sharing `cache_bytes` as `share_feature_cache` splits it."""
         cache_bytes = check_int("feature_cache_bytes", cache_bytes, 0)
         hotness = {name: self.source_degrees(name) for name in self.features}
         row_bytes = {name: int(rows.shape[1]) * rows.element_size() for name, rows in self.features.items()}
         cached = share_feature_cache(hotness, row_bytes, cache_bytes)
-        self.feature_stores = {}
+        self.feature_stores = {}  # the old stores' caches are freed before the new ones are read
+        shared = None
         for name, rows in self.features.items():
-            self.feature_stores[name] = FeatureStore(array_path(directory, f"features.{name}"), dtype_name(rows.dtype),
-                                                     cache_bytes=cached[name] * row_bytes[name],
-                                                     hotness=hotness[name], io_threads=io_threads)
+            store = FeatureStore(array_path(directory, f"features.{name}"), dtype_name(rows.dtype),
+                                 cache_bytes=cached[name] * row_bytes[name], hotness=hotness[name],
+                                 io_threads=io_threads, direct=direct, reader=reader, shares_io_with=shared)
+            self.feature_stores[name] = store
+            if shared is None and store.reader == "pread":
+                shared = store
+        self.feature_hotness = hotness
+
+    @property
+    def feature_store(self) -> TypedFeatureStore | None:
+        """The types' feature stores as one (None: features in RAM or memory-mapped): what the profiler, the
+        planner and the trainer's read counters use, as a homogeneous graph's FeatureStore."""
+        if not self.feature_stores:
+            return None
+        hotness = self.feature_hotness or {name: self.source_degrees(name) for name in self.feature_stores}
+        return TypedFeatureStore(self.feature_stores,
+                                 {name: self.node_type(name).start for name in self.feature_stores}, hotness)
+
+    @feature_store.setter
+    def feature_store(self, store: TypedFeatureStore | None) -> None:
+        """Puts the stores of `store` (a TypedFeatureStore of this graph's types, e.g. a twin) in place of theirs."""
+        self.feature_stores = {} if store is None else dict(store.stores)
+
+    def open_feature_store(self, cache_bytes: int = 0, io_threads: int | None = None) -> TypedFeatureStore:
+        """From now on the typed batcher reads every featured type's rows through the feature stores, their shared
+        cache of `cache_bytes` split by `share_feature_cache`, with `io_threads` I/O threads in their one pool
+        (replacing the stores open now, whose I/O settings it keeps where not given): GraphStore.open_feature_store
+        for a typed graph, how a run moves its features to disk or gives the cache the size its plan chose."""
+        if self.directory is None or not self.features_mapped:
+            raise ValueError(f"features of {self.name!r} are not memory-mapped from their features.TYPE.npy files, so "
+                             "the feature stores have no files to read; load the graph from its directory "
+                             "(HeteroGraphStore.load, mmap=True)")
+        if not self.features:
+            raise ValueError(f"graph {self.name!r} has no node type with features: nothing to read from disk")
+        current = next(iter(self.feature_stores.values()), None)
+        self.open_feature_stores(self.directory, cache_bytes,
+                                 io_threads if io_threads is not None else current.io_threads
+                                 if current is not None else DEFAULT_IO_THREADS,
+                                 direct=current.direct if current is not None else None,
+                                 reader=current.reader if current is not None else None)
+        return self.feature_store
 
     # --- what the batchers expect of a graph store ------------------------------------------------------------
     def note_first_use(self) -> None:
@@ -376,29 +424,6 @@ class HeteroGraphStore:
         return (f"HeteroGraphStore(name={self.name!r}, nodes: {types}; {len(self.relations)} relations, "
                 f"{self.num_edges} edges; target {self.target_type!r}, {self.num_classes} classes, "
                 f"splits={self.train_idx.numel()}/{self.val_idx.numel()}/{self.test_idx.numel()})")
-
-
-def share_feature_cache(hotness: Mapping[str, torch.Tensor], row_bytes: Mapping[str, int],
-                        cache_bytes: int) -> dict[str, int]:
-    """Rows of each type the shared host cache of `cache_bytes` holds: the rows with the most hotness per byte of
-    row over all types, taken in that order while they fit (ties: the type listed first, then the lower id).
-
-    A cached row saves about `hotness` reads (its node's share of the sampled neighbours) and costs its width in
-    bytes, so ranking by hotness per byte puts each byte of cache where it saves the most reads (the greedy
-    answer to this knapsack, within one row of the best); splitting by node count or by file size would give a
-    wide, cold type's rows the RAM a narrow, hot type's rows would serve more reads from. Within a type the
-    order is `hotness_order`'s, so a FeatureStore given that type's share caches exactly these rows."""
-    names = list(hotness)
-    if cache_bytes <= 0 or not names:
-        return {name: 0 for name in names}
-    density = torch.cat([hotness[name].double() / row_bytes[name] for name in names])
-    sizes = torch.cat([torch.full((hotness[name].numel(),), row_bytes[name], dtype=torch.int64) for name in names])
-    owner = torch.cat([torch.full((hotness[name].numel(),), index, dtype=torch.int64)
-                       for index, name in enumerate(names)])
-    order = hotness_order(density)
-    fits = torch.cumsum(sizes[order], 0) <= cache_bytes
-    taken = torch.bincount(owner[order[fits]], minlength=len(names))
-    return {name: int(taken[index]) for index, name in enumerate(names)}
 
 
 def write_hetero_meta(directory: Path, *, name: str, node_types: Sequence[NodeType],

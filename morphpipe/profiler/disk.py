@@ -16,7 +16,7 @@ import psutil
 import torch
 
 from morphpipe import native
-from morphpipe.data.feature_store import FeatureStore, FeatureStoreCounters, choose_reader, hotness_order
+from morphpipe.data.feature_store import FeatureStoreCounters, choose_reader, hotness_order
 from morphpipe.documents import FieldReader
 from morphpipe.numeric import check_float, check_int
 from morphpipe.sampling.cpu_batcher import sample_neighbors
@@ -402,9 +402,9 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
     and its row size, the hit curve of a cache of the rows with the largest `hotness` (the store's own ranking, the
     graph's `cache_hotness`) over the rows of `gathered` batches and the preads per missed row at each size of it,
     and the read rate `store_reads` (the store's counters while it gathered those batches) achieved, when it timed
-    at least MIN_TIMED_READS reads."""
-    num_rows, width = store.shape
-    row_bytes = width * store.dtype.itemsize
+    at least MIN_TIMED_READS reads. `store` may be a typed graph's TypedFeatureStore (its rows every featured
+    type's, `row_bytes` their mean, `rows_cached_by` the shared cache's, `hotness()` its order)."""
+    num_rows, row_bytes = store.num_rows, store.row_bytes
     block = max(PAGE, -(-row_bytes // PAGE) * PAGE)
     size = os.path.getsize(store.path)
     if size < block:
@@ -419,7 +419,7 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
             raise
         facts = measure_store_reads(store, seconds, block, sequential_block)
     sizes = curve_sizes(num_rows * row_bytes, cache_budget_bytes)
-    cache_rows = [size // row_bytes for size in sizes]
+    cache_rows = [store.rows_cached_by(size) for size in sizes]
     ratios = hit_ratio_by_cache_size(hotness, gathered, cache_rows)
     counted = reads_per_miss_by_cache_size(store, hotness, gathered, cache_rows)
     reads_per_miss = []
@@ -456,8 +456,7 @@ def read_rates_by_io_threads(store, hotness: torch.Tensor, gathered: Sequence[to
     points = []
     counts = sorted({*IO_THREAD_COUNTS, store.io_threads})
     for count in counts:
-        probe = FeatureStore(store.path, store.dtype_name, io_threads=count, direct=store.direct,
-                             reader=store.reader)
+        probe = store.twin(io_threads=count)
         cpu_began, began = time.process_time(), time.perf_counter()
         for ids in itertools.cycle(chunks) if chunks else ():
             probe.gather(ids)
@@ -494,8 +493,7 @@ def read_rates_by_cache_size(store, hotness: torch.Tensor, gathered: Sequence[to
     MIN_TIMED_READS reads were timed. Meant for O_DIRECT stores: through the page cache, a later size's misses are
     rows an earlier size read."""
     rank = hotness_rank(hotness)
-    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=store.direct,
-                         reader=store.reader)
+    probe = store.twin()
     share = seconds / max(len(cache_rows), 1)
     rates: list[float | None] = []
     for k in cache_rows:
@@ -516,12 +514,11 @@ def measure_store_reads(store, seconds: float, block: int, sequential_block: int
     """Read rates where the file system refuses O_DIRECT (tmpfs, some network file systems): random rows gathered
     through a cache-less feature store like `store` (its reads per second at its queue depth), and the file read
     through in `sequential_block`s (through the page cache, as the store reads there too)."""
-    probe = FeatureStore(store.path, store.dtype_name, io_threads=store.io_threads, direct=False,
-                         reader=store.reader)
+    probe = store.twin()  # the store reads through the page cache here: O_DIRECT was refused
     generator = torch.Generator().manual_seed(0)
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
-        probe.gather(torch.randint(0, probe.shape[0], (4096,), generator=generator))
+        probe.gather(torch.randint(0, probe.num_rows, (4096,), generator=generator))
     random_elapsed = time.perf_counter() - began
     sequential, began = 0, time.perf_counter()
     with open(store.path, "rb", buffering=0) as handle:
@@ -538,19 +535,26 @@ def default_memory_budget() -> int:
 
 
 def resident_bytes(graph) -> int:
-    """What a graph needs in RAM besides its features: the topology (read at random by sampling), labels, splits,
-    and the ranking of its feature cache where one is kept (`rank_feature_cache`)."""
+    """What a graph needs in RAM besides its features: the topology (read at random by sampling; a typed graph's
+    every relation), labels, splits, and the ranking of its feature cache where one is kept (`rank_feature_cache`)."""
     ranking = getattr(graph, "cache_ranking", None)
+    topology = [part for arrays in (graph.indptr, graph.indices)
+                for part in (arrays.values() if isinstance(arrays, dict) else [arrays])]
     return sum(tensor.numel() * tensor.element_size()
-               for tensor in (graph.indptr, graph.indices, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
+               for tensor in (*topology, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
                               *(() if ranking is None else (ranking[1],))))
+
+
+def features_bytes(graph) -> int:
+    """Bytes of a graph's feature rows (a typed graph's: every featured type's)."""
+    parts = graph.features.values() if isinstance(graph.features, dict) else [graph.features]
+    return sum(part.shape[0] * part.shape[1] * part.element_size() for part in parts)
 
 
 def features_fit(graph, memory_budget: int | None = None) -> bool:
     """True when the graph's features fit in `memory_budget` (default: `default_memory_budget`) beside the rest."""
     budget = default_memory_budget() if memory_budget is None else memory_budget
-    features = graph.features.shape[0] * graph.features.shape[1] * graph.features.element_size()
-    return resident_bytes(graph) + features <= budget
+    return resident_bytes(graph) + features_bytes(graph) <= budget
 
 
 def cache_budget(graph, memory_budget: int | None = None, working_bytes: int = 0) -> int:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 from tqdm import tqdm
 
-from morphpipe.data.feature_store import FeatureStore, FeatureStoreCounters
+from morphpipe.data.feature_store import FeatureStoreCounters
 from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.numeric import format_bytes
 from morphpipe.nn.task import NodeClassification, Task
@@ -97,7 +97,8 @@ class Profiler:
     store's counters during that timing are kept in `timed_batching_reads` (no reads: nothing of the disk's in
     the CPU time). GPU batching reads the rows its GPU cache lacks through the store as well: its timing keeps the
     GPU's part (`route_1_reads_apart`) and the disk profile the rows a Route-1 batch gathers, so that both routes'
-    misses hold the one disk in the plan, at the planned cache's hit ratio.
+    misses hold the one disk in the plan, at the planned cache's hit ratio. A typed graph's stores (one per featured
+    node type) are profiled as one, their rows every featured type's and their cache the one the types share.
     """
 
     def __init__(
@@ -194,6 +195,9 @@ class Profiler:
             rank_by_expected_access(self.graph, self.task.seeds(self.graph), self.fanouts, self.batch_size,
                                     progress=self.progress)
         store = getattr(self.graph, "feature_store", None)
+        # A typed graph's stores are seen as one (TypedFeatureStore): its rows are the featured types' rows, its
+        # hotness the shared cache's order; a homogeneous graph's rows are its nodes, hot by in-degree.
+        typed = store is not None and getattr(self.graph, "is_hetero", False)
         # With features on disk, also the batches a timed CPU batcher builds ahead of the last one it delivers (its
         # window holds 2 per thread), so that every row the timing gathers is among those cached.
         ahead = 2 * max(self.thread_counts) if store is not None else 0
@@ -218,7 +222,7 @@ class Profiler:
                 for batch in itertools.islice(batches, per_measurement + ahead):
                     if len(session.sample_batches) < per_measurement:
                         session.sample_batches.append(batch)
-                    gathered.append(batch.input_nodes)
+                    gathered.append(batch.input_nodes if not typed else store.rows_of(batch.input_nodes))
                     bar.update(1)
             sampled_reads = store.counters() if store is not None else None
             chosen_because = None
@@ -244,7 +248,8 @@ class Profiler:
                 bar.set_postfix_str("training's memory")
                 working = self.working_bytes(session, batch_bytes)
                 bar.set_postfix_str("disk reads")
-                disk = replace(measure_disk_profile(store, gathered, self.graph.cache_hotness(),
+                hotness = store.hotness() if typed else self.graph.cache_hotness()
+                disk = replace(measure_disk_profile(store, gathered, hotness,
                                                     cache_budget(self.graph, self.memory_budget, working),
                                                     self.disk_seconds, resident_bytes(self.graph) + working,
                                                     sampled_reads), gpu_rows_per_batch=gpu_rows)
@@ -326,12 +331,7 @@ class Profiler:
         if store is None or not gathered:
             yield
             return
-        rows = torch.unique(torch.cat(gathered))
-        hot = torch.zeros(store.shape[0], dtype=torch.int8)
-        hot[rows] = 1
-        row_bytes = store.shape[1] * store.dtype.itemsize
-        cached = FeatureStore(store.path, store.dtype_name, cache_bytes=rows.numel() * row_bytes, hotness=hot,
-                              io_threads=store.io_threads, direct=store.direct, reader=store.reader)
+        cached = store.twin(cached_rows=torch.unique(torch.cat(gathered)))
         self.graph.feature_store = cached
         try:
             yield

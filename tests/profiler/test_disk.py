@@ -147,17 +147,16 @@ def test_each_io_thread_count_stops_within_one_gather_of_its_time(tmp_path, monk
 
     path = tmp_path / "features.npy"
     np.save(path, np.zeros((40_000, 256), dtype=np.float16))  # rows of 512 B
-    store = FeatureStore(path, io_threads=2)
-    if not store.direct:
-        pytest.skip("this filesystem refuses O_DIRECT: the I/O thread counts are not timed through the page cache")
     gathered_rows = []
 
-    class CountingStore(FeatureStore):
+    class CountingStore(FeatureStore):  # its twins (the timed stores) count their gathers too
         def gather(self, ids):
             gathered_rows.append((self.io_threads, ids.numel()))
             return super().gather(ids)
 
-    monkeypatch.setattr(disk, "FeatureStore", CountingStore)
+    store = CountingStore(path, io_threads=2)
+    if not store.direct:
+        pytest.skip("this filesystem refuses O_DIRECT: the I/O thread counts are not timed through the page cache")
     monkeypatch.setattr(disk, "IO_TIMING_ROWS", 1000)
     gathered = [torch.randperm(40_000, generator=torch.Generator().manual_seed(seed))[:8000] for seed in range(4)]
     curve = disk.read_rates_by_io_threads(store, torch.zeros(40_000), gathered, [0], seconds=1e-6)
