@@ -115,6 +115,7 @@ def test_the_closed_form_bound_counts_the_disk_and_the_executors_wait() -> None:
     # CPU 2 n_c; disk 2 n_c + 0.5 (10 - n_c); executor 1.5 (10 - n_c): the disk and the executor cross at n_c = 10/3
     assert lower_bound(on_disk, 3) == pytest.approx(max(2 * 3 + 0.5 * 7, 1.5 * 7))
     assert lower_bound(on_disk, 0) == pytest.approx(15.0)  # the executor: ten reads and ten UVA batches in turn
+    assert lower_bound(on_disk, 5) == pytest.approx(2 * 5 + 0.5 * 5)  # the disk binds: above CPU 10, executor 7.5
     best = best_lower_bound(on_disk)
     assert best.value_s == pytest.approx(min(lower_bound(on_disk, k) for k in range(11)))
     assert best.value_s > best_lower_bound(times).value_s
