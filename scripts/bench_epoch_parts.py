@@ -11,11 +11,13 @@ MORPHPIPE_CPU_MEMORY_REUSE=0: `--compare-reuse` runs this script in fresh proces
 turns, and prints both rows of each dataset. When the plan takes turns, `--turn-threads N` builds each batching
 turn's batches N at a time (default: the plan's batching threads, as `morphpipe train` does; 1: one batch on one
 thread, as before turns of several), and `--compare-turns` runs fresh processes at 1 and at the plan's threads, in
-turns.
+turns. `--turns-alone` times the batching turns alone (the epoch's batches built by the on-demand batcher, nothing
+trained), one batch at a time against `--threads` at a time, alternating epoch by epoch in one process (`--rounds`
+each; the fastest and the median epoch shown: under load the fastest is the least disturbed).
 
 Prints one table (seconds per epoch, the mean over the measured epochs) and the load. Not a test. Usage:
   python scripts/bench_epoch_parts.py [--datasets default,bench-1m] [--batches 20] [--epochs 2] [--seed 0]
-         [--threads 2] [--turn-threads N] [--compare-reuse | --compare-turns [--rounds 1]]
+         [--threads 2] [--turn-threads N] [--compare-reuse | --compare-turns | --turns-alone [--rounds 1]]
 """
 from __future__ import annotations
 
@@ -148,6 +150,35 @@ def measure(dataset: str, args: argparse.Namespace) -> dict:
             "wait_policy": wait_policy().line(), "load": os.getloadavg()[0]}
 
 
+def turns_alone(dataset: str, args: argparse.Namespace) -> list[str]:
+    """The epoch's batches built by SerialBatcher alone, one at a time against `args.threads` at a time, alternating;
+    a table row per width: ms a batch (fastest and median epoch), CPU ms a batch, and the load."""
+    graph = load_dataset(dataset)
+    units = measurement_seeds(graph.train_idx, args.batches, args.batch_size, args.seed)
+    widths = (1, args.threads)
+    times: dict[int, list[tuple[float, float]]] = {width: [] for width in widths}
+    loads = [os.getloadavg()[0]]
+    for epoch in range(1 + args.rounds):  # the first round warms the caches and the allocator up
+        for width in widths:
+            batcher = SerialBatcher(graph, args.fanouts, args.batch_size, seeds=units, seed=args.seed,
+                                    num_threads=width)
+            before = usage()
+            for _ in batcher.epoch(epoch):
+                pass
+            after = usage()
+            if epoch:
+                times[width].append(((after[0] - before[0]) / len(batcher),
+                                     (after[1] + after[2] - before[1] - before[2]) / len(batcher)))
+    loads.append(os.getloadavg()[0])
+    rows = []
+    for width in widths:
+        walls = sorted(wall for wall, _ in times[width])
+        cpu = statistics.median(c for _, c in times[width])
+        rows.append(f"| {dataset} | {width} | {1000 * walls[0]:.1f} | {1000 * statistics.median(walls):.1f} | "
+                    f"{1000 * cpu:.1f} | {min(loads):.1f}-{max(loads):.1f} |")
+    return rows
+
+
 def row_cells(found: dict, label: str) -> str:
     parts = found["parts"]
     cells = [found["dataset"], label, f"{parts['epoch'][0]:.2f}"]
@@ -185,16 +216,27 @@ def main() -> None:
                              "plan's batching threads)")
     parser.add_argument("--compare-turns", action="store_true",
                         help="run with --turn-threads 1 and with the plan's threads, fresh processes in turns")
+    parser.add_argument("--turns-alone", action="store_true",
+                        help="time the batching turns alone, one batch at a time against --threads at a time")
     parser.add_argument("--rounds", type=integer(1), default=1,
-                        help="with --compare-reuse or --compare-turns: turns per variant")
+                        help="with --compare-reuse or --compare-turns: turns per variant; with --turns-alone: epochs "
+                             "per width")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child's output
     args = parser.parse_args()
     if args.batches < 1 or args.epochs < 1:
         raise SystemExit(f"--batches and --epochs must be at least 1, got {args.batches} and {args.epochs}")
     torch.set_num_threads(args.threads)
     loads = [os.getloadavg()[0]]
-    if args.compare_reuse and args.compare_turns:
-        raise SystemExit("give --compare-reuse or --compare-turns, not both")
+    if args.compare_reuse + args.compare_turns + args.turns_alone > 1:
+        raise SystemExit("give one of --compare-reuse, --compare-turns and --turns-alone")
+    if args.turns_alone:
+        print(f"Batching turns alone: {args.batches} batches of {args.batch_size} per epoch, fanouts {args.fanouts}, "
+              f"{args.threads} threads, {args.rounds} epochs per width after a warm-up one, alternating; OpenMP wait "
+              f"policy {wait_policy().line()}\n| dataset | batches a turn | fastest epoch ms a batch | median ms a batch "
+              "| CPU ms a batch (median) | load |\n|---|---|---|---|---|---|")
+        for dataset in args.datasets.split(","):
+            print("\n".join(turns_alone(dataset, args)), flush=True)
+        return
     if not (args.compare_reuse or args.compare_turns):
         found = [measure(dataset, args) for dataset in args.datasets.split(",")]
         if args.json:
