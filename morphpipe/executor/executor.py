@@ -13,8 +13,9 @@ so a plan's predicted epoch is what this loop should measure:
 - once Route 1 is done, the rest of Route 0 runs as the naive three-stage pipeline: the next
   transfer overlaps the current training step. An all-CPU plan is only this pipeline
   (SALIENT-like), an all-GPU plan alternates filling and flushing (DUCATI-like). A CPU-only
-  plan whose phases take turns on the same cores (`shares_cores`) builds each Route 0 batch on
-  this thread when it is taken, then trains it.
+  plan whose phases take turns on the same cores (`shares_cores`) builds each Route 0 batch
+  when it is taken (its batcher builds a turn of batches at once, one per batching thread,
+  and nothing between calls), then trains it.
 
 Training is launched at most one step ahead of the training device. `Devices` decides what
 launching, transferring and waiting mean (CUDA streams and events, the CPU, virtual devices).

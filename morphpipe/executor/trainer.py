@@ -5,7 +5,8 @@ It turns a plan into running parts: the training seeds split between the routes
 for Route 1 when the plan has one, the devices (CUDA streams, or the CPU), a `TrainStep`,
 and the `Executor` that runs each epoch. On a CPU-only plan the training step runs with the
 plan's training threads while the batcher's threads overlap it, or, when the plan's phases
-take turns on the same cores, each batch is built on demand (`SerialBatcher`) and then trained. After each epoch it measures
+take turns on the same cores, batches are built on demand (`SerialBatcher`: a turn samples one batch per batching
+thread) and then trained. After each epoch it measures
 validation accuracy, prints one line (time, throughput, loss, accuracy, predicted vs measured
 epoch time) and writes a checkpoint, from which a killed run continues. A run stopped mid epoch
 (SIGTERM, `StopRequest`) checkpoints the steps applied so far, and the resumed run trains only the

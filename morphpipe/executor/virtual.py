@@ -287,17 +287,23 @@ class VirtualCpuBatcher(_VirtualRoute):
 
 
 class VirtualSerialBatcher(_VirtualRoute):
-    """Route 0 stand-in for plans whose phases take turns on the same cores: each batch sleeps when asked for."""
+    """Route 0 stand-in for plans whose phases take turns on the same cores, as SerialBatcher builds: asked for every
+    P-th batch, it reads the misses of the next P batches one after another, then sleeps for the slowest of their
+    builds (P threads building one each); the turn's other batches are then handed out at once."""
 
     route = 0
 
     def epoch(self, epoch: int) -> Iterator[MiniBatch]:
         order = epoch_order(self.seeds, self.seed, epoch)
-        for index in range(len(self)):
-            if self.machine.durations.disk:
-                self.machine.read_misses(index, self.machine.disk.request())
-            self.machine.work(time.perf_counter(), self.machine.durations.cpu_batch[index])
-            yield virtual_batch(batch_seeds(order, index, self.batch_size), index, 0)
+        machine = self.machine
+        for first in range(0, len(self), machine.cpu_threads):
+            turn = range(first, min(len(self), first + machine.cpu_threads))
+            if machine.durations.disk:
+                for index in turn:
+                    machine.read_misses(index, machine.disk.request())
+            machine.work(time.perf_counter(), max(machine.durations.cpu_batch[index] for index in turn))
+            for index in turn:
+                yield virtual_batch(batch_seeds(order, index, self.batch_size), index, 0)
 
 
 class VirtualGpuBatcher(_VirtualRoute):

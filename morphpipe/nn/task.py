@@ -187,7 +187,8 @@ class NodeClassification(Task):
         if route == 1:
             return GpuBatcher(graph, fanouts, batch_size, seeds=seeds, seed=seed, shuffle=shuffle, device=device)
         if serial:
-            return SerialBatcher(graph, fanouts, batch_size, seeds=seeds, shuffle=shuffle, seed=seed)
+            return SerialBatcher(graph, fanouts, batch_size, seeds=seeds, shuffle=shuffle, seed=seed,
+                                 num_threads=num_threads or 1)
         return CpuBatcher(graph, fanouts, batch_size, num_threads=num_threads, seeds=seeds, shuffle=shuffle, seed=seed,
                           pin_memory=pin_memory)
 

@@ -137,6 +137,14 @@ def native_batcher(graph: GraphStore, fanouts: list[int], num_threads: int, queu
 
 def sample_neighbors(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> MiniBatch:
     """Samples one mini-batch on the calling thread (the `morphpipe::sample_neighbors` op)."""
+    batch = sample_blocks(graph, seeds, fanouts, seed)
+    batch.x = gather_features(graph, batch.input_nodes)
+    return batch
+
+
+def sample_blocks(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> MiniBatch:
+    """`sample_neighbors` without the feature gather (`x` is empty until `gather_features` fills it): the native
+    sampler runs outside the GIL on the calling thread, so several threads may sample batches at once."""
     note_first_use(graph)
     check_files(graph)
     fanouts = check_fanouts(fanouts)
@@ -149,7 +157,7 @@ def sample_neighbors(graph, seeds, fanouts: Sequence[int], seed: int = 0) -> Min
         seeds=seed_ids,
         input_nodes=input_nodes,
         blocks=blocks_from_native(input_nodes.numel(), block_indptrs, block_indices),
-        x=gather_features(graph, input_nodes),
+        x=torch.empty(0),
         y=graph.labels[seed_ids],
     )
 

@@ -228,13 +228,9 @@ class FastCpuOnly:
                                                             self.rec, self.d.disk)
         for number in range(n):
             if workers is None:
-                if self.d.disk:
-                    end = now + self.d.disk[number]
-                    self.rec.phase(number, 0, "read", "disk", 0, now, end)
-                    now = end
-                end = now + self.d.cpu_batch[number]
-                self.rec.phase(number, 0, "batch", batching, 0, now, end)
-                now, index = end, number
+                if number % self.threads == 0:
+                    now = self._batching_turn(number, now)
+                index = number
             else:
                 asked = now
                 now = workers.wait(now)
@@ -244,3 +240,15 @@ class FastCpuOnly:
             self.rec.phase(index, 0, "train", training, 0, now, end)
             now = end
         return self.rec.result(now, "fast", n_cpu=n, n_gpu=0, cbs=self.cbs, gbs=0, cpu_threads=self.threads)
+
+    def _batching_turn(self, first: int, now: float) -> float:
+        """A turn of batching on shared cores from `now` (model.CpuOnlyModel.batching_turn); returns its end."""
+        turn = range(first, min(self.times.num_batches, first + self.threads))
+        if self.d.disk:
+            for index in turn:
+                end = now + self.d.disk[index]
+                self.rec.phase(index, 0, "read", "disk", 0, now, end)
+                now = end
+        for lane, index in enumerate(turn):
+            self.rec.phase(index, 0, "batch", CPU_ONLY_DEVICES[0], lane, now, now + self.d.cpu_batch[index])
+        return now + max(self.d.cpu_batch[index] for index in turn)

@@ -241,7 +241,8 @@ class DualBufferModel:
 class CpuOnlyModel:
     """One epoch on a CPU-only machine: P batching threads feed a CPU buffer, Q threads train.
 
-    With shared cores (every core batches, then every core trains) the two phases take turns.
+    With shared cores the two phases take turns: every P batches all P threads build the next P batches at once,
+    one each, then every core trains them one after another.
     """
 
     def __init__(self, times: PhaseTimes, cbs: int, durations: Durations, shared_core: bool = False,
@@ -282,15 +283,26 @@ class CpuOnlyModel:
             self.rec.block(finished, self.env.now, CPU_ONLY_DEVICES[0], 1.0 / self.threads)
             self.rec.cpu_buffer(len(self.buffer.items))
 
+    def batching_turn(self, first: int) -> Process:
+        """On shared cores, a turn of batching: the misses of batches `first` .. `first` + P - 1 (fewer at the
+        epoch's end) read one after another, then the batches built at once, one per thread; the turn ends with the
+        slowest."""
+        turn = range(first, min(self.times.num_batches, first + self.threads))
+        if self.d.disk:
+            for index in turn:
+                yield from read_misses(self.env, self.disk, self.rec, self.d.disk[index], index)
+        start = self.env.now
+        for lane, index in enumerate(turn):
+            self.rec.phase(index, 0, "batch", CPU_ONLY_DEVICES[0], lane, start, start + self.d.cpu_batch[index])
+        yield self.env.timeout(max(self.d.cpu_batch[index] for index in turn))
+
     def trainer(self) -> Process:
-        """The training loop: take the next batch (or build it, on shared cores), train on it."""
+        """The training loop: take the next batch (or, on shared cores, build the next turn's batches every P
+        batches), train on it."""
         for number in range(self.times.num_batches):
             if self.shared_core:
-                if self.d.disk:
-                    yield from read_misses(self.env, self.disk, self.rec, self.d.disk[number], number)
-                start = self.env.now
-                yield self.env.timeout(self.d.cpu_batch[number])
-                self.rec.phase(number, 0, "batch", CPU_ONLY_DEVICES[0], 0, start, self.env.now)
+                if number % self.threads == 0:
+                    yield from self.batching_turn(number)
                 index = number
             else:
                 asked = self.env.now

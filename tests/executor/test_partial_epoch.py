@@ -130,11 +130,14 @@ def counting(trainer: Trainer, steps: list[int]) -> None:
     trainer.executor.step = lambda batch: (steps.append(1), original(batch))[1]
 
 
-@pytest.mark.parametrize("cores", [2, 1])
-def test_a_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_run(tiny, tmp_path, monkeypatch,
-                                                                         cores: int) -> None:
+@pytest.mark.parametrize("cores, efficiency, shares_cores", [(2, 0.2, False), (2, 1.0, True), (1, 1.0, True)])
+def test_a_run_stopped_mid_epoch_resumes_to_exactly_the_uninterrupted_run(tiny, tmp_path, monkeypatch, cores: int,
+                                                                         efficiency: float, shares_cores: bool) -> None:
     monkeypatch.setenv(FORCE_ENV, FORCED_CHOICES)  # the ops' cost model is calibrated per run; fix its choices
-    plan = plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=15, cores=cores), gbs=3)
+    # Two cores: batching beside training (a step that scales poorly) or turns of two batches; one core: turns of one.
+    plan = plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=15, cores=cores,
+                                               training_efficiency=efficiency), gbs=3)
+    assert plan.shares_cores == shares_cores and plan.cpu_threads == (cores if shares_cores else 1)
     settings = dict(fanouts=FANOUTS, batch_size=BATCH, progress=False, log=lambda line: None, eval_batch_size=256)
     with torch_threads(1), Trainer(tiny, sage(tiny), plan, **settings) as whole:
         uninterrupted = whole.fit(3)

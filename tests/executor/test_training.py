@@ -25,9 +25,11 @@ FANOUTS = [5, 5]
 BATCH = 128  # the tiny preset's 1800 training seeds make 15 batches, the last one short
 
 
-def cpu_only_plan(num_batches: int = 15, cores: int = 2) -> Plan:
-    """Two cores: one batching thread beside one training thread; one core: the phases take turns."""
-    return plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=num_batches, cores=cores), gbs=3)
+def cpu_only_plan(num_batches: int = 15, cores: int = 2, training_efficiency: float = 0.2) -> Plan:
+    """Two cores and a step that scales poorly: one batching thread beside one training thread; one core, or two and
+    a step that scales perfectly (efficiency 1): the phases take turns on every core."""
+    return plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=num_batches, cores=cores,
+                                               training_efficiency=training_efficiency), gbs=3)
 
 
 def gpu_plan(num_batches: int = 15) -> Plan:
@@ -68,13 +70,16 @@ def test_executor_training_equals_a_sequential_loop_over_the_same_batches(tiny) 
         torch.testing.assert_close(trained, expected, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("cores, shares_cores", [(2, False), (1, True)])
-def test_every_training_seed_is_trained_once_per_epoch_by_the_trainer(tiny, cores: int, shares_cores: bool) -> None:
+@pytest.mark.parametrize("cores, efficiency, shares_cores", [(2, 0.2, False), (2, 1.0, True), (1, 0.2, True)])
+def test_every_training_seed_is_trained_once_per_epoch_by_the_trainer(tiny, cores: int, efficiency: float,
+                                                                      shares_cores: bool) -> None:
     seen = []
-    plan = cpu_only_plan(cores=cores)
+    plan = cpu_only_plan(cores=cores, training_efficiency=efficiency)
     assert plan.shares_cores == shares_cores
     with Trainer(tiny, sage(tiny), plan, fanouts=FANOUTS, batch_size=BATCH, progress=False,
                  log=lambda line: None) as trainer:
+        if shares_cores:  # a batching turn builds one batch per batching thread
+            assert trainer.executor.cpu_batcher.num_threads == plan.cpu_threads == cores
         original = trainer.executor.step
         trainer.executor.step = lambda batch: (seen.append(batch.seeds), original(batch))[1]
         stats = trainer.fit(2, validate=False)

@@ -20,7 +20,7 @@ import torch
 
 from morphpipe.executor.executor import EpochResult
 from morphpipe.executor.trace import overlaps
-from morphpipe.executor.virtual import VirtualTrainer, virtual_executor
+from morphpipe.executor.virtual import VirtualMachine, VirtualSerialBatcher, VirtualTrainer, virtual_executor
 from morphpipe.partitioner import Partitioner, PhaseTimes, Split
 from morphpipe.scheduler import Scheduler, SimulationResult
 from morphpipe.scheduler.planning import converge
@@ -135,6 +135,29 @@ def test_virtual_cpu_only_epoch_matches_the_simulator(name: str) -> None:
     check_behaviour(result, predicted, trainer, split, times)
     assert set(result.busy) == {"cpu-batching", "cpu-training"}
     assert result.epoch_s == pytest.approx(predicted.epoch_s, rel=TOLERANCE)
+
+
+def test_virtual_turns_build_when_and_for_as_long_as_the_simulator_says() -> None:
+    """Without sleeping (so on any load): taking turns, the virtual batcher works once every P batches, before
+    handing out the first of them, for the simulator's turn (its slowest batch); the turn's others come at once."""
+    times, cbs, _ = CPU_ONLY["cpu-only-taking-turns"]
+    scheduler = Scheduler(times, seed=1)
+    turns = defaultdict(list)
+    for record in scheduler.simulate_cpu_only(cbs, True, engine="simpy", trace=True).trace:
+        if record.phase == "batch":
+            turns[record.start].append(record)
+    expected = [(min(r.batch for r in built), max(r.end for r in built) - start)
+                for start, built in sorted(turns.items())]
+    assert [len(built) for built in turns.values()] == [times.cpu_threads] * (times.num_batches // times.cpu_threads)
+    machine = VirtualMachine(scheduler.durations, times.cpu_threads, "cpu-batching")
+    handed: list[int] = []
+    worked = []
+    machine.work = lambda start, seconds: worked.append((len(handed), seconds)) or start + seconds
+    batcher = VirtualSerialBatcher(machine, torch.arange(4 * times.num_batches - 1), 4)
+    handed.extend(batch.batch_index for batch in batcher.epoch(0))
+    assert handed == list(range(times.num_batches))
+    assert [index for index, _ in worked] == [first for first, _ in expected]
+    assert [seconds for _, seconds in worked] == pytest.approx([seconds for _, seconds in expected])
 
 
 def test_busy_fractions_and_buffer_levels_follow_the_simulation() -> None:

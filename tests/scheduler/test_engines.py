@@ -44,8 +44,8 @@ def test_fast_engine_matches_simpy(times: PhaseTimes, n_cpu: int, gbs: int) -> N
 @pytest.mark.parametrize("seed", range(20))
 def test_fast_cpu_only_engine_matches_simpy(seed: int) -> None:
     rng = random.Random(seed)
-    shared = seed % 5 == 0
-    threads = 1 if shared else rng.randint(1, 8)
+    shared = seed % 5 == 0 or seed % 7 == 0  # shared cores: turns of `threads` batches built at once
+    threads = rng.randint(1, 8)
     times = PhaseTimes(rng.randint(1, 80), rng.choice([0.5, rng.uniform(0.1, 2)]), threads,
                        rng.choice([0.5, rng.uniform(0.1, 2)]), cpu_batch_cv=rng.choice([0.0, 0.3]),
                        train_cv=rng.choice([0.0, 0.3]), train_threads=rng.randint(1, 8), device="cpu")
@@ -91,8 +91,8 @@ def test_fast_engine_matches_simpy_with_both_routes_on_the_disk(times: PhaseTime
 @pytest.mark.parametrize("seed", range(8))
 def test_fast_cpu_only_engine_matches_simpy_with_the_disk(seed: int) -> None:
     rng = random.Random(seed)
-    shared = seed % 4 == 0
-    times = PhaseTimes(rng.randint(1, 60), rng.uniform(0.1, 2), 1 if shared else rng.randint(1, 8),
+    shared = seed % 4 == 0 or seed == 5
+    times = PhaseTimes(rng.randint(1, 60), rng.uniform(0.1, 2), rng.randint(1, 8),
                        rng.uniform(0.1, 2), cpu_batch_cv=rng.choice([0.0, 0.3]), train_threads=rng.randint(1, 8),
                        device="cpu", disk_read_s=rng.choice([0.5, rng.uniform(0.01, 1)]))
     scheduler = Scheduler(times, seed)

@@ -120,6 +120,11 @@ def test_cpu_only_pipeline_and_shared_core() -> None:
     assert set(result.busy) == {"cpu-batching", "cpu-training"}
     serial = PhaseTimes(20, cpu_batch_s=0.5, cpu_threads=1, train_s=0.8, train_threads=1, device="cpu")
     assert Scheduler(serial).simulate_cpu_only(cbs=4, shared_core=True).epoch_s == pytest.approx(20 * 1.3)
+    # Two threads taking turns build two batches per turn (one each, 1.0 s of one thread's latency), then train both.
+    turns = Scheduler(config).simulate_cpu_only(cbs=4, shared_core=True, trace=True)
+    assert turns.epoch_s == pytest.approx(10 * 1.0 + 20 * 0.8)
+    built = sorted((r.start, r.batch, r.lane) for r in turns.trace if r.phase == "batch")
+    assert built[:4] == [(0.0, 0, 0), (0.0, 1, 1), (pytest.approx(2.6), 2, 0), (pytest.approx(2.6), 3, 1)]
 
 
 def test_plan_json_round_trip_and_errors(tmp_path) -> None:
@@ -166,10 +171,14 @@ def test_plan_reports_bounds_baselines_and_busy_fractions() -> None:
 
 
 def test_cpu_only_plan_splits_the_cores() -> None:
-    profile = Profile.synthetic(t_cb=0.8, t_m=0.2, cores=8, num_batches=200)
+    # A step that gains half a thread per added thread: taking turns on all 8 cores (0.1 + 0.044 s a batch) loses to
+    # 6 batching and 2 training threads side by side (0.133 s); with perfect scaling of both, turns would win.
+    profile = Profile.synthetic(t_cb=0.8, t_m=0.2, cores=8, num_batches=200, training_efficiency=0.5)
     plan = plan_from_profile(profile)
-    assert plan.kind == "cpu-only"
+    assert plan.kind == "cpu-only" and not plan.shares_cores
     assert (plan.cpu_threads, plan.train_threads) == (6, 2)
+    perfect = plan_from_profile(Profile.synthetic(t_cb=0.8, t_m=0.2, cores=8, num_batches=200))
+    assert perfect.shares_cores and perfect.cpu_threads == perfect.train_threads == 8
     assert plan.predicted_epoch_s <= plan.baselines_s["even-split"]
     assert plan.predicted_epoch_s >= plan.lower_bound_s
 
