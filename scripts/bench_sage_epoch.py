@@ -4,7 +4,10 @@ For each dataset (default: the `default` preset and `bench-1m`) and training see
 of `--batch-size` seeds drawn from the train split (`measurement_seeds`) make the epoch; each side trains one
 warm-up epoch and then `--epochs` measured ones (wall clock of batching plus training), then measures validation
 accuracy on the first `--val-nodes` validation nodes by sampled inference with the training fanouts (each side
-draws its own neighbours), so both are compared after the same batches.
+draws its own neighbours), so both are compared after the same batches. One evaluation draw moves the count of
+errors by several nodes (issue 23's finding in BENCHMARKS.md), so DGL's trained models are also scored by our
+evaluator on the very neighbourhoods ours was scored on, or exactly with `--eval-mode full` ("our eval"), and the
+gap between the sides so paired is printed with its standard error over the seeds.
 
 - morphpipe trains as `morphpipe train --auto` does on a CPU-only machine, without re-planning: this machine is
   profiled on the workload (`Profiler`), planned (`plan_from_profile`), and the `Trainer` runs the plan (its batcher
@@ -48,6 +51,7 @@ from dgl_peer import (DGL_OUR_SAGE_WEIGHTS, DGL_PRELUDE, DGL_PYTHON, dataset_dir
 from morphpipe.cores import usable_cores
 from morphpipe.data import load_dataset
 from morphpipe.executor import Trainer
+from morphpipe.nn.evaluate import EVAL_MODES
 from morphpipe.nn.task import EvalSettings, NodeClassification, TaskLoss
 from morphpipe.profiler.profiler import Profiler
 from morphpipe.sampling.minibatch import MiniBatch
@@ -117,6 +121,7 @@ def train(workers):
         for input_nodes, output_nodes, blocks in eval_loader:
             logits = model(blocks, blocks[0].srcdata["feat"].float())
             correct += int((logits.argmax(1) == blocks[-1].dstdata["label"]).sum())
+    save_as_our_sage_weights(model.convs, f"{args['trained']}/w{workers}.npz")
     return {"epochs_s": epochs_s, "losses": losses, "val_acc": correct / val.numel()}
 
 out = {"dgl": dgl.__version__, "torch": torch.__version__,
@@ -158,8 +163,7 @@ def ours(graph, args: argparse.Namespace, seed: int, precision: str, val: torch.
     with Trainer(graph, model, plan, fanouts=args.fanouts, batch_size=args.batch_size, task=task, lr=LR, seed=seed,
                  progress=False, log=lambda line: None, precision=precision) as trainer:
         history = trainer.fit(1 + args.epochs, validate=False)
-        val_acc = task.evaluate(trainer.model, graph, val, EvalSettings(args.fanouts, EVAL_BATCH, seed, "sampled",
-                                                                        progress=False), device=torch.device("cpu"))
+        val_acc = val_accuracy(trainer.model, graph, args, seed, val)
     order = torch.cat(task.trained).reshape(1 + args.epochs, -1)
     return {"epochs_s": [stats.epoch_s for stats in history], "losses": [stats.loss for stats in history],
             "val_acc": val_acc, "plan": plan.describe(), "shares_cores": plan.shares_cores,
@@ -167,18 +171,41 @@ def ours(graph, args: argparse.Namespace, seed: int, precision: str, val: torch.
 
 
 def dgl_side(dataset: str, graph, args: argparse.Namespace, seed: int, first: dict, val: torch.Tensor) -> dict:
-    """DGL's run of the batches our float32 run trained (`first["order"]`) from its initial weights."""
+    """DGL's run of the batches our float32 run trained (`first["order"]`) from its initial weights; each worker
+    count's trained model is also scored by our evaluator on the validation neighbourhoods ours was scored on
+    (`val_acc_our_eval`), so the two sides' accuracies differ by training alone."""
     with tempfile.TemporaryDirectory() as scratch:
         paths = {name: str(Path(scratch) / f"{name}.npy") for name in ("orders", "val")}
         np.save(paths["orders"], first["order"].numpy())
         np.save(paths["val"], val.numpy())
         paths["weights"] = str(Path(scratch) / "weights.npz")
         np.savez(paths["weights"], **first["initial"])
+        paths["trained"] = scratch
         settings = {"dataset": str(dataset_directory(dataset)), "threads": args.threads, "fanouts": args.fanouts,
                     "batch_size": args.batch_size, "lr": LR, "dropout": DROPOUT, "seed": seed,
                     "dims": [graph.feature_dim] + [HIDDEN] * (len(args.fanouts) - 1) + [graph.num_classes],
                     "workers": args.dgl_workers, "eval_batch": EVAL_BATCH, **paths}
-        return run_dgl_script(DGL_SCRIPT, settings, args.threads, args.dgl_python)
+        result = run_dgl_script(DGL_SCRIPT, settings, args.threads, args.dgl_python)
+        for workers, run in result["by_workers"].items():
+            with np.load(Path(scratch) / f"w{workers}.npz") as trained:
+                run["val_acc_our_eval"] = our_evaluation(graph, args, seed, val, trained)
+        return result
+
+
+def val_accuracy(model: torch.nn.Module, graph, args: argparse.Namespace, seed: int, val: torch.Tensor) -> float:
+    """Our evaluator's accuracy of `model` on `val` in `--eval-mode`: sampled with the training fanouts from `seed`
+    (every model scored with one seed sees the same neighbourhoods), or exact over every neighbour."""
+    return NodeClassification().evaluate(model, graph, val, EvalSettings(args.fanouts, EVAL_BATCH, seed,
+                                                                         args.eval_mode, progress=False),
+                                         device=torch.device("cpu"))
+
+
+def our_evaluation(graph, args: argparse.Namespace, seed: int, val: torch.Tensor, weights) -> float:
+    """`val_accuracy` of a SAGE model with `weights` (our state dict's names: a DGL model's, saved back)."""
+    model = NodeClassification().build_model("sage", graph, num_layers=len(args.fanouts), hidden=HIDDEN,
+                                             dropout=DROPOUT)
+    model.load_state_dict({name: torch.from_numpy(weights[name]) for name in weights.files})
+    return val_accuracy(model, graph, args, seed, val)
 
 
 def say(line: str) -> None:
@@ -189,6 +216,16 @@ def say(line: str) -> None:
 def measured(epochs_s: list[float]) -> float:
     """Mean seconds of the measured epochs (the first, the warm-up, left out)."""
     return statistics.fmean(epochs_s[1:])
+
+
+def accuracy_gap(dataset: str, rows: list[dict], args: argparse.Namespace) -> str:
+    """Our float32 accuracy minus DGL's (its worker counts' mean), both scored by our evaluator on the same
+    neighbourhoods, paired by seed: the mean in validation nodes with its standard error over the seeds."""
+    gaps = [args.val_nodes * (row["ours"]["float32"]["val_acc"] - statistics.fmean(
+        run["val_acc_our_eval"] for run in row["dgl"]["by_workers"].values())) for row in rows]
+    spread = f" +- {statistics.stdev(gaps) / len(gaps) ** 0.5:.1f} (standard error)" if len(gaps) > 1 else ""
+    return (f"{dataset}: ours float32 - DGL, same evaluator, over {len(gaps)} seeds: {statistics.fmean(gaps):+.1f}"
+            f"{spread} of {args.val_nodes} val nodes")
 
 
 def main() -> None:
@@ -203,6 +240,9 @@ def main() -> None:
                         help="our step's arithmetic, one run each (float32 first: DGL trains its batches)")
     parser.add_argument("--dgl-workers", type=int_list, default="0,1", help="DGL DataLoader num_workers counts, one DGL run each")
     parser.add_argument("--val-nodes", type=int, default=8192, help="validation nodes evaluated (the first N)")
+    parser.add_argument("--eval-mode", choices=EVAL_MODES, default="sampled",
+                        help="our evaluator's mode for both sides' models: sampled with the training fanouts (DGL's "
+                             "own evaluation is always sampled), or full: exact, every neighbour")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dgl-python", default=DGL_PYTHON)
     parser.add_argument("--out", type=writable_file, default="bench_sage_epoch.json")
@@ -238,11 +278,13 @@ def main() -> None:
     print(f"SAGE {LAYERS}x{HIDDEN} mean, dropout {DROPOUT}, Adam lr {LR}; fanouts {args.fanouts}, batch "
           f"{args.batch_size}, {args.batches} batches per epoch, 1 warm-up + {args.epochs} measured epochs (mean "
           f"shown), {args.threads} threads; val accuracy after {(1 + args.epochs) * args.batches} batches on "
-          f"{args.val_nodes} val nodes, sampled with the training fanouts; DGL {dgl_version}; load average "
+          f"{args.val_nodes} val nodes (DGL's own: sampled with the training fanouts; ours and \"our eval\": "
+          f"{args.eval_mode}); DGL {dgl_version}; load average "
           f"{min(loads):.1f}-{max(loads):.1f}")
     header = ["dataset", "seed"] + [f"ours {p} s" for p in args.precisions] + \
              [f"DGL w={w} s" for w in args.dgl_workers] + [f"DGL/ours {p}" for p in args.precisions] + \
-             [f"acc ours {p}" for p in args.precisions] + [f"acc DGL w={w}" for w in args.dgl_workers]
+             [f"acc ours {p}" for p in args.precisions] + [f"acc DGL w={w}" for w in args.dgl_workers] + \
+             [f"acc DGL w={w}, our eval" for w in args.dgl_workers]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         ours_s = {p: measured(row["ours"][p]["epochs_s"]) for p in args.precisions}
@@ -251,8 +293,11 @@ def main() -> None:
         cells = [row["dataset"], str(row["seed"])] + [f"{ours_s[p]:.2f}" for p in args.precisions] + \
                 [f"{dgl_s[w]:.2f}" for w in args.dgl_workers] + [f"{best / ours_s[p]:.2f}x" for p in args.precisions] + \
                 [f"{row['ours'][p]['val_acc']:.4f}" for p in args.precisions] + \
-                [f"{row['dgl']['by_workers'][str(w)]['val_acc']:.4f}" for w in args.dgl_workers]
+                [f"{row['dgl']['by_workers'][str(w)]['val_acc']:.4f}" for w in args.dgl_workers] + \
+                [f"{row['dgl']['by_workers'][str(w)]['val_acc_our_eval']:.4f}" for w in args.dgl_workers]
         print("| " + " | ".join(cells) + " |")
+    for dataset in args.datasets.split(","):
+        print(accuracy_gap(dataset, [row for row in rows if row["dataset"] == dataset], args))
     for row in rows:
         print(f"{row['dataset']} seed {row['seed']}: our plan {row['ours']['float32']['plan'].splitlines()[0]}")
     report = {"date": date.today().isoformat(), "load_average": loads,

@@ -32,9 +32,10 @@ features = torch.from_numpy(np.load(f"{root}/features.npy"))
 labels = torch.from_numpy(np.load(f"{root}/labels.npy")).long()
 '''
 
-# A DGL-side helper (after numpy and torch are imported): our GraphSAGE layers' initial weights, saved as an .npz of
+# DGL-side helpers (after numpy and torch are imported): our GraphSAGE layers' initial weights, saved as an .npz of
 # their state dict, copied into dgl.nn.SAGEConv layers (fc_neigh = lin_neigh, fc_self = lin_self with lin_neigh's
-# bias), so both sides start from the same point and differ by training alone.
+# bias), so both sides start from the same point and differ by training alone; and DGL's trained layers saved back
+# under our names, so one evaluator can score both sides' models.
 DGL_OUR_SAGE_WEIGHTS = r'''
 def copy_our_sage_weights(convs, path, prefix=""):
     weights = np.load(path)
@@ -43,6 +44,14 @@ def copy_our_sage_weights(convs, path, prefix=""):
             conv.fc_neigh.weight.copy_(torch.from_numpy(weights[f"{prefix}convs.{i}.lin_neigh.weight"]))
             conv.fc_self.weight.copy_(torch.from_numpy(weights[f"{prefix}convs.{i}.lin_self.weight"]))
             conv.fc_self.bias.copy_(torch.from_numpy(weights[f"{prefix}convs.{i}.lin_neigh.bias"]))
+
+def save_as_our_sage_weights(convs, path):
+    weights = {}
+    for i, conv in enumerate(convs):
+        weights[f"convs.{i}.lin_neigh.weight"] = conv.fc_neigh.weight.detach().numpy()
+        weights[f"convs.{i}.lin_self.weight"] = conv.fc_self.weight.detach().numpy()
+        weights[f"convs.{i}.lin_neigh.bias"] = conv.fc_self.bias.detach().numpy()
+    np.savez(path, **weights)
 '''
 
 

@@ -57,3 +57,42 @@ def test_the_recorded_order_holds_every_trained_step_once_per_epoch(tiny, monkey
     for epoch in order:
         assert torch.equal(epoch.sort().values, units.sort().values)
     assert not torch.equal(order[0], order[1])  # the batcher reshuffles each epoch: DGL gets each epoch's own order
+
+
+class DglSageConv(torch.nn.Module):
+    """dgl.nn.SAGEConv's parameters as the peer's helpers see them: fc_neigh without bias, fc_self with it."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.fc_neigh = torch.nn.Linear(in_features, out_features, bias=False)
+        self.fc_self = torch.nn.Linear(in_features, out_features)
+
+
+@pytest.mark.parametrize("eval_mode", ["sampled", "full"])
+def test_a_dgl_model_saved_back_is_scored_on_the_neighbourhoods_ours_was(tiny, monkeypatch, tmp_path, eval_mode):
+    bench = load_script("bench_sage_epoch", monkeypatch)
+    peer_helpers = {"np": bench.np, "torch": torch}
+    exec(bench.DGL_OUR_SAGE_WEIGHTS, peer_helpers)  # the DGL side's own text, run on stand-in layers
+    args = bench.argparse.Namespace(fanouts=[4, 3, 2], eval_mode=eval_mode)
+    torch.manual_seed(0)
+    ours = bench.NodeClassification().build_model("sage", tiny, num_layers=3, hidden=bench.HIDDEN,
+                                                  dropout=bench.DROPOUT)
+    bench.np.savez(tmp_path / "ours.npz", **{name: t.detach().numpy() for name, t in ours.state_dict().items()})
+    dims = [tiny.feature_dim, bench.HIDDEN, bench.HIDDEN, tiny.num_classes]
+    convs = torch.nn.ModuleList(DglSageConv(a, b) for a, b in zip(dims[:-1], dims[1:]))
+    peer_helpers["copy_our_sage_weights"](convs, tmp_path / "ours.npz")
+    peer_helpers["save_as_our_sage_weights"](convs, tmp_path / "back.npz")
+    val = tiny.val_idx[:200]
+    with bench.np.load(tmp_path / "back.npz") as back:
+        assert bench.our_evaluation(tiny, args, 3, val, back) == bench.val_accuracy(ours, tiny, args, 3, val)
+
+
+def test_the_accuracy_gap_pairs_each_seed_and_gives_its_standard_error(monkeypatch):
+    bench = load_script("bench_sage_epoch", monkeypatch)
+    args = bench.argparse.Namespace(val_nodes=1000)
+    rows = [{"ours": {"float32": {"val_acc": ours}},
+             "dgl": {"by_workers": {"0": {"val_acc_our_eval": a}, "1": {"val_acc_our_eval": b}}}}
+            for ours, a, b in ((0.990, 0.985, 0.995), (0.993, 0.990, 0.990), (0.980, 0.981, 0.983))]
+    # per seed, nodes: 0, +3, -2 -> mean +0.3, standard deviation 2.52, standard error 1.45
+    assert bench.accuracy_gap("g", rows, args) == \
+        "g: ours float32 - DGL, same evaluator, over 3 seeds: +0.3 +- 1.5 (standard error) of 1000 val nodes"
