@@ -113,8 +113,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "O_DIRECT reads of `block` bytes one after another through `path`: (reads, bytes, seconds)");
 
   m.def("install_cpu_memory_reuse", &morphpipe::install_cpu_memory_reuse, py::arg("min_bytes"),
-        "makes torch's CPU allocator keep freed blocks of min_bytes or more for reuse (once per process; False when "
-        "already installed)");
+        py::arg("max_waste"),
+        "makes torch's CPU allocator keep freed blocks of min_bytes or more for reuse, each lent only to a request of "
+        "at least 1/max_waste of its size (0: any request it holds); once per process (False when already "
+        "installed)");
   m.def(
       "cpu_memory_reuse",
       [] {
@@ -122,8 +124,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::dict out;
         out["installed"] = s.installed;
         out["min_bytes"] = s.min_bytes;
+        out["max_waste"] = s.max_waste;
         out["hits"] = s.hits;
         out["misses"] = s.misses;
+        out["oversized"] = s.oversized;
         out["released"] = s.released;
         out["lent_bytes"] = s.lent_bytes;
         out["idle_bytes"] = s.idle_bytes;

@@ -37,8 +37,8 @@ struct Block {
 
 class ReuseCpuAllocator final : public c10::Allocator {
  public:
-  ReuseCpuAllocator(c10::Allocator* base, size_t min_bytes)
-      : base_(base), base_raw_deleter_(base->raw_deleter()), min_bytes_(min_bytes) {
+  ReuseCpuAllocator(c10::Allocator* base, size_t min_bytes, size_t max_waste)
+      : base_(base), base_raw_deleter_(base->raw_deleter()), min_bytes_(min_bytes), max_waste_(max_waste) {
     TORCH_CHECK(base_raw_deleter_ != nullptr, "the reusing CPU allocator wraps an allocator without raw_deleter()");
   }
 
@@ -50,11 +50,17 @@ class ReuseCpuAllocator final : public c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       // The smallest idle block that holds the request: lending any idle block adds nothing to what is held,
-      // where fresh memory would (and would be faulted in page by page).
+      // where fresh memory would (and would be faulted in page by page). One over max_waste times the request is
+      // not lent (a small tensor must not hold a large block that a later large request would then take afresh):
+      // the request takes fresh memory, releasing the oldest idle blocks first as below.
       auto best = idle_.end();
       for (auto it = idle_.begin(); it != idle_.end(); ++it) {
         const size_t capacity = (*it)->capacity;
         if (capacity >= size && (best == idle_.end() || capacity < (*best)->capacity)) best = it;
+      }
+      if (max_waste_ != 0 && best != idle_.end() && (*best)->capacity > max_waste_ * size) {
+        best = idle_.end();
+        ++stats_.oversized;
       }
       if (best != idle_.end()) {
         block = std::move(*best);
@@ -110,6 +116,7 @@ class ReuseCpuAllocator final : public c10::Allocator {
     CpuMemoryReuse out = stats_;
     out.installed = true;
     out.min_bytes = static_cast<int64_t>(min_bytes_);
+    out.max_waste = static_cast<int64_t>(max_waste_);
     out.lent_bytes = static_cast<int64_t>(lent_bytes_);
     out.idle_bytes = static_cast<int64_t>(idle_bytes_);
     out.peak_bytes = static_cast<int64_t>(peak_bytes_);
@@ -153,6 +160,7 @@ class ReuseCpuAllocator final : public c10::Allocator {
   c10::Allocator* base_;
   c10::DeleterFnPtr base_raw_deleter_;
   size_t min_bytes_;
+  size_t max_waste_;  // 0: any idle block that holds the request
   std::mutex mutex_;
   std::deque<std::unique_ptr<Block>> idle_;  // oldest returned first
   std::unordered_map<void*, std::unique_ptr<Block>> lent_;  // by data pointer
@@ -166,11 +174,14 @@ std::mutex install_mutex;
 
 }  // namespace
 
-bool install_cpu_memory_reuse(int64_t min_bytes) {
+bool install_cpu_memory_reuse(int64_t min_bytes, int64_t max_waste) {
   TORCH_CHECK(min_bytes > 0, "install_cpu_memory_reuse: min_bytes must be positive, got ", min_bytes);
+  TORCH_CHECK(max_waste >= 0, "install_cpu_memory_reuse: max_waste must be 0 (no limit) or at least 1, got ",
+              max_waste);
   std::lock_guard<std::mutex> lock(install_mutex);
   if (installed_allocator != nullptr) return false;
-  installed_allocator = new ReuseCpuAllocator(c10::GetCPUAllocator(), static_cast<size_t>(min_bytes));
+  installed_allocator = new ReuseCpuAllocator(c10::GetCPUAllocator(), static_cast<size_t>(min_bytes),
+                                                    static_cast<size_t>(max_waste));
   c10::SetCPUAllocator(installed_allocator, /*priority=*/1);
   return true;
 }

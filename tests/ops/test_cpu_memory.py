@@ -12,8 +12,9 @@ import torch
 
 from morphpipe.nn import build_model
 from morphpipe.nn.train_step import TrainStep, make_optimizer
-from morphpipe.ops.cpu_memory import (REUSE_ENV, REUSE_MIN_BYTES, cpu_memory_reuse, release_idle_cpu_memory,
-                                      reuse_cpu_memory, reuse_line, reuse_wanted)
+from morphpipe.ops.cpu_memory import (REUSE_ENV, REUSE_MAX_WASTE, REUSE_MIN_BYTES, WASTE_ENV, cpu_memory_reuse,
+                                      release_idle_cpu_memory, reuse_cpu_memory, reuse_line, reuse_max_waste,
+                                      reuse_wanted)
 from morphpipe.sampling import CpuBatcher
 
 MIB = 2**20
@@ -25,8 +26,8 @@ from morphpipe.ops.cpu_memory import cpu_memory_reuse, reuse_cpu_memory
 MIB = 2**20
 def state(**extra):
     s = cpu_memory_reuse()
-    return {"hits": s.hits, "misses": s.misses, "released": s.released, "lent": s.lent_bytes // MIB,
-            "idle": s.idle_bytes // MIB, "peak": s.peak_bytes // MIB, **extra}
+    return {"hits": s.hits, "misses": s.misses, "oversized": s.oversized, "released": s.released, "waste": s.max_waste,
+            "lent": s.lent_bytes // MIB, "idle": s.idle_bytes // MIB, "peak": s.peak_bytes // MIB, **extra}
 reuse_cpu_memory()
 seen = []
 a = torch.empty(8 * MIB, dtype=torch.uint8)
@@ -36,9 +37,14 @@ b = torch.empty(12 * MIB, dtype=torch.uint8)
 seen.append(state())                       # no idle block holds 12 MiB: the 8 MiB one goes first, peak 12
 del b
 c = torch.empty(3 * MIB, dtype=torch.uint8)
-seen.append(state())                       # the 12 MiB block is lent to a 3 MiB request: nothing fresh
+seen.append(state())                       # the 12 MiB block is over twice the 4 MiB request: released, fresh 4 MiB
 d = torch.empty(5 * MIB, dtype=torch.uint8)
-seen.append(state())                       # fresh 6 MiB (2 MiB steps): lent 18 > peak 12, nothing idle to release
+seen.append(state())                       # fresh 6 MiB (2 MiB steps), nothing idle
+del c, d
+e = torch.empty(2 * MIB, dtype=torch.uint8)
+seen.append(state())                       # the 4 MiB block is exactly twice the request: lent
+f = torch.empty(5 * MIB, dtype=torch.uint8)
+seen.append(state())                       # the 6 MiB block: lent
 print(json.dumps(seen))
 """
 
@@ -69,14 +75,34 @@ def run(script: str, **environment: str) -> object:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_freed_blocks_are_lent_again_within_the_peak() -> None:
+def test_freed_blocks_are_lent_again_within_the_peak_and_never_to_a_request_under_half_their_size() -> None:
     seen = run(RULES_SCRIPT)
-    assert seen[0] == {"hits": 0, "misses": 1, "released": 0, "lent": 0, "idle": 8, "peak": 8}
-    assert seen[1] == {"hits": 0, "misses": 2, "released": 1, "lent": 12, "idle": 0, "peak": 12}
-    assert seen[2] == {"hits": 1, "misses": 2, "released": 1, "lent": 12, "idle": 0, "peak": 12}
-    assert seen[3] == {"hits": 1, "misses": 3, "released": 1, "lent": 18, "idle": 0, "peak": 18}
+    keys = ("hits", "misses", "oversized", "released", "lent", "idle", "peak")
+    expected = [(0, 1, 0, 0, 0, 8, 8), (0, 2, 0, 1, 12, 0, 12), (0, 3, 1, 2, 4, 0, 12), (0, 4, 1, 2, 10, 0, 12),
+                (1, 4, 1, 2, 4, 6, 12), (2, 4, 1, 2, 10, 0, 12)]
+    assert [tuple(state[key] for key in keys) for state in seen] == expected
     for state in seen:
         assert state["lent"] + state["idle"] <= state["peak"]
+        assert state["waste"] == REUSE_MAX_WASTE == 2
+
+
+def test_without_the_waste_limit_any_idle_block_that_holds_the_request_is_lent() -> None:
+    seen = run(RULES_SCRIPT, **{WASTE_ENV: "0"})
+    assert seen[2]["hits"] == 1 and seen[2]["oversized"] == 0 and seen[2]["lent"] == 12  # the rule before the limit
+    for state in seen:
+        assert state["lent"] + state["idle"] <= state["peak"] and state["waste"] == 0
+
+
+def test_the_waste_limit_is_read_from_the_environment_and_bad_values_are_refused() -> None:
+    assert reuse_max_waste({}) == REUSE_MAX_WASTE
+    assert reuse_max_waste({WASTE_ENV: "0"}) == 0
+    assert reuse_max_waste({WASTE_ENV: " 4 "}) == 4
+    for value in ("-1", "half", "1.5", ""):
+        with pytest.raises(ValueError, match=f"{WASTE_ENV}='{value}': set it to an integer of at least 1"):
+            reuse_max_waste({WASTE_ENV: value})
+        assert reuse_line({WASTE_ENV: value}).startswith("not chosen: ")
+    assert "lent to requests of at least 1/2 of a block" in reuse_line({})
+    assert "lent to any request" in reuse_line({WASTE_ENV: "0"})
 
 
 def test_a_freed_block_comes_back_to_the_next_request_it_holds_and_small_ones_pass_through() -> None:
