@@ -95,7 +95,6 @@ class TimedBatcher:
 def measure(dataset: str, args: argparse.Namespace) -> dict:
     """One dataset: per measured epoch, the phases of the epoch and of the step alone on its batches."""
     graph = load_dataset(dataset)
-    graph.hold_features_in_ram()  # as `morphpipe train` does when they fit (commands/tiering.py)
     units = measurement_seeds(graph.train_idx, args.batches, args.batch_size, args.seed)
     task = RecordedSubset(units)
     profile = Profiler(graph, model="sage", fanouts=args.fanouts, batch_size=args.batch_size, hidden=HIDDEN,

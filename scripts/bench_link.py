@@ -431,7 +431,6 @@ def main() -> None:
     if args.split_from:
         make_split(args)
     graph = load_dataset(args.dataset)
-    graph.hold_features_in_ram()  # as `morphpipe train` does when they fit (commands/tiering.py)
     dataset = dataset_directory(args.dataset)
     torch.set_num_threads(args.threads)
     ours: dict[str, dict] = {"batching": {}, "training": {}, "phases": {}}

@@ -257,7 +257,6 @@ def main() -> None:
     rows, loads = [], [os.getloadavg()[0]]
     for dataset in args.datasets.split(","):
         graph = load_dataset(dataset)
-        graph.hold_features_in_ram()  # as `morphpipe train` does when they fit (commands/tiering.py)
         val = graph.val_idx[:args.val_nodes]
         for seed in args.seeds:
             runs = {}

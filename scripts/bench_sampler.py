@@ -116,14 +116,8 @@ def main() -> None:
     parser.add_argument("--max-threads", type=int, default=usable_cores())
     parser.add_argument("--dgl-python", default=DGL_PYTHON)
     parser.add_argument("--no-dgl", action="store_true", help="skip DGL's side")
-    parser.add_argument("--features", default="ram",
-                        help="where our batcher gathers rows from, one row set each: ram (copied into RAM on huge "
-                             "pages, as `morphpipe train` does), map (the memory map of features.npy); default ram")
     parser.add_argument("--out", default="bench_sampler.json")
     args = parser.parse_args()
-    tiers = args.features.split(",")
-    if not tiers or set(tiers) - {"ram", "map"} or len(set(tiers)) != len(tiers):
-        parser.error(f"--features {args.features!r}: give ram, map or map,ram")
 
     graph = load_dataset(args.dataset)
     fanouts = [int(f) for f in args.fanouts.split(",")]
@@ -140,12 +134,7 @@ def main() -> None:
     list(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks[:2])
     reference = measure_throughput(reference_sample(graph, c, fanouts, generator, node_to_local) for c in chunks)
 
-    results = []
-    for tier in sorted(tiers):  # the map first: holding the features in RAM cannot be undone
-        if tier == "ram":
-            graph.hold_features_in_ram()
-        results += [{**row, "features": tier} for row in
-                    cpu_batcher_by_threads(graph, fanouts, args.batch_size, seeds, args.max_threads, pin_memory=False)]
+    results = cpu_batcher_by_threads(graph, fanouts, args.batch_size, seeds, args.max_threads, pin_memory=False)
     directory = dataset_directory(args.dataset)
     dgl = None if args.no_dgl else run_dgl(directory, seeds, fanouts, args.batch_size, args.max_threads,
                                            args.dgl_python)
@@ -154,8 +143,7 @@ def main() -> None:
     ceiling = measure_memory_ceiling(row_bytes=(row_bytes,))
     for row in results:
         row["speedup_vs_reference_1_thread"] = row["batches_per_s"] / reference.batches_per_s
-        row["scaling_vs_1_thread"] = row["batches_per_s"] / next(
-            r["batches_per_s"] for r in results if r["features"] == row["features"])
+        row["scaling_vs_1_thread"] = row["batches_per_s"] / results[0]["batches_per_s"]
         row["rows_per_s"] = row["input_nodes_per_batch"] * row["batches_per_s"]
         if dgl is not None:
             row["speedup_vs_dgl"] = row["batches_per_s"] / dgl["batches_per_s"]
@@ -179,8 +167,7 @@ def main() -> None:
               f"{share(dgl_rows, gather_ceiling):>9}{dgl['batches_per_s'] / reference.batches_per_s:>8.2f}{'':>10}"
               f"{1.0:>8.2f}")
     for row in results:
-        label = f"morphpipe C++, {row['threads']}" + (f" ({row['features']})" if len(tiers) > 1 else "")
-        print(f"{label:<22}{row['batches_per_s']:>11.2f}"
+        print(f"{'morphpipe C++, ' + str(row['threads']):<22}{row['batches_per_s']:>11.2f}"
               f"{row['edges_per_s'] / 1e6:>10.2f}{row['feature_bytes_per_s'] / 1e9:>11.3f}"
               f"{row['rows_per_s'] / 1e6:>9.2f}{share(row['rows_per_s'], gather_ceiling):>9}"
               f"{row['speedup_vs_reference_1_thread']:>8.2f}{row['scaling_vs_1_thread']:>10.2f}"

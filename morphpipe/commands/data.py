@@ -351,7 +351,7 @@ def add_info(commands: argparse._SubParsersAction) -> None:
 def run_info(args: argparse.Namespace) -> int:
     """Loads (and validates) the graph and prints its summary."""
     graph = load_dataset(args.target, root=args.root, **arguments.feature_tier(args))
-    tiering.place_features(graph, args, hold_in_ram=False)
+    tiering.place_features(graph, args)
     if getattr(graph, "is_hetero", False):
         tiers = typed_feature_tiers(graph)
         lines = [repr(graph), "features by node type:", *(f"  {name}: {tier}" for name, tier in tiers.items())]

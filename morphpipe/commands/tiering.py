@@ -12,13 +12,11 @@ from morphpipe.sampling.access_hotness import rank_by_expected_access
 from morphpipe.scheduler.plan import count_of
 
 
-def place_features(graph, args: argparse.Namespace, hold_in_ram: bool = True) -> None:
+def place_features(graph, args: argparse.Namespace) -> None:
     """Puts the features on the disk tier (no cache yet: the plan sizes it) when they do not fit the memory budget
-    beside the topology and the flags left the choice open; says so. Features that fit are copied out of their
-    memory map into RAM on huge pages when `hold_in_ram` (commands that batch: a batch's row gathers run faster
-    there; a homogeneous graph's). A typed graph's featured types go on disk together, their stores sharing the
-    cache the plan sizes. A --memory-budget below what the topology, labels and splits need is refused with that
-    number."""
+    beside the topology and the flags left the choice open; says so. A typed graph's featured types go on disk
+    together, their stores sharing the cache the plan sizes. A --memory-budget below what the topology, labels and
+    splits need is refused with that number."""
     needed = resident_bytes(graph)
     if args.memory_budget is not None and args.memory_budget < needed:
         raise ValueError(f"--memory-budget: {format_bytes(args.memory_budget)} is below the {format_bytes(needed)} "
@@ -28,8 +26,6 @@ def place_features(graph, args: argparse.Namespace, hold_in_ram: bool = True) ->
         return
     budget = args.memory_budget if args.memory_budget is not None else default_memory_budget()
     if features_fit(graph, budget):
-        if hold_in_ram and not getattr(graph, "is_hetero", False):
-            graph.hold_features_in_ram(progress=not getattr(args, "no_progress", False))
         return
     graph.open_feature_store(0)
     print(f"features ({format_bytes(features_bytes(graph))}) do not fit the memory budget ({format_bytes(budget)}) "

@@ -22,7 +22,7 @@ from morphpipe.data.hetero_store import HeteroGraphStore, is_hetero_dir, read_he
 from morphpipe.data.ondisk import (ARRAY_FIELDS, EDGE_SPLIT_FILE, MMAP_FIELDS, GraphMeta, array_path,
                                    foreign_entries, is_graph_dir, load_array, read_meta, save_array, write_meta)
 from morphpipe.data.presets import PRESETS, Preset
-from morphpipe.data.validation import SCAN_CHUNK_BYTES, GraphValidationError, unmap_pages, validate_graph
+from morphpipe.data.validation import GraphValidationError, validate_graph
 from morphpipe.outputs import replacing_directory
 
 DATA_DIR_ENV = "MORPHPIPE_DATA_DIR"
@@ -97,31 +97,6 @@ class GraphStore:
                                           direct=current.direct if current is not None else None,
                                           reader=current.reader if current is not None else None)
         return self.feature_store
-
-    def hold_features_in_ram(self, progress: bool = False) -> bool:
-        """Copies memory-mapped features into anonymous memory, which torch puts on 2 MiB pages (huge_pages.py):
-        a batch's random row gathers then miss the TLB far less than on the map's 4 KiB pages. The copy goes chunk
-        by chunk, each chunk's mapped pages released behind it. False when there is nothing to copy (features
-        already in RAM, or read through the feature store)."""
-        path = next((file for file in self.mapped_files if Path(file).stem == "features"), None)
-        if path is None or self.feature_store is not None:
-            return False
-        validated = self.is_validated()
-        mapped = self.features
-        values = tensor_to_numpy(mapped)
-        held = torch.empty(mapped.shape, dtype=mapped.dtype)
-        rows = max(1, SCAN_CHUNK_BYTES // max(1, mapped.shape[1] * mapped.element_size()))
-        with tqdm(total=mapped.shape[0] * mapped.shape[1] * mapped.element_size(), unit="B", unit_scale=True,
-                  desc=f"{self.name}: features into RAM", disable=not progress, leave=False) as bar:
-            for start in range(0, mapped.shape[0], rows):
-                held[start:start + rows].copy_(mapped[start:start + rows])
-                unmap_pages(values[start:start + rows])  # a clean copy-on-write map: nothing of ours is lost
-                bar.update(held[start:start + rows].numel() * held.element_size())
-        self.features = held
-        del self.mapped_files[path]  # its file may change now without harm
-        if validated:  # the same values, checked before
-            self.validated_signature = self._signature()
-        return True
 
     def in_degrees(self) -> torch.Tensor:
         """int64 [N]: number of in-neighbours of each node."""

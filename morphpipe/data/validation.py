@@ -172,7 +172,7 @@ def check_finite_features(features: torch.Tensor, drop_scanned_pages: bool = Fal
         else:
             bad = (chunk.view(np.uint16) & mask) == mask
         if drop_scanned_pages:
-            unmap_pages(chunk)
+            _unmap_pages(chunk)
         if bad.any():
             row, column = np.argwhere(bad)[0]
             value = features[start + row, column].item()
@@ -225,7 +225,7 @@ def check_splits(splits: dict[str, torch.Tensor], labels: torch.Tensor, num_node
                                        "remove unlabelled nodes from the splits or give them a label")
 
 
-def unmap_pages(chunk: np.ndarray) -> None:
+def _unmap_pages(chunk: np.ndarray) -> None:
     """madvise(MADV_DONTNEED) over the whole pages inside a contiguous chunk of a clean file mapping: the next read
     faults them in again from the page cache (or the file). Linux only; elsewhere the pages stay."""
     libc = _libc()

@@ -256,32 +256,3 @@ def test_validating_mapped_features_leaves_their_pages_out_of_the_resident_set(t
     assert torch.equal(loaded.features, graph.features)  # the rows read back through the map, unchanged
     assert resident_kib(features_file) >= 16 * 1024 - 64
 
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_features_held_in_ram_are_the_mapped_values_and_leave_the_map(tmp_path, dtype) -> None:
-    from morphpipe.data.summary import array_tiers
-
-    graph = GraphStore(indptr=torch.zeros(40001, dtype=torch.int64), indices=torch.zeros(0, dtype=torch.int32),
-                       features=torch.randn(40000, 200).to(dtype), labels=torch.zeros(40000, dtype=torch.int64),
-                       train_idx=torch.tensor([0]), val_idx=torch.tensor([1]), test_idx=torch.tensor([2]),
-                       num_classes=2)  # 16-32 MB, copied in 1 MiB chunks below
-    graph.save(tmp_path)
-    path = (tmp_path / "features.npy").resolve()
-    loaded = GraphStore.load(tmp_path)
-    assert loaded.is_validated() and mapped_from(loaded.features, path)
-    import morphpipe.data.store as store_module
-
-    store_module.SCAN_CHUNK_BYTES, chunk = 1 << 20, store_module.SCAN_CHUNK_BYTES  # many chunks, a partial last one
-    try:
-        assert loaded.hold_features_in_ram()
-    finally:
-        store_module.SCAN_CHUNK_BYTES = chunk
-    assert not mapped_from(loaded.features, path)
-    assert torch.equal(loaded.features.view(torch.int16) if dtype != torch.float32 else loaded.features,
-                       graph.features.view(torch.int16) if dtype != torch.float32 else graph.features)
-    assert loaded.is_validated(), "the same values: the validation still holds"
-    assert array_tiers(loaded)["features"] == "RAM" and array_tiers(loaded)["indices"].startswith("memory-mapped")
-    assert not loaded.hold_features_in_ram(), "nothing left to copy"
-    loaded.check_files()  # the features' file is no longer ours to watch
-    on_disk = GraphStore.load(tmp_path, features_on_disk=True)
-    assert not on_disk.hold_features_in_ram(), "features read through the store stay there"
