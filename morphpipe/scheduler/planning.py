@@ -206,15 +206,18 @@ def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str, cache_byt
 
     Splits (disjoint, bound n * max(T_CB(P), T_M(Q)), or taking turns on all cores, bound
     n * (T_CB + T_M)) are simulated in order of their lower bound until that bound reaches the
-    best epoch found (within the tolerance) or the budget runs out.
+    best epoch found (within the tolerance) or the budget runs out. With features on disk no split
+    beats the disk serving every batch's misses, n * T_disk, whatever the cores do.
     """
     max_evaluations = max(MIN_EVALUATIONS, BUDGET_BATCHES // profile.num_batches)
     results: dict[CoreSplit, SimulationResult] = {}
     gap = 0.0
+    disk_s = profile.num_batches * PhaseTimes.from_profile(profile, 1, 1, cache_bytes, io_threads).disk_read_s
     for core_split in split_cores(profile):
         best = min((r.epoch_s for r in results.values()), default=float("inf"))
-        if core_split.lower_bound_s * (1.0 + TOLERANCE) >= best or len(results) >= max_evaluations:
-            gap = max(0.0, best / core_split.lower_bound_s - 1.0)
+        bound = max(core_split.lower_bound_s, disk_s)
+        if bound * (1.0 + TOLERANCE) >= best or len(results) >= max_evaluations:
+            gap = max(0.0, best / bound - 1.0)
             break
         times = PhaseTimes.from_profile(profile, core_split.batch_threads, core_split.train_threads, cache_bytes,
                                         io_threads)
@@ -232,8 +235,8 @@ def _plan_cpu_only(profile: Profile, cbs: int, seed: int, engine: str, cache_byt
         kind="cpu-only", num_batches=profile.num_batches, n_cpu=profile.num_batches, n_gpu=0, cbs=cbs, gbs=0,
         cpu_threads=times.cpu_threads, train_threads=times.train_threads, predicted_epoch_s=chosen.epoch_s,
         baselines_s={"even-split": plans["even-split"][2].epoch_s},
-        lower_bound_s=min(s.lower_bound_s for s in results), lower_bound_n_cpu=None, eq6_s=None, eq6_x=None,
-        eq6_cpu_fraction=None, busy=chosen.busy,
+        lower_bound_s=max(disk_s, min(s.lower_bound_s for s in results)), lower_bound_n_cpu=None, eq6_s=None,
+        eq6_x=None, eq6_cpu_fraction=None, busy=chosen.busy,
         idle_s={device: chosen.idle_s(device) for device in CPU_ONLY_DEVICES},
         evaluations=len(results) + 2, optimality_gap=gap, notes=[], seed=seed, engine=engine,
         profile={**profile.summary(), **times.summary()}, shares_cores=chosen_split.shared_core,

@@ -121,6 +121,16 @@ def test_the_closed_form_bound_counts_the_disk_and_the_executors_wait() -> None:
     assert best.value_s > best_lower_bound(times).value_s
 
 
+def test_a_cpu_only_plans_bound_counts_the_disk() -> None:
+    # a slow disk binds: the cores' bound alone (n * max(T_CB, T_M)) would be far below the epoch
+    profile = profiles()[0].replaced(disk=disk_profile(reads_per_s=5_000.0))
+    plan = plan_from_profile(profile, engine="fast")
+    reads = profile.num_batches * profile.disk.read_s_per_batch(plan.tiering.cache_bytes, plan.tiering.io_threads)
+    assert plan.lower_bound_s >= reads * (1 - 1e-12)
+    assert plan.lower_bound_s <= plan.predicted_epoch_s * (1 + 1e-9)
+    assert plan.busy["disk"] > 0.9
+
+
 def test_what_ifs_more_ram_and_a_faster_disk_shorten_the_predicted_epoch() -> None:
     profile = profiles()[0].replaced(disk=dataclasses.replace(disk_profile(), resident_bytes=1_000_000))
     base = plan_from_profile(profile, engine="fast")
