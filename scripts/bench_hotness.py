@@ -17,11 +17,13 @@ from pathlib import Path
 
 import torch
 
+from dgl_peer import int_list  # this script's folder is on sys.path when it runs
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dataset", help="graph directory (read only)")
-    parser.add_argument("--fanouts", default="15,10,5")
+    parser.add_argument("--fanouts", type=int_list, default="15,10,5")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=100, help="batches of the measured epoch (default 100)")
     parser.add_argument("--epoch", type=int, default=7, help="the measured epoch (default 7)")
@@ -29,7 +31,7 @@ def main() -> int:
     parser.add_argument("--shares", default="0.1,0.22,0.3,0.6", help="cache sizes as shares of the rows")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    fanouts = [int(f) for f in args.fanouts.split(",")]
+    fanouts = args.fanouts
     shares = [float(s) for s in args.shares.split(",")]
     if args.batches < 1 or args.batch_size < 1 or not all(0.0 <= s <= 1.0 for s in shares):
         parser.error("--batches and --batch-size must be at least 1, --shares each in [0, 1]")
