@@ -86,9 +86,10 @@ def test_tables_over_the_budget_are_memory_mapped_with_the_same_result(graph, tm
     got = typed_layerwise_inference(model, graph, chunk_size=16, memory_budget=1, tmp_dir=tmp_path,
                                     progress=False, log=messages.append)
     torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
-    mapped = [m for m in messages if "memory-mapped" in m]
-    assert len(mapped) == 3 and all("layer 1 table of" in m for m in mapped), messages  # paper, author, field_of_study
-    assert not list(tmp_path.iterdir()), "the memory-mapped tables are removed"
+    on_disk = [m for m in messages if "on disk" in m]
+    assert len(on_disk) == 3 and all("layer 1 table of" in m for m in on_disk), messages  # paper, author, field_of_study
+    assert len([m for m in messages if "read back through a feature store" in m]) == 3, messages
+    assert not list(tmp_path.iterdir()), "the tables on disk are removed"
 
 
 def test_the_budget_counts_the_tables_already_made(graph) -> None:
@@ -101,7 +102,7 @@ def test_the_budget_counts_the_tables_already_made(graph) -> None:
     got = typed_layerwise_inference(model, graph, chunk_size=16, memory_budget=budget, progress=False,
                                     log=messages.append)
     torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
-    assert [m.split(" table of ")[1].split()[0] for m in messages if "memory-mapped" in m] == ["'field_of_study'"]
+    assert [m.split(" table of ")[1].split()[0] for m in messages if "on disk" in m] == ["'field_of_study'"]
 
 
 def test_chunk_builder_relabels_each_source_type_destinations_first(graph) -> None:
