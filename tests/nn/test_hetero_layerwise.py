@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from morphpipe.data.hetero_generator import MagSpec, mag_shaped
+from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.nn.hetero import build_hetero_model
 from morphpipe.nn.hetero_layerwise import TypedChunkBuilder, types_per_layer, typed_layerwise_inference
 from morphpipe.sampling.hetero_block import HeteroBlock
 from morphpipe.sampling.minibatch import Block
+from tests.conftest import saved_mag_with_float16_authors
 
 EMPTIED = ("field_of_study", "rev_has_topic", "paper")  # a relation into the target type left without edges
 
@@ -128,3 +130,21 @@ def test_nodes_outside_the_target_type_are_refused(graph) -> None:
     author = graph.node_type("author")
     with pytest.raises(ValueError, match=r"nodes must be ids of target type 'paper', in \[0, 90\)"):
         typed_layerwise_inference(model_for(graph, "rgcn"), graph, torch.tensor([author.start]), progress=False)
+
+
+def test_features_and_tables_on_disk_are_read_through_the_types_stores(tmp_path) -> None:
+    """Each featured type's rows (float32 papers, float16 authors) come from its feature store, the tables over the
+    budget from theirs; the logits equal, bit for bit, those of the same graph held in RAM."""
+    spec = MagSpec(num_papers=80, num_authors=50, num_institutions=5, num_fields=9, feature_dim=6)
+    directory = saved_mag_with_float16_authors(tmp_path / "mag", spec, author_width=3, seed=4)
+    in_ram = HeteroGraphStore.load(directory)
+    on_disk = HeteroGraphStore.load(directory, features_on_disk=True, io_threads=2)
+    model = model_for(in_ram, "rsage")
+    expected = typed_layerwise_inference(model, in_ram, chunk_size=16, progress=False)
+    messages: list[str] = []
+    got = typed_layerwise_inference(model, on_disk, chunk_size=16, memory_budget=1, progress=False,
+                                    log=messages.append)
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+    assert {name: store.counters().misses > 0 for name, store in on_disk.feature_stores.items()} == \
+        {"paper": True, "author": True}
+    assert len([m for m in messages if "read back through a feature store" in m]) == 3, messages
