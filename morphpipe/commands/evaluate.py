@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from morphpipe.commands import arguments
+from morphpipe.commands import arguments, tiering
 from morphpipe.commands.train import resolve_device
 from morphpipe.commands.workload import model_from_spec, parse_relation_fanouts
 from morphpipe.nn.evaluate import EVAL_MODES
@@ -33,11 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="destinations per layer-wise chunk (default: from the memory budget)")
     parser.add_argument("--memory-mb", type=arguments.positive_int, default=None,
                         help="memory budget of layer-wise inference in MiB (default: half the available memory); "
-                             "tables that do not fit are memory-mapped on disk")
+                             "tables that do not fit are written to disk and read back through a feature store")
     parser.add_argument("--batch-size", type=arguments.positive_int, default=4096, help="seeds per batch of sampled inference")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--json", type=Path, default=None, help="also write the accuracies to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    arguments.add_feature_tier_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(spec, dict):
         raise ValueError(f"{args.checkpoint}: the checkpoint does not say how its model was built (no model_spec; "
                          "written by an older morphpipe); train again to evaluate it")
-    graph = load_dataset(args.dataset)
+    graph = load_dataset(args.dataset, **arguments.feature_tier(args))
+    tiering.place_features(graph, args)
     if state.meta.get("num_nodes") != graph.num_nodes:
         raise ValueError(f"{args.checkpoint}: the checkpoint is for dataset {state.meta.get('dataset')!r} with "
                          f"{state.meta.get('num_nodes')} nodes, but {graph.name!r} has {graph.num_nodes}; pass the "
@@ -74,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     stopped = f" (and part of epoch {state.epoch + 1}: stopped mid epoch)" if state.partial_epoch is not None else ""
     print(f"model {spec['name']} from {args.checkpoint} after {state.epoch} epochs{stopped}; {args.mode} inference on "
           f"{graph.name} ({graph.num_nodes:,} nodes)")
+    store = getattr(graph, "feature_store", None)
+    if store is not None:
+        print(f"features on disk, read through the feature store: {tiering.cached_rows(graph, store)}")
     said: set[str] = set()
 
     def say_once(message: str) -> None:

@@ -5,9 +5,10 @@ node type that a later layer reads (the target type alone in the last layer), in
 destinations of one type. A chunk is a typed layer (`HeteroBlock`) holding, for every relation
 into that type, the chunk's full in-neighbourhood (local ids per source type, the destinations
 first among their own type's sources), so it gathers only its share of the previous layer's
-tables. The first layer reads the stored features, or the local ids of a type without features
-(which the model embeds). Tables live in memory or memory-mapped within the memory budget
-(`layerwise.TableStore`); chunks run on `device`.
+tables. The first layer reads the stored features (through their type's FeatureStore when they are on
+disk), or the local ids of a type without features (which the model embeds). Tables live in memory, or on
+disk read back through a FeatureStore, within the memory budget (`layerwise.TableStore`); chunks run on
+`device`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from morphpipe.nn.hetero import HeteroModel
-from morphpipe.nn.layerwise import LocalIds, TableStore, gather_neighbours, layer_widths, plan_settings
+from morphpipe.nn.layerwise import (LayerTable, LocalIds, RowSource, TableStore, first_table, gather_neighbours,
+                                   layer_widths, plan_settings, read_rows, resident_bytes)
 from morphpipe.numeric import format_bytes
 from morphpipe.sampling.hetero_block import HeteroBlock
 from morphpipe.sampling.minibatch import Block
@@ -109,34 +111,37 @@ def _chunked(model: HeteroModel, graph, nodes: Tensor | None, chunk_size: int, d
         math.ceil(last_rows / chunk_size)
     store.log(f"layer-wise inference: chunks of {chunk_size:,} destinations of one node type ({total} chunks, "
               f"memory budget {format_bytes(store.budget)})")
-    tables: dict[str, Tensor] = dict(graph.features)  # a type absent here is read as its local ids
+    # A type absent here is read as its local ids; features on disk are read through their type's store.
+    stores = getattr(graph, "feature_stores", {})
+    tables: dict[str, RowSource] = {name: first_table(features, stores.get(name))
+                                    for name, features in graph.features.items()}
     with tqdm(total=total, desc="layer-wise inference", unit="chunk", leave=False, disable=not progress) as bar:
         for i, types in enumerate(needed):
             last = i == model.num_layers - 1
-            live = sum(table.numel() * table.element_size() for table in tables.values())
-            out_tables: dict[str, Tensor] = {}
+            live = sum(resident_bytes(table) for table in tables.values())
+            out_tables: dict[str, RowSource] = {}
             for part, name in enumerate(types):
                 targets = nodes if last and nodes is not None else None
                 rows = last_rows if last else counts[name]
-                out_table = torch.empty(rows, widths[i + 1], dtype=dtype) if last else \
+                out_table = LayerTable(torch.empty(rows, widths[i + 1], dtype=dtype)) if last else \
                     store.new(i + 1, rows, widths[i + 1], dtype, live, part, f"of {name!r}")
-                live += 0 if last else out_table.numel() * out_table.element_size()
+                live += 0 if last or out_table.file is not None else resident_bytes(out_table.rows)
                 for start in range(0, rows, chunk_size):
                     stop = min(start + chunk_size, rows)
                     dst = targets[start:stop] if targets is not None else torch.arange(start, stop, dtype=torch.int64)
                     layer, src_ids = builder.layer(name, dst)
                     h = {src: _rows(tables.get(src), ids, device, dtype) for src, ids in src_ids.items()}
                     out = model.layer(i, layer.to(device), model.input(h) if i == 0 else h)[name]
-                    out_table[start:stop] = out.to("cpu")
+                    out_table.rows[start:stop] = out.to("cpu")
                     bar.update(1)
-                out_tables[name] = out_table
+                out_tables[name] = store.finish(out_table)
             tables = out_tables
     return tables[model.target_type]
 
 
-def _rows(table: Tensor | None, ids: Tensor, device: torch.device, dtype: torch.dtype) -> Tensor:
+def _rows(table: RowSource | None, ids: Tensor, device: torch.device, dtype: torch.dtype) -> Tensor:
     """Rows `ids` of a type's table on `device` in the model's dtype; a type without features (no table before the
     first layer) gives its local ids, which the model embeds."""
     if table is None:
         return ids.to(device)
-    return table[ids].to(device=device, dtype=dtype)
+    return read_rows(table, ids).to(device=device, dtype=dtype)

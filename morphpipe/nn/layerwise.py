@@ -9,9 +9,12 @@ out-degrees (`Block.src_degrees`), so a chunk computes exactly what the whole-gr
 When one chunk covers the graph, each layer runs on one whole-graph block (`GraphBlock`), where
 the AdaptGear selector may pick the community-decomposed kernel.
 
-The intermediate tables live in memory, or memory-mapped in a temporary directory when they do
-not fit in the memory budget; which one is said in the log. Tables stay on the host; chunks
-run on `device` (CPU or CUDA).
+The intermediate tables live in memory, or in .npy files in a temporary directory when they do
+not fit in the memory budget; which one is said in the log. A table on disk is written chunk by
+chunk through a memory map (in order, so the page cache writes it back sequentially) and read back
+by the next layer through a FeatureStore, as are features on disk (`GraphStore.feature_store`):
+a chunk's scattered source rows come from many reads in flight, not one page fault at a time.
+Tables stay on the host; chunks run on `device` (CPU or CUDA).
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from morphpipe.data.dtypes import FEATURE_STORAGE, dtype_name
+from morphpipe.data.feature_store import FeatureStore
 from morphpipe.numeric import format_bytes
 from morphpipe.ops.community import GraphBlock
 from morphpipe.sampling.minibatch import Block
@@ -123,44 +128,82 @@ class ChunkBuilder:
         return block, src_ids
 
 
+# A layer's input table: rows in memory (a tensor, or a memory map of features the graph holds), or a file read
+# through a feature store.
+RowSource = Tensor | FeatureStore
+
+
+def read_rows(table: RowSource, ids: Tensor) -> Tensor:
+    """Rows `ids` of `table`, in order."""
+    return table.gather(ids) if isinstance(table, FeatureStore) else table[ids]
+
+
+def resident_bytes(table: RowSource) -> int:
+    """The host memory `table` holds while a layer reads it (a feature store: its cache)."""
+    return table.cache_bytes if isinstance(table, FeatureStore) else table.numel() * table.element_size()
+
+
+def first_table(features: Tensor, store: FeatureStore | None) -> RowSource:
+    """The first layer's input: the features' store when they are on disk, else the features."""
+    return store if store is not None else features
+
+
+@dataclass
+class LayerTable:
+    """A layer's output table while it is written: `rows` filled chunk by chunk; `file` the memory map of its .npy
+    file when on disk."""
+
+    rows: Tensor
+    file: np.memmap | None = None
+
+
 class TableStore:
-    """Where the N x width intermediate tables live: memory, or memory-mapped files in one temporary directory."""
+    """Where the N x width intermediate tables live: memory, or .npy files in one temporary directory, written
+    through a memory map and read back through a FeatureStore."""
 
     def __init__(self, budget: int, log: Callable[[str], None], tmp_dir: str | Path | None = None) -> None:
         self.budget = budget
         self.log = log
         self.tmp_root = tmp_dir
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self._readers: list[FeatureStore] = []
 
     def new(self, layer: int, rows: int, width: int, dtype: torch.dtype, live_bytes: int, part: int | None = None,
-            what: str = "") -> Tensor:
+            what: str = "") -> LayerTable:
         """An empty `[rows, width]` table for layer `layer`'s output; on disk when it and `live_bytes` exceed the budget.
         A layer with several tables (one per node type) numbers them `part` and names them `what` in the log."""
         size = rows * width * torch.empty((), dtype=dtype).element_size()
-        where = f"{what}{' ' if what else ''}{rows:,} x {width} {str(dtype).removeprefix('torch.')} ({format_bytes(size)})"
+        where = f"{what}{' ' if what else ''}{rows:,} x {width} {dtype_name(dtype)} ({format_bytes(size)})"
         if size + live_bytes <= self.budget:
             self.log(f"layer-wise inference: layer {layer} table {where} in memory")
-            return torch.empty(rows, width, dtype=dtype)
+            return LayerTable(torch.empty(rows, width, dtype=dtype))
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="morphpipe-layerwise-", dir=self.tmp_root)
-        path = Path(self._tmp.name) / (f"layer{layer}.bin" if part is None else f"layer{layer}-{part}.bin")
-        self.log(f"layer-wise inference: layer {layer} table {where} memory-mapped at {path} (it does not fit in the "
+        path = Path(self._tmp.name) / (f"layer{layer}.npy" if part is None else f"layer{layer}-{part}.npy")
+        self.log(f"layer-wise inference: layer {layer} table {where} on disk at {path} (it does not fit in the "
                  f"{format_bytes(self.budget)} memory budget)")
-        array = np.memmap(path, dtype=_numpy_dtype(dtype), mode="w+", shape=(rows, width))
-        return torch.from_numpy(array) if dtype != torch.bfloat16 else torch.from_numpy(array).view(torch.bfloat16)
+        array = np.lib.format.open_memmap(path, mode="w+", dtype=FEATURE_STORAGE[dtype_name(dtype)],
+                                          shape=(rows, width))
+        return LayerTable(torch.from_numpy(array).view(dtype), array)
+
+    def finish(self, table: LayerTable) -> RowSource:
+        """The written `table` as the next layer reads it: its tensor, or its file through a FeatureStore."""
+        if table.file is None:
+            return table.rows
+        path, dtype = Path(table.file.filename), table.rows.dtype
+        table.file.flush()
+        table.rows, table.file = torch.empty(0), None  # unmaps the file
+        reader = FeatureStore(path, dtype_name(dtype))
+        self._readers.append(reader)
+        self.log(f"layer-wise inference: {path.name} read back through a feature store ({reader.describe_reader()})")
+        return reader
 
     def close(self) -> None:
-        """Removes the temporary directory (and every memory-mapped table in it)."""
+        """Closes the tables' readers and removes the temporary directory (and every table in it)."""
+        self._readers.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
-
-
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    """The numpy dtype a table of `dtype` is stored as (bfloat16 as its 16-bit pattern)."""
-    if dtype == torch.bfloat16:
-        return np.dtype(np.int16)
-    return torch.empty((), dtype=dtype).numpy().dtype
 
 
 @torch.no_grad()
@@ -222,31 +265,28 @@ def _chunked(model: nn.Module, graph, nodes: Tensor | None, settings: LayerwiseS
     total = chunks_per_layer * (model.num_layers - 1) + math.ceil(last_rows / settings.chunk_size)
     store.log(f"layer-wise inference: chunks of {settings.chunk_size:,} destinations "
               f"({chunks_per_layer} per layer, memory budget {format_bytes(settings.memory_budget)})")
-    table = graph.features
+    table = first_table(graph.features, getattr(graph, "feature_store", None))
     with tqdm(total=total, desc="layer-wise inference", unit="chunk", leave=False, disable=not progress) as bar:
         for i in range(model.num_layers):
             last = i == model.num_layers - 1
             targets = nodes if last and nodes is not None else None
             rows = last_rows if last else num_nodes
-            out_table: Tensor | None = None
+            out_table: LayerTable | None = None
             for start in range(0, rows, settings.chunk_size):
                 stop = min(start + settings.chunk_size, rows)
                 dst = targets[start:stop] if targets is not None else torch.arange(start, stop, dtype=torch.int64)
                 if builder is not None:
                     block, src_ids = builder.block(dst)
-                    h_src = table[src_ids]
+                    h_src = read_rows(table, src_ids)
                 else:
-                    block, h_src = _no_edges(dst.numel()), table[dst]
+                    block, h_src = _no_edges(dst.numel()), read_rows(table, dst)
                 out = model.layer(i, block.to(device), h_src.to(device=device, dtype=dtype)).to("cpu")
                 if out_table is None:
-                    live = table.numel() * table.element_size() if not last else 0
-                    out_table = torch.empty(rows, out.shape[1], dtype=out.dtype) if last else \
-                        store.new(i + 1, rows, out.shape[1], out.dtype, live)
-                out_table[start:stop] = out
+                    out_table = LayerTable(torch.empty(rows, out.shape[1], dtype=out.dtype)) if last else \
+                        store.new(i + 1, rows, out.shape[1], out.dtype, resident_bytes(table))
+                out_table.rows[start:stop] = out
                 bar.update(1)
-            if out_table is None:
-                out_table = torch.empty(0, out_width, dtype=dtype)
-            table = out_table
+            table = store.finish(out_table) if out_table is not None else torch.empty(0, out_width, dtype=dtype)
     return table
 
 

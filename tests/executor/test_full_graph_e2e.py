@@ -67,6 +67,13 @@ def test_cli_full_graph_train_then_evaluate(graph_dir, tmp_path, capsys):
     document = json.loads(report.read_text())
     test_line = [line for line in trained.splitlines() if line.startswith("test accuracy")][0]
     assert f"{document['accuracy']['test']:.4f}" in test_line, "evaluate reproduces train's exact test accuracy"
+    on_disk = tmp_path / "on_disk.json"
+    assert main(["evaluate", str(graph_dir), "--checkpoint", str(checkpoint), "--chunk-size", "300",
+                 "--features-on-disk", "--feature-cache-mb", "0.01", "--memory-mb", "1", "--json", str(on_disk),
+                 "--no-progress"]) == 0
+    assert "features on disk, read through the feature store: 78 hottest rows by in-degree" in capsys.readouterr().out
+    assert json.loads(on_disk.read_text())["accuracy"] == document["accuracy"], \
+        "features and tables on disk, read through feature stores, give the same exact accuracies"
     assert main(["evaluate", str(graph_dir), "--checkpoint", str(checkpoint), "--mode", "sampled", "--split",
                  "val", "--no-progress"]) == 0
     assert "val accuracy" in capsys.readouterr().out

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from morphpipe.data.hetero_generator import MagSpec, mag_shaped
+from morphpipe.data.hetero_store import HeteroGraphStore
 from morphpipe.nn.hetero import build_hetero_model
 from morphpipe.nn.hetero_layerwise import TypedChunkBuilder, types_per_layer, typed_layerwise_inference
 from morphpipe.sampling.hetero_block import HeteroBlock
 from morphpipe.sampling.minibatch import Block
+from tests.conftest import saved_mag_with_float16_authors
 
 EMPTIED = ("field_of_study", "rev_has_topic", "paper")  # a relation into the target type left without edges
 
@@ -86,9 +88,10 @@ def test_tables_over_the_budget_are_memory_mapped_with_the_same_result(graph, tm
     got = typed_layerwise_inference(model, graph, chunk_size=16, memory_budget=1, tmp_dir=tmp_path,
                                     progress=False, log=messages.append)
     torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
-    mapped = [m for m in messages if "memory-mapped" in m]
-    assert len(mapped) == 3 and all("layer 1 table of" in m for m in mapped), messages  # paper, author, field_of_study
-    assert not list(tmp_path.iterdir()), "the memory-mapped tables are removed"
+    on_disk = [m for m in messages if "on disk" in m]
+    assert len(on_disk) == 3 and all("layer 1 table of" in m for m in on_disk), messages  # paper, author, field_of_study
+    assert len([m for m in messages if "read back through a feature store" in m]) == 3, messages
+    assert not list(tmp_path.iterdir()), "the tables on disk are removed"
 
 
 def test_the_budget_counts_the_tables_already_made(graph) -> None:
@@ -101,7 +104,7 @@ def test_the_budget_counts_the_tables_already_made(graph) -> None:
     got = typed_layerwise_inference(model, graph, chunk_size=16, memory_budget=budget, progress=False,
                                     log=messages.append)
     torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
-    assert [m.split(" table of ")[1].split()[0] for m in messages if "memory-mapped" in m] == ["'field_of_study'"]
+    assert [m.split(" table of ")[1].split()[0] for m in messages if "on disk" in m] == ["'field_of_study'"]
 
 
 def test_chunk_builder_relabels_each_source_type_destinations_first(graph) -> None:
@@ -127,3 +130,21 @@ def test_nodes_outside_the_target_type_are_refused(graph) -> None:
     author = graph.node_type("author")
     with pytest.raises(ValueError, match=r"nodes must be ids of target type 'paper', in \[0, 90\)"):
         typed_layerwise_inference(model_for(graph, "rgcn"), graph, torch.tensor([author.start]), progress=False)
+
+
+def test_features_and_tables_on_disk_are_read_through_the_types_stores(tmp_path) -> None:
+    """Each featured type's rows (float32 papers, float16 authors) come from its feature store, the tables over the
+    budget from theirs; the logits equal, bit for bit, those of the same graph held in RAM."""
+    spec = MagSpec(num_papers=80, num_authors=50, num_institutions=5, num_fields=9, feature_dim=6)
+    directory = saved_mag_with_float16_authors(tmp_path / "mag", spec, author_width=3, seed=4)
+    in_ram = HeteroGraphStore.load(directory)
+    on_disk = HeteroGraphStore.load(directory, features_on_disk=True, io_threads=2)
+    model = model_for(in_ram, "rsage")
+    expected = typed_layerwise_inference(model, in_ram, chunk_size=16, progress=False)
+    messages: list[str] = []
+    got = typed_layerwise_inference(model, on_disk, chunk_size=16, memory_budget=1, progress=False,
+                                    log=messages.append)
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+    assert {name: store.counters().misses > 0 for name, store in on_disk.feature_stores.items()} == \
+        {"paper": True, "author": True}
+    assert len([m for m in messages if "read back through a feature store" in m]) == 3, messages

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from morphpipe.data import GraphStore
+from morphpipe.data.feature_store import FeatureStore
 from morphpipe.nn.layerwise import ChunkBuilder, layerwise_inference
 from morphpipe.nn import build_model
 from morphpipe.ops import force_choices
@@ -83,20 +85,58 @@ def test_whole_graph_on_decomposed_kernel_equals(name):
     torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
 
 
-def test_tables_memory_mapped_when_over_budget(tmp_path):
+def test_tables_on_disk_when_over_budget(tmp_path):
     graph = directed_graph(NUM_NODES, seed=4)
     model = make_model("sage", torch.float32)
     messages: list[str] = []
     got = layerwise_inference(model, graph, chunk_size=16, memory_budget=4096, tmp_dir=tmp_path, progress=False,
                               log=messages.append)
     torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
-    assert [m for m in messages if "memory-mapped" in m and "layer 1" in m]
+    assert [m for m in messages if "on disk" in m and "layer 1" in m]
+    # Layer 1's table is read back through a store, which holds no memory: layer 2's 3,840 bytes fit beside it.
+    assert [m for m in messages if "read back through a feature store" in m] == \
+        ["layer-wise inference: layer1.npy read back through a feature store (pread pool of 48 I/O threads)"], messages
+    assert [m for m in messages if "layer 2" in m and "in memory" in m], messages
     assert not list(tmp_path.iterdir()), "the temporary tables are removed afterwards"
     in_memory: list[str] = []
     layerwise_inference(model, graph, chunk_size=16, memory_budget=1 << 30, progress=False, log=in_memory.append)
     tables = [m for m in in_memory if " table " in m]
     assert len(tables) == 2 and all("in memory" in m for m in tables), "one message per intermediate table"
     assert any("chunks of 16 destinations" in m for m in in_memory)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_features_and_tables_on_disk_are_read_through_feature_stores(tmp_path, dtype):
+    """Features on disk (GraphStore.load(features_on_disk=True)) and the tables over the budget are read by feature
+    stores, every row of every chunk from them, with the result equal bit for bit to every table in memory."""
+    graph = directed_graph(NUM_NODES, seed=6)
+    stored = GraphStore(indptr=graph.indptr, indices=graph.indices, features=graph.features.to(torch.float16),
+                        labels=torch.zeros(NUM_NODES, dtype=torch.int64), train_idx=torch.arange(10, 20),
+                        val_idx=torch.tensor([1]), test_idx=torch.tensor([3]), num_classes=NUM_CLASSES, name="disk")
+    stored.save(tmp_path / "graph")
+    in_ram = GraphStore.load(tmp_path / "graph", mmap=False)
+    on_disk = GraphStore.load(tmp_path / "graph", features_on_disk=True, io_threads=2)
+    model = make_model("sage", dtype)
+    expected = layerwise_inference(model, in_ram, chunk_size=16, memory_budget=1 << 30, progress=False)
+    (tmp_path / "tables").mkdir()
+    reads: list[int] = []
+    original = FeatureStore.gather
+
+    def counting(store, ids):
+        reads.append(ids.numel())
+        return original(store, ids)
+
+    FeatureStore.gather = counting
+    try:
+        got = layerwise_inference(model, on_disk, chunk_size=16, memory_budget=1, tmp_dir=tmp_path / "tables",
+                                  progress=False)
+    finally:
+        FeatureStore.gather = original
+    assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    assert on_disk.feature_store.counters().misses > 0
+    chunks = -(-NUM_NODES // 16)
+    assert len(reads) == 3 * chunks, "every chunk of every layer reads its rows through a store"
 
 
 def test_chunks_hold_only_their_share():
