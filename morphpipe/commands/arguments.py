@@ -92,7 +92,7 @@ def add_feature_tier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feature-cache-mb", type=number(0.0, INT64_MAX / 1e6), default=None,
                         help="with features on disk: host RAM for the hottest feature rows, in MB (default: the "
                              "size the planner chooses within --memory-budget; 0 without a plan; a typed graph's "
-                             "node types share it by hotness per byte of row)")
+                             "node types share it by expected reads per byte of row)")
     parser.add_argument("--memory-budget", type=byte_size, default=None,
                         help="host RAM this run's data may hold (topology, labels, feature cache), e.g. 6G: features "
                              "that do not fit go on disk, and the planner sizes their cache within it (default 80%% "

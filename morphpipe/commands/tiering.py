@@ -38,12 +38,11 @@ def planned_cache_bytes(args: argparse.Namespace) -> int | None:
 
 
 def cached_rows(graph, store) -> str:
-    """The rows the feature store's cache holds: by node type for a typed graph (ranked by source degree per byte),
-    with what they are ranked by for a homogeneous one."""
+    """The rows the feature store's cache holds, with what they are ranked by: by node type for a typed graph."""
     if getattr(graph, "is_hetero", False):
         return "hottest rows cached in RAM by type: " + ", ".join(
             f"{name} {part.num_cached:,} rows ({format_bytes(part.cache_bytes)})"
-            for name, part in store.stores.items())
+            for name, part in store.stores.items()) + f" (by {graph.cache_ranked_by})"
     return (f"{store.num_cached:,} hottest rows by {graph.cache_ranked_by} ({format_bytes(store.cache_bytes)}) "
             "cached in RAM")
 
@@ -90,7 +89,7 @@ def describe_tiers(graph, plan) -> str:
             return tiers
         by_type = ", ".join(f"{name} {rows:,} rows" for name, rows in
                             store.cached_by_type(plan.tiering.cache_bytes).items())
-        return f"{tiers}; planned: {planned}, the types sharing it by hotness per byte ({by_type})"
+        return f"{tiers}; planned: {planned}, the types sharing it by {graph.cache_ranked_by} ({by_type})"
     tiers = array_tiers(graph)
     if planned:
         tiers["features"] = f"disk (feature store), {planned}"

@@ -8,7 +8,8 @@ min(1, f / d). Treating the picks as independent, the probability q_h(u) that u 
 one pass over the edges per hop (`morphpipe::add_to_sources`, reading the memory-mapped indices in place). q_0 is
 a node's chance of being a seed of a given batch (batch_size / seeds for a training node; for link prediction's edge
 batches, whose seeds are their edges' endpoints and negatives, it follows from each node's training edges and the
-negatives' distribution: `link_seed_probability`). A batch reads each of its
+negatives' distribution: `link_seed_probability`). A typed graph's sampler picks over each relation with its own
+fanout, one pass per relation and hop (`expected_typed_batch_reads`). A batch reads each of its
 input nodes once, so the rows a cache of k rows should hold are the k with the largest q_L: that maximises the
 expected hits under the model. Where paths meet, the independence over-counts (tests/sampling/test_access_hotness.py
 bounds by how much); measured rankings: BENCHMARKS.md, "Ranking the hot rows by expected access".
@@ -24,6 +25,7 @@ from tqdm import tqdm
 from morphpipe import native
 from morphpipe.numeric import check_int
 from morphpipe.sampling.edge_batcher import NegativeSampling
+from morphpipe.sampling.hetero_batcher import TypedFanouts, relation_fanouts
 from morphpipe.sampling.validation import check_fanouts, check_seed_ids
 
 # Edges per native call: the progress bar's step.
@@ -52,30 +54,45 @@ def _propagate(indptr: torch.Tensor, indices: torch.Tensor, probability: torch.T
     chunk_edges = check_int("chunk_edges", chunk_edges, 1)
     indptr = indptr.contiguous()
     num_nodes, num_edges = indptr.numel() - 1, int(indptr[-1])
-    # destination ranges of about `chunk_edges` edges each (one long list may make a range longer)
-    marks = torch.tensor(range(chunk_edges, num_edges, chunk_edges), dtype=torch.int64)
-    bounds = torch.unique(torch.cat([torch.tensor([0]), torch.searchsorted(indptr, marks),
-                                     torch.tensor([num_nodes])])).tolist()
+    bounds = _destination_bounds(indptr, chunk_edges)
     weight = torch.empty(num_nodes, dtype=torch.float64)
     unpicked = torch.empty(num_nodes, dtype=torch.float64)
     ops = native.ops()
     with tqdm(total=len(fanouts) * num_edges, desc="expected row reads", unit="edge", unit_scale=True,
               disable=not progress) as bar:
         for fanout in fanouts:
-            # per destination: log P(its visit leaves a given in-neighbour unpicked) = log(1 - q * min(1, f / deg))
-            if fanout < 0:
-                torch.neg(probability, out=weight)
-            else:
-                torch.sub(indptr[1:], indptr[:-1], out=weight)
-                weight.clamp_(min=fanout).reciprocal_().mul_(-fanout).mul_(probability)
-            weight.log1p_()
+            torch.sub(indptr[1:], indptr[:-1], out=weight)
+            _log_unpicked(weight, probability, fanout)
             unpicked.zero_()
             for begin, end in zip(bounds[:-1], bounds[1:]):
                 ops.add_to_sources(indptr, indices, weight, begin, end, unpicked)
                 bar.update(int(indptr[end] - indptr[begin]))
-            # q <- 1 - (1 - q) * exp(unpicked)
-            probability.neg_().add_(1.0).mul_(unpicked.exp_()).neg_().add_(1.0)
+            _add_picks(probability, unpicked)
     return probability
+
+
+def _destination_bounds(indptr: torch.Tensor, chunk_edges: int) -> list[int]:
+    """Bounds of destination ranges of about `chunk_edges` edges each (one long list may make a range longer)."""
+    num_nodes, num_edges = indptr.numel() - 1, int(indptr[-1])
+    marks = torch.tensor(range(chunk_edges, num_edges, chunk_edges), dtype=torch.int64)
+    return torch.unique(torch.cat([torch.tensor([0]), torch.searchsorted(indptr, marks),
+                                   torch.tensor([num_nodes])])).tolist()
+
+
+def _log_unpicked(weight: torch.Tensor, probability: torch.Tensor, fanout: int) -> torch.Tensor:
+    """`weight` (float64, each destination's in-degree) becomes, in place, the log of the chance that a visit of the
+    destination (made with `probability`) leaves a given in-neighbour unpicked: log(1 - q * min(1, f / deg))."""
+    if fanout < 0:
+        torch.neg(probability, out=weight)
+    else:
+        weight.clamp_(min=fanout).reciprocal_().mul_(-fanout).mul_(probability)
+    return weight.log1p_()
+
+
+def _add_picks(probability: torch.Tensor, unpicked: torch.Tensor) -> None:
+    """One hop, in place: q <- 1 - (1 - q) * exp(unpicked), `unpicked` each node's summed log chance to stay unpicked
+    (spent)."""
+    probability.neg_().add_(1.0).mul_(unpicked.exp_()).neg_().add_(1.0)
 
 
 def expected_batch_reads(indptr: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor, fanouts: Sequence[int],
@@ -134,6 +151,66 @@ def expected_link_batch_reads(indptr: torch.Tensor, indices: torch.Tensor, pair_
     probability = link_seed_probability(num_nodes, pair_src, pair_dst, batch_size, negatives, negative_probability)
     num_batches = max(1, math.ceil(pair_src.numel() / batch_size))
     return _propagate(indptr, indices, probability, fanouts, CHUNK_EDGES, progress).mul_(num_batches)
+
+
+def expected_typed_batch_reads(graph, seeds: torch.Tensor, fanouts: TypedFanouts, batch_size: int, *,
+                               progress: bool = False) -> dict[str, torch.Tensor]:
+    """Per featured node type of the typed graph `graph` (a HeteroGraphStore), float64 [its node count]: how many of
+    an epoch's batches are expected to read each node's feature row, when the epoch visits `seeds` (global ids, each
+    once) in shuffled batches of `batch_size` sampled by the typed sampler with `fanouts` (one list for every
+    relation, or a list per relation): `expected_batch_reads`' recurrence, where a destination's visit at hop h picks
+    each in-neighbour over relation r with probability min(1, f_hr / deg_r), one pass over each relation's edges per
+    hop (a torch scatter: the native pass adds within one id space)."""
+    num_nodes = graph.num_nodes
+    batch_size = check_int("batch_size", batch_size, 1)
+    seed_ids = check_seed_ids(seeds, num_nodes)
+    hops = relation_fanouts(graph, fanouts)
+    types = {node_type.name: node_type for node_type in graph.node_types}
+    probability = torch.zeros(num_nodes, dtype=torch.float64)
+    probability[seed_ids] = min(1.0, batch_size / max(seed_ids.numel(), 1))
+    unpicked = torch.empty(num_nodes, dtype=torch.float64)
+    total = sum(graph.indices[relation].numel() for hop in hops for relation, fanout in zip(graph.relations, hop)
+                if fanout != 0)
+    with tqdm(total=total, desc="expected row reads", unit="edge", unit_scale=True, disable=not progress) as bar:
+        for hop in hops:
+            unpicked.zero_()
+            for relation, fanout in zip(graph.relations, hop):
+                if fanout == 0:
+                    continue
+                src, dst = types[relation.src], types[relation.dst]
+                indptr, indices = graph.indptr[relation].contiguous(), graph.indices[relation]
+                degrees = indptr[1:] - indptr[:-1]
+                weight = _log_unpicked(degrees.to(torch.float64), probability[dst.start:dst.stop], fanout)
+                sources = unpicked[src.start:src.stop]
+                bounds = _destination_bounds(indptr, CHUNK_EDGES)
+                for begin, end in zip(bounds[:-1], bounds[1:]):
+                    first, last = int(indptr[begin]), int(indptr[end])
+                    sources.index_add_(0, indices[first:last].long(),
+                                       weight[begin:end].repeat_interleave(degrees[begin:end]))
+                    bar.update(last - first)
+            _add_picks(probability, unpicked)
+    probability.mul_(max(1, math.ceil(seed_ids.numel() / batch_size)))
+    return {name: probability[types[name].start:types[name].stop].clone() for name in graph.features}
+
+
+def rank_by_expected_typed_access(graph, seeds: torch.Tensor, fanouts: TypedFanouts, batch_size: int, *,
+                                  progress: bool = False) -> bool:
+    """Ranks the shared feature cache of typed `graph` (features on disk) by `expected_typed_batch_reads` per byte of
+    row for an epoch over `seeds` in batches of `batch_size` sampled with `fanouts`, unless it already is for these;
+    returns whether the cache is ranked so. Nothing changes for a graph without feature stores or a homogeneous one."""
+    if not getattr(graph, "is_hetero", False) or not graph.feature_stores:
+        return False
+    hops = relation_fanouts(graph, fanouts)
+    if all(len(set(hop)) == 1 for hop in hops):
+        described = ",".join(str(hop[0]) for hop in hops)
+    else:
+        described = "; ".join(f"{relation.key} {','.join(str(hop[index]) for hop in hops)}"
+                              for index, relation in enumerate(graph.relations))
+    ranked_by = f"expected access per byte (fanouts {described}, batch {batch_size}, {len(seeds):,} seeds)"
+    if graph.cache_ranked_by != ranked_by:  # float32, as for a homogeneous graph
+        reads = expected_typed_batch_reads(graph, seeds, fanouts, batch_size, progress=progress)
+        graph.rank_feature_cache({name: part.to(torch.float32) for name, part in reads.items()}, ranked_by)
+    return True
 
 
 def rank_by_expected_access(graph, seeds: torch.Tensor, fanouts: Sequence[int], batch_size: int, *,

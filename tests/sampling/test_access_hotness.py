@@ -218,3 +218,66 @@ def test_the_feature_cache_of_a_link_workload_holds_the_rows_with_the_most_expec
     with pytest.raises(ValueError, match="edge_ids"):
         rank_by_expected_link_access(graph, torch.tensor([edges.numel()]), [3, 2], 32, negatives)
 
+
+@pytest.fixture(scope="module")
+def typed_graph_dir(tmp_path_factory):
+    """mag-shaped: float32 paper rows of 32 bytes, float16 author rows of 8 bytes, two types without features."""
+    from morphpipe.data.hetero_generator import MagSpec
+    from tests.conftest import saved_mag_with_float16_authors
+
+    spec = MagSpec(num_papers=600, num_authors=400, num_institutions=10, num_fields=20, feature_dim=8)
+    return saved_mag_with_float16_authors(tmp_path_factory.mktemp("typed") / "mag", spec, author_width=4, seed=2)
+
+
+def test_the_typed_model_follows_the_typed_sampler(typed_graph_dir):
+    """Per relation fanouts (one relation left out at the second hop): the expected reads per featured type against
+    their frequency over 2,000 typed batches of 16 training papers, within the node model's bounds; the rows the model
+    puts in each type's hottest fifth take at least 90% of the reads the truly hottest fifth would."""
+    from morphpipe.sampling.access_hotness import expected_typed_batch_reads
+    from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
+
+    graph = load_dataset(typed_graph_dir)
+    fanouts = {relation.key: [3, 0 if relation.name == "rev_writes" else 2] for relation in graph.relations}
+    batch_size, trials = 16, 2_000
+    counts = torch.zeros(graph.num_nodes, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(7)
+    with HeteroCpuBatcher(graph, fanouts, batch_size, num_threads=1, serial=True) as batcher:
+        for trial in range(trials):
+            seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=generator)[:batch_size]]
+            counts[batcher._native.build(seeds, 0, trial)[2]] += 1
+    num_batches = -(-graph.train_idx.numel() // batch_size)
+    model = expected_typed_batch_reads(graph, graph.train_idx, fanouts, batch_size)
+    assert set(model) == {"paper", "author"}
+    for name, reads in model.items():
+        node_type = graph.node_type(name)
+        measured = counts[node_type.start:node_type.stop] / trials
+        expected = reads / num_batches
+        assert (measured - expected).abs().max() < 0.15 and (measured - expected).abs().mean() < 0.05, name
+        top = node_type.count // 5
+        assert measured[hottest_rows(expected, top)].sum() >= 0.9 * measured[hottest_rows(measured, top)].sum()
+
+
+def test_a_typed_graphs_shared_cache_ranks_by_expected_access_per_byte(typed_graph_dir):
+    from morphpipe.data.hetero_store import share_feature_cache
+    from morphpipe.sampling.access_hotness import expected_typed_batch_reads, rank_by_expected_typed_access
+
+    graph = load_dataset(typed_graph_dir, features_on_disk=True, feature_cache_bytes=4_000)
+    assert graph.cache_ranked_by == "source degree per byte"
+    assert rank_by_expected_typed_access(graph, graph.train_idx, [3, 2], 32)
+    assert graph.cache_ranked_by == (f"expected access per byte (fanouts 3,2, batch 32, {graph.train_idx.numel():,} "
+                                     "seeds)")
+    reads = {name: part.float() for name, part in
+             expected_typed_batch_reads(graph, graph.train_idx, [3, 2], 32).items()}
+    share = share_feature_cache(reads, {"paper": 32, "author": 8}, 4_000)
+    assert {name: store.num_cached for name, store in graph.feature_stores.items()} == share
+    assert all(rows > 0 for rows in share.values())  # a real split
+    assert share != share_feature_cache({name: graph.source_degrees(name) for name in share},
+                                        {"paper": 32, "author": 8}, 4_000)  # and not the one by source degrees
+    for name, store in graph.feature_stores.items():
+        hottest = hottest_rows(reads[name], store.num_cached)
+        store.reset_counters()
+        assert torch.equal(store.gather(hottest), graph.features[name][hottest])
+        assert store.counters().misses == 0
+    stores = graph.feature_stores
+    assert rank_by_expected_typed_access(graph, graph.train_idx, [3, 2], 32)  # the same workload: kept as it is
+    assert graph.feature_stores is stores
