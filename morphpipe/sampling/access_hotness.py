@@ -128,8 +128,8 @@ def link_seed_probability(num_nodes: int, pair_src: torch.Tensor, pair_dst: torc
                           int(torch.maximum(pair_src.max(), pair_dst.max())) < num_nodes):
         raise ValueError(f"link seeds: training edges name nodes outside [0, {num_nodes})")
     # training edges per node (a self loop touches its node once)
-    touched = torch.bincount(pair_src, minlength=num_nodes) + torch.bincount(pair_dst[pair_src != pair_dst],
-                                                                            minlength=num_nodes)
+    touched = (torch.bincount(pair_src, minlength=num_nodes) + torch.bincount(pair_dst, minlength=num_nodes)
+               - torch.bincount(pair_dst[pair_src == pair_dst], minlength=num_nodes))
     # log C(E - c, B) / C(E, B) = sum over i < c of log(1 - B / (E - i)), taken at the middle term c times: lgamma
     # differences would lose it (E ln E is 3e10 at papers100M's 1.6 billion edges, B / E 6e-7)
     touched = touched.to(torch.float64)
@@ -235,8 +235,10 @@ def rank_by_expected_link_access(graph, edge_ids: torch.Tensor, fanouts: Sequenc
                  f"{len(edge_ids):,} training edges, {negatives.k} {negatives.kind} negatives each)")
 
     def reads() -> torch.Tensor:
-        pairs = graph.require_edge_split().train[:, check_seed_ids(edge_ids, graph.edge_split.train.shape[1],
-                                                                   "edge_ids", unit="training edge")]
+        pairs = graph.require_edge_split().train
+        ids = check_seed_ids(edge_ids, pairs.shape[1], "edge_ids", unit="training edge")
+        if ids.numel() < pairs.shape[1]:  # every edge (an epoch's usual units) in any order: the same counts, no copy
+            pairs = pairs[:, ids]
         return expected_link_batch_reads(graph.indptr, graph.indices, pairs[0], pairs[1], fanouts, batch_size,
                                          negatives.k, negatives.draw_probability(graph), progress=progress)
     return _rank_feature_cache(graph, ranked_by, reads)

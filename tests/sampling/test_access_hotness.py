@@ -215,6 +215,11 @@ def test_the_feature_cache_of_a_link_workload_holds_the_rows_with_the_most_expec
     store.reset_counters()
     hottest = hottest_rows(reads.float(), 100)
     assert torch.equal(store.gather(hottest), graph.features[hottest]) and store.counters().misses == 0
+    half = edges[1::2]  # an epoch over some of the training edges ranks by those
+    assert rank_by_expected_link_access(graph, half, [3, 2], 32, negatives)
+    src, dst = graph.edge_split.train[:, half]
+    torch.testing.assert_close(graph.cache_ranking[1], expected_link_batch_reads(
+        graph.indptr, graph.indices, src, dst, [3, 2], 32, 2, negatives.draw_probability(graph)).float())
     with pytest.raises(ValueError, match="edge_ids"):
         rank_by_expected_link_access(graph, torch.tensor([edges.numel()]), [3, 2], 32, negatives)
 
