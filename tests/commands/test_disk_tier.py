@@ -134,3 +134,4 @@ def test_train_ranks_a_link_workloads_cache_by_its_edge_batches(tmp_path, monkey
     assert (f"100 hottest rows by expected access of link batches (fanouts 4,3, batch 256, {edges:,} training "
             "edges, 2 uniform negatives each)") in out
     assert "test mrr" in out
+
