@@ -540,7 +540,7 @@ def resident_bytes(graph) -> int:
     typed graph's per type)."""
     ranking = getattr(graph, "cache_ranking", None)
     parts = [part for arrays in (graph.indptr, graph.indices, *(() if ranking is None else (ranking[1],)))
-                for part in (arrays.values() if isinstance(arrays, dict) else [arrays])]
+             for part in (arrays.values() if isinstance(arrays, dict) else [arrays])]
     return sum(tensor.numel() * tensor.element_size()
                for tensor in (*parts, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx))
 

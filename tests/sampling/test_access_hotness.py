@@ -266,9 +266,13 @@ def test_a_typed_graphs_shared_cache_ranks_by_expected_access_per_byte(typed_gra
     from morphpipe.data.hetero_store import share_feature_cache
     from morphpipe.sampling.access_hotness import expected_typed_batch_reads, rank_by_expected_typed_access
 
+    from morphpipe.profiler.disk import resident_bytes
+
     graph = load_dataset(typed_graph_dir, features_on_disk=True, feature_cache_bytes=4_000)
     assert graph.cache_ranked_by == "source degree per byte"
+    unranked = resident_bytes(graph)
     assert rank_by_expected_typed_access(graph, graph.train_idx, [3, 2], 32)
+    assert resident_bytes(graph) == unranked + 4 * (600 + 400)  # the ranking is kept in RAM: float32 per row
     assert graph.cache_ranked_by == (f"expected access per byte (fanouts 3,2, batch 32, {graph.train_idx.numel():,} "
                                      "seeds)")
     reads = {name: part.float() for name, part in
