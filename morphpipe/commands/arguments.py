@@ -92,15 +92,19 @@ def add_feature_tier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feature-cache-mb", type=number(0.0, INT64_MAX / 1e6), default=None,
                         help="with features on disk: host RAM for the hottest feature rows, in MB (default: the "
                              "size the planner chooses within --memory-budget; 0 without a plan; a typed graph's "
-                             "node types share it by hotness per byte of row)")
+                             "node types share it by expected reads per byte of row)")
     parser.add_argument("--memory-budget", type=byte_size, default=None,
                         help="host RAM this run's data may hold (topology, labels, feature cache), e.g. 6G: features "
                              "that do not fit go on disk, and the planner sizes their cache within it (default 80%% "
                              "of the memory available now)")
 
 
-def feature_tier(args: argparse.Namespace) -> dict[str, object]:
-    """load_dataset's feature-tier arguments from the flags of `add_feature_tier_arguments`."""
+def feature_tier(args: argparse.Namespace, *, fill_cache: bool = True) -> dict[str, object]:
+    """load_dataset's feature-tier arguments from the flags of `add_feature_tier_arguments`. With `fill_cache` False
+    the store opens without a cache: a command that ranks the rows by its workload first fills the --feature-cache-mb
+    it fixed once that ranking is known (`tiering.apply_tiering`), so the cache's rows are read once, not once by
+    in-degree at load and again by the workload."""
     if args.feature_cache_mb is not None and not args.features_on_disk:
         raise ValueError("--feature-cache-mb sizes the cache of the feature store: add --features-on-disk, or drop it")
-    return {"features_on_disk": args.features_on_disk, "feature_cache_bytes": int((args.feature_cache_mb or 0) * 1e6)}
+    cache_bytes = int((args.feature_cache_mb or 0) * 1e6) if fill_cache else 0
+    return {"features_on_disk": args.features_on_disk, "feature_cache_bytes": cache_bytes}

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 
 from morphpipe.data.summary import array_tiers, typed_feature_tiers
-from morphpipe.nn.task import NodeClassification
 from morphpipe.numeric import format_bytes
 from morphpipe.profiler.disk import cache_budget, default_memory_budget, features_bytes, features_fit, resident_bytes
-from morphpipe.sampling.access_hotness import rank_by_expected_access
 from morphpipe.scheduler.plan import count_of
 
 
@@ -39,44 +37,36 @@ def planned_cache_bytes(args: argparse.Namespace) -> int | None:
     return None if args.feature_cache_mb is None else int(args.feature_cache_mb * 1e6)
 
 
-def rank_hot_rows(graph, task, settings: dict[str, object], progress: bool = True) -> None:
-    """Ranks the feature cache by the rows' expected reads under the run's workload (node classification's seeds,
-    fanouts and batch size), as the profiler does when it plans; other tasks keep the in-degree ranking."""
-    if isinstance(task, NodeClassification):
-        rank_by_expected_access(graph, task.seeds(graph), settings["fanouts"], int(settings["batch_size"]),
-                                progress=progress)
-
-
 def cached_rows(graph, store) -> str:
-    """The rows the feature store's cache holds: by node type for a typed graph (ranked by source degree per byte),
-    with what they are ranked by for a homogeneous one."""
+    """The rows the feature store's cache holds, with what they are ranked by: by node type for a typed graph."""
     if getattr(graph, "is_hetero", False):
         return "hottest rows cached in RAM by type: " + ", ".join(
             f"{name} {part.num_cached:,} rows ({format_bytes(part.cache_bytes)})"
-            for name, part in store.stores.items())
+            for name, part in store.stores.items()) + f" (by {graph.cache_ranked_by})"
     return (f"{store.num_cached:,} hottest rows by {graph.cache_ranked_by} ({format_bytes(store.cache_bytes)}) "
             "cached in RAM")
 
 
 def apply_tiering(graph, plan, args: argparse.Namespace) -> None:
-    """Gives the feature store (a typed graph's: its types' stores, sharing the cache) the cache `plan` chose (unless
-    --feature-cache-mb fixed it) and the I/O threads it chose (plans from before the planner chose them: the store
-    keeps its own); says so."""
+    """Gives the feature store (a typed graph's: its types' stores, sharing the cache) the cache --feature-cache-mb
+    fixed, else the one `plan` chose, and the I/O threads the plan chose (plans from before the planner chose them:
+    the store keeps its own); says so. The cache's rows are read here, once, in the ranking the graph holds now
+    (`rank_cache_by_workload`: the commands load the store without a cache, see `arguments.feature_tier`)."""
     store = getattr(graph, "feature_store", None)
     if store is None:
         return
-    if plan.tiering is None:  # a plan made with the features in RAM (or from a profile without the disk)
-        fixed = "as --feature-cache-mb fixed them" if args.feature_cache_mb is not None else "the plan sizes no cache"
-        print(f"features on disk: {cached_rows(graph, store)}, {fixed}")
-        return
-    cache_bytes = store.cache_bytes if args.feature_cache_mb is not None else plan.tiering.cache_bytes
-    io_threads = plan.tiering.io_threads
-    if store.cache_bytes != cache_bytes or io_threads not in (None, store.io_threads):
+    fixed, tiering = planned_cache_bytes(args), plan.tiering
+    cache_bytes = fixed if fixed is not None else tiering.cache_bytes if tiering is not None else store.cache_bytes
+    io_threads = tiering.io_threads if tiering is not None else None
+    if store.num_cached != store.rows_cached_by(cache_bytes) or io_threads not in (None, store.io_threads):
         store = graph.open_feature_store(cache_bytes, io_threads)
+    if tiering is None:  # a plan made with the features in RAM (or from a profile without the disk)
+        how = "as --feature-cache-mb fixed them" if fixed is not None else "the plan sizes no cache"
+        print(f"features on disk: {cached_rows(graph, store)}, {how}")
+        return
     shared = " shared by the node types" if getattr(graph, "is_hetero", False) else ""
     print(f"features on disk: {cached_rows(graph, store)}, "
-          + ("as you fixed" if args.feature_cache_mb is not None else
-             f"as planned (predicted hit ratio {plan.tiering.hit_ratio:.1%})")
+          + ("as you fixed" if fixed is not None else f"as planned (predicted hit ratio {tiering.hit_ratio:.1%})")
           + f"; {count_of(store.io_threads, 'I/O thread')}{shared}"
           + (", as planned" if io_threads is not None else ""))
 
@@ -99,7 +89,7 @@ def describe_tiers(graph, plan) -> str:
             return tiers
         by_type = ", ".join(f"{name} {rows:,} rows" for name, rows in
                             store.cached_by_type(plan.tiering.cache_bytes).items())
-        return f"{tiers}; planned: {planned}, the types sharing it by hotness per byte ({by_type})"
+        return f"{tiers}; planned: {planned}, the types sharing it by {graph.cache_ranked_by} ({by_type})"
     tiers = array_tiers(graph)
     if planned:
         tiers["features"] = f"disk (feature store), {planned}"

@@ -29,6 +29,7 @@ from morphpipe.executor.replan import REPLAN_MODES, Replanner
 from morphpipe.executor.stopping import DEFAULT_GRACE_S
 from morphpipe.nn.finite_guard import ON_NONFINITE
 from morphpipe.outputs import check_output_dir, check_output_file
+from morphpipe.profiler.cache_ranking import rank_cache_by_workload
 from morphpipe.profiler.profile import Profile
 from morphpipe.profiler.profiler import DEVICES
 from morphpipe.scheduler import Plan, plan_from_profile
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from morphpipe.executor.trainer import Trainer, metric_label
 
     check_outputs(args)
-    graph = load_dataset(args.dataset, **arguments.feature_tier(args))
+    graph = load_dataset(args.dataset, **arguments.feature_tier(args, fill_cache=False))
     tiering.place_features(graph, args)
     if args.full_graph:
         if workload_settings(args)["task"] != "node":
@@ -123,9 +124,10 @@ def run(args: argparse.Namespace) -> int:
         return run_full_graph(graph, args, describe_dataset(graph, workload_task(workload_settings(args))))
     plan, profile, settings = choose_plan(graph, args)
     task = workload_task(settings)
-    tiering.rank_hot_rows(graph, task, settings, progress=not args.no_progress)
+    empty = describe_dataset(graph, task)  # checks the task's graph (a typed graph's relation fanouts) first
+    rank_cache_by_workload(graph, task, settings["fanouts"], int(settings["batch_size"]),
+                           progress=not args.no_progress)
     tiering.apply_tiering(graph, plan, args)
-    empty = describe_dataset(graph, task)
     metric = metric_label(task)
     print("plan:\n  " + plan.describe().replace("\n", "\n  "))
     replanner = None

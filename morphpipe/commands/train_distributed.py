@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from morphpipe.commands import arguments
+from morphpipe.commands import arguments, tiering
 from morphpipe.commands.train_report import print_epoch_summary, run_settings, write_stats
 from morphpipe.commands.workload import (format_profile, model_from_spec, model_spec, workload_profiler,
                                          workload_settings, workload_task)
@@ -79,6 +79,7 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     from morphpipe.distributed.cluster import ClusterPrediction, local_profile, rank_table, throughput
     from morphpipe.distributed.split import SeedSplit
     from morphpipe.distributed.trainer import DistributedTrainer
+    from morphpipe.profiler.cache_ranking import rank_cache_by_workload
     from morphpipe.profiler.profile import Profile
     from morphpipe.scheduler.planning import plan_from_profile
 
@@ -86,7 +87,7 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     cores = start_rank(env, cuda=cuda, timeout_s=args.dist_timeout)
     rank, world = env.rank, env.world_size
     say = print if rank == 0 else (lambda *_: None)
-    graph = load_dataset(args.dataset, progress=False, **arguments.feature_tier(args))
+    graph = load_dataset(args.dataset, progress=False, **arguments.feature_tier(args, fill_cache=False))
     given = Profile.load(args.profile) if args.profile is not None else None
     settings = workload_settings(args, given.workload if given is not None else None)
     if settings["precision"] != "float32":
@@ -100,6 +101,9 @@ def train_rank(args: argparse.Namespace, env: dist_env.DistEnv) -> int:
     profile = given or workload_profiler(graph, args, settings, progress=False).run()
     if rank == 0 and given is None:
         print(format_profile(profile))
+    rank_cache_by_workload(graph, task, settings["fanouts"], global_batch)
+    if args.feature_cache_mb is not None:  # read once, in the workload's ranking
+        graph.open_feature_store(tiering.planned_cache_bytes(args))
     mine = (f"{socket.gethostname()}:{_core_list(cores)}", throughput(profile, args.gbs, args.seed))
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         if path is not None:
             check_output_file(path, option)
     native.prepare()
-    graph = load_dataset(args.dataset, **arguments.feature_tier(args))
+    graph = load_dataset(args.dataset, **arguments.feature_tier(args, fill_cache=False))
     tiering.place_features(graph, args)
     settings = workload_settings(args)
     task = workload_task(settings)

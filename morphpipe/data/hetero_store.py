@@ -97,8 +97,13 @@ class HeteroGraphStore:
     feature_stores: dict[str, FeatureStore] = field(default_factory=dict, repr=False, compare=False)
     # The directory the features were loaded from (None: not loaded from one), where open_feature_store finds them.
     directory: Path | None = field(default=None, repr=False, compare=False)
-    # Each featured type's row hotness (source degrees) the open stores' shared cache was split by.
+    # Each featured type's row hotness (`cache_hotness`) the open stores' shared cache was split by.
     feature_hotness: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    # The bytes the open stores' shared cache was given (their rows take up to a row's bytes less).
+    feature_cache_bytes: int = field(default=0, repr=False, compare=False)
+    # What the shared feature cache ranks rows by: (what it is, each featured type's value per row); None: source
+    # degrees (`cache_hotness`).
+    cache_ranking: tuple[str, dict[str, torch.Tensor]] | None = field(default=None, repr=False, compare=False)
 
     is_hetero = True  # what task and command code branch on (a homogeneous GraphStore has no such attribute)
 
@@ -364,7 +369,7 @@ class HeteroGraphStore:
         first one's pool of `io_threads` I/O threads (with io_uring: a ring per gather, no pool), their caches
         sharing `cache_bytes` as `share_feature_cache` splits it."""
         cache_bytes = check_int("feature_cache_bytes", cache_bytes, 0)
-        hotness = {name: self.source_degrees(name) for name in self.features}
+        hotness = self.cache_hotness()
         row_bytes = {name: int(rows.shape[1]) * rows.element_size() for name, rows in self.features.items()}
         cached = share_feature_cache(hotness, row_bytes, cache_bytes)
         self.feature_stores = {}  # the old stores' caches are freed before the new ones are read
@@ -376,7 +381,36 @@ class HeteroGraphStore:
             self.feature_stores[name] = store
             if shared is None and store.reader == "pread":
                 shared = store
-        self.feature_hotness = hotness
+        self.feature_hotness, self.feature_cache_bytes = hotness, cache_bytes
+
+    def cache_hotness(self) -> dict[str, torch.Tensor]:
+        """Each featured type's value per row: the shared feature cache holds the rows with the most of it per byte
+        (the ranking given to `rank_feature_cache`, else source degrees)."""
+        if self.cache_ranking is not None:
+            return dict(self.cache_ranking[1])
+        return {name: self.source_degrees(name) for name in self.features}
+
+    @property
+    def cache_ranked_by(self) -> str:
+        """What the shared feature cache ranks rows by (per byte of row), in words."""
+        return self.cache_ranking[0] if self.cache_ranking is not None else "source degree per byte"
+
+    def rank_feature_cache(self, hotness: Mapping[str, torch.Tensor], ranked_by: str) -> None:
+        """From now on the shared feature cache holds the rows with the most `hotness` per byte (one value per row of
+        every featured type; `ranked_by` says what it is): open stores with a cache are re-opened with the same
+        settings so that their rows follow the new ranking (GraphStore.rank_feature_cache for a typed graph)."""
+        for name, rows in self.features.items():
+            values = hotness.get(name)
+            if not isinstance(values, torch.Tensor) or values.shape != (rows.shape[0],) or values.is_complex():
+                shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+                raise ValueError(f"hotness[{name!r}]: expected one real value per {name} node of {self.name!r}, shape "
+                                 f"({rows.shape[0]},), got {shape}")
+        self.cache_ranking = (ranked_by, {name: hotness[name] for name in self.features})
+        store = self.feature_store
+        if store is not None and store.num_cached:
+            self.open_feature_store(self.feature_cache_bytes, store.io_threads)
+        elif store is not None:  # nothing cached to re-read: the order a cache would be sized and filled in
+            self.feature_hotness = self.cache_hotness()
 
     @property
     def feature_store(self) -> TypedFeatureStore | None:

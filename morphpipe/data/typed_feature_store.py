@@ -56,7 +56,8 @@ def shared_order(hotness: Mapping[str, torch.Tensor],
 class TypedFeatureStore:
     """The feature stores of a typed graph's featured node types (`stores`, in type order, the global id of each
     type's first node in `starts`) as one store over their rows, one type after another; `hotness` is each type's
-    row hotness (its nodes' source degrees) the shared cache was split by.
+    row hotness the shared cache was split by (HeteroGraphStore.cache_hotness: source degrees, or the workload's
+    expected reads).
 
     Rows of this view: type t's row r is `offsets[t] + r`. `rows_of` turns a batch's global input node ids into
     these rows (nodes of types without features are not read), `count_reads` and `gather` split rows by type,

@@ -536,13 +536,13 @@ def default_memory_budget() -> int:
 
 def resident_bytes(graph) -> int:
     """What a graph needs in RAM besides its features: the topology (read at random by sampling; a typed graph's
-    every relation), labels, splits, and the ranking of its feature cache where one is kept (`rank_feature_cache`)."""
+    every relation), labels, splits, and the ranking of its feature cache where one is kept (`rank_feature_cache`; a
+    typed graph's per type)."""
     ranking = getattr(graph, "cache_ranking", None)
-    topology = [part for arrays in (graph.indptr, graph.indices)
-                for part in (arrays.values() if isinstance(arrays, dict) else [arrays])]
+    parts = [part for arrays in (graph.indptr, graph.indices, *(() if ranking is None else (ranking[1],)))
+             for part in (arrays.values() if isinstance(arrays, dict) else [arrays])]
     return sum(tensor.numel() * tensor.element_size()
-               for tensor in (*topology, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx,
-                              *(() if ranking is None else (ranking[1],))))
+               for tensor in (*parts, graph.labels, graph.train_idx, graph.val_idx, graph.test_idx))
 
 
 def features_bytes(graph) -> int:

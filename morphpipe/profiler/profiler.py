@@ -15,6 +15,7 @@ from morphpipe.data.fingerprint import dataset_fingerprint
 from morphpipe.numeric import format_bytes
 from morphpipe.nn.task import NodeClassification, Task
 from morphpipe.nn.train_step import PRECISIONS
+from morphpipe.profiler.cache_ranking import rank_cache_by_workload
 from morphpipe.profiler.ceiling import BF16_FLAGS, best_seconds, isa_flags
 from morphpipe.profiler.contention import ContentionMonitor
 from morphpipe.profiler.disk import cache_budget, measure_disk_profile, resident_bytes
@@ -22,7 +23,6 @@ from morphpipe.profiler.hardware import HardwareFacts
 from morphpipe.profiler.operators import MIN_TIMED_STEPS, OPERATORS, ProfilingSession
 from morphpipe.profiler.profile import PhaseTiming, Profile
 from morphpipe.profiler.resident import PeakResident
-from morphpipe.sampling.access_hotness import rank_by_expected_access
 from morphpipe.sampling.validation import check_fanouts, check_positive
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -191,9 +191,8 @@ class Profiler:
         """Measures every phase once and returns the Profile."""
         phases = self.phases()
         per_measurement = self.warmup + self.steps
-        if isinstance(self.task, NodeClassification):  # the cache the disk is measured behind ranks by the workload
-            rank_by_expected_access(self.graph, self.task.seeds(self.graph), self.fanouts, self.batch_size,
-                                    progress=self.progress)
+        # the cache the disk is measured behind ranks by the workload
+        rank_cache_by_workload(self.graph, self.task, self.fanouts, self.batch_size, progress=self.progress)
         store = getattr(self.graph, "feature_store", None)
         # A typed graph's stores are seen as one (TypedFeatureStore): its rows are the featured types' rows, its
         # hotness the shared cache's order; a homogeneous graph's rows are its nodes, hot by in-degree.

@@ -63,6 +63,13 @@ class NegativeSampling:
                              "0; draw negatives uniformly (kind='uniform')")
         return cdf
 
+    def draw_probability(self, graph: GraphStore) -> torch.Tensor:
+        """float64 [N]: the chance that one corruption draws each node (before `reject_positives` redraws one)."""
+        cdf = self.cdf(graph)
+        if cdf is None:
+            return torch.full((graph.num_nodes,), 1.0 / max(graph.num_nodes, 1), dtype=torch.float64)
+        return torch.diff(cdf, prepend=cdf.new_zeros(1)).div_(cdf[-1])
+
 
 def native_batch_seed(run_seed: int, epoch: int, batch_index: int) -> int:
     """The seed `sample_edge_batch` takes for batch `batch_index` of epoch `epoch` so that it draws what the

@@ -63,8 +63,10 @@ class FeatureTiering:
                    io_threads, read_cpu_s or 0.0, gpu_read_s or 0.0)
 
     def matches(self, store) -> bool:
-        """True when FeatureStore `store` already has the planned cache and I/O threads (None: any)."""
-        return store.cache_bytes == self.cache_bytes and self.io_threads in (None, store.io_threads)
+        """True when FeatureStore `store` already caches the rows the planned cache holds and has its I/O threads
+        (None: any)."""
+        return (store.num_cached == store.rows_cached_by(self.cache_bytes)
+                and self.io_threads in (None, store.io_threads))
 
     def describe(self) -> str:
         reads = "" if self.io_threads is None else (

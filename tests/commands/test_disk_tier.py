@@ -60,3 +60,78 @@ def test_morphpipe_info_says_which_reader_the_feature_store_uses(monkeypatch):
     assert ("feature store reader", reader_line()) in native_status()  # the line itself: tests/data
     monkeypatch.setenv("MORPHPIPE_FEATURE_READER", "pread")
     assert ("feature store reader", "pread pool (forced by MORPHPIPE_FEATURE_READER)") in native_status()
+
+
+def cache_fills(monkeypatch) -> list:
+    """Every FeatureStore opened from now on that reads rows into its cache (the profiler's twins, which cache the
+    batches it times, are not opened this way)."""
+    from morphpipe.data.feature_store import FeatureStore
+
+    fills, opened = [], FeatureStore.__init__
+
+    def counted(self, *args, **kwargs) -> None:
+        opened(self, *args, **kwargs)
+        if self.num_cached:
+            fills.append(self)
+
+    monkeypatch.setattr(FeatureStore, "__init__", counted)
+    return fills
+
+
+def test_a_fixed_cache_is_read_once_ranked_by_the_workload(graph_dir, tmp_path, monkeypatch, capsys):
+    """--feature-cache-mb with a plan: the store opens without a cache and reads its rows once, by expected access
+    (not by in-degree at load, then again)."""
+    from morphpipe.data.feature_store import hottest_rows
+    from morphpipe.profiler.profile import Profile
+    from morphpipe.sampling.access_hotness import expected_batch_reads
+
+    profile = tmp_path / "profile.json"
+    Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=3, cores=2).save(profile)
+    fills = cache_fills(monkeypatch)
+    assert main(["train", str(graph_dir), "--profile", str(profile), "--fanouts", "4,3", "--batch-size", "64",
+                 "--epochs", "1", "--no-progress", "--replan", "off", "--features-on-disk",
+                 "--feature-cache-mb", "0.0032"]) == 0  # 100 rows of 32 bytes
+    out = capsys.readouterr().out
+    assert [store.num_cached for store in fills] == [100]
+    assert "features on disk: 100 hottest rows by expected access (fanouts 4,3, batch 64, " in out
+    graph = load_dataset(graph_dir)
+    hottest = hottest_rows(expected_batch_reads(graph.indptr, graph.indices, graph.train_idx, [4, 3], 64).float(), 100)
+    store = fills[0]
+    store.reset_counters()
+    store.gather(hottest)
+    assert store.counters().misses == 0
+
+
+def test_tune_with_a_fixed_cache_reads_no_cache(graph_dir, tmp_path, monkeypatch, capsys):
+    """tune plans at the fixed size and trains nothing: the profile's hit curve comes from the ranking and the
+    sampled batches, so no cache is read (it was read twice: by in-degree at load, and again by expected access)."""
+    fills = cache_fills(monkeypatch)
+    assert main(["tune", str(graph_dir), "--fanouts", "4,3", "--batch-size", "64", "--threads", "1", "--steps",
+                 "2", "--warmup", "1", "--features-on-disk", "--feature-cache-mb", "0.0032", "-o",
+                 str(tmp_path / "plan.json"), "--profile-output", str(tmp_path / "profile.json")]) == 0
+    out = capsys.readouterr().out
+    assert fills == []
+    assert "hottest rows by expected access (fanouts 4,3, batch 64, 180 seeds)" in out
+    assert Plan.load(tmp_path / "plan.json").tiering.cache_bytes == 3200
+
+
+def test_train_ranks_a_link_workloads_cache_by_its_edge_batches(tmp_path, monkeypatch, capsys):
+    from morphpipe.profiler.profile import Profile
+    from morphpipe.data.link_generator import EdgeSplitSpec, generate_link
+    from morphpipe.scheduler import plan_from_profile
+
+    spec = GeneratorSpec(kind="power-law", num_nodes=500, avg_degree=5, feature_dim=8, undirected=False)
+    path = generate_link(spec, EdgeSplitSpec(), tmp_path / "g", progress=False)
+    edges = load_dataset(path).edge_split.train.shape[1]
+    plan_from_profile(Profile.synthetic(t_cb=0.004, t_m=0.006, num_batches=-(-edges // 256), cores=2)).save(
+        tmp_path / "p.json")
+    fills = cache_fills(monkeypatch)
+    assert main(["train", str(path), "--task", "link", "--plan", str(tmp_path / "p.json"), "--epochs", "1",
+                 "--fanouts", "4,3", "--batch-size", "256", "--hidden", "8", "--negatives", "2", "--no-progress",
+                 "--features-on-disk", "--feature-cache-mb", "0.0032"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert [store.num_cached for store in fills] == [100]
+    assert (f"100 hottest rows by expected access of link batches (fanouts 4,3, batch 256, {edges:,} training "
+            "edges, 2 uniform negatives each)") in out
+    assert "test mrr" in out
+

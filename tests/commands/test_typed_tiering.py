@@ -11,6 +11,7 @@ from morphpipe.data.hetero_store import HeteroGraphStore, share_feature_cache
 from morphpipe.data.store import GraphStore
 from morphpipe.profiler.disk import resident_bytes
 from morphpipe.profiler.profile import Profile
+from morphpipe.sampling.access_hotness import expected_typed_batch_reads
 from morphpipe.scheduler import Plan
 from tests.conftest import saved_mag_with_float16_authors
 
@@ -40,17 +41,21 @@ def test_tune_and_train_tier_a_typed_graph_within_the_memory_budget(typed_dir, t
     assert disk.resident_bytes >= resident_bytes(graph)
     assert disk.cache_budget_bytes <= budget - resident_bytes(graph)
     assert plan.tiering is not None and plan.tiering.cache_bytes <= max(disk.cache_budget_bytes, 0)
-    hotness = {name: graph.source_degrees(name) for name in ("paper", "author")}
-    split = share_feature_cache(hotness, {"paper": 32, "author": 8}, plan.tiering.cache_bytes)
+    # the cache the types share is split by the workload's expected reads per byte of row
+    hotness = expected_typed_batch_reads(graph, graph.train_idx, [4, 3], 64)
+    split = share_feature_cache({name: part.float() for name, part in hotness.items()}, {"paper": 32, "author": 8},
+                                plan.tiering.cache_bytes)
     assert "tiers: features by node type: paper disk (feature store" in out
-    shared = (f"the types sharing it by hotness per byte (paper {split['paper']:,} rows, "
+    ranked_by = f"expected access per byte (fanouts 4,3, batch 64, {graph.train_idx.numel():,} seeds)"
+    shared = (f"the types sharing it by {ranked_by} (paper {split['paper']:,} rows, "
               f"author {split['author']:,} rows)")
     assert shared in out
     assert main(["train", str(typed_dir), *WORKLOAD, "--memory-budget", str(budget), "--plan", str(plan_path),
                  "--epochs", "1", "--no-progress", "--replan", "off"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert (f"features on disk: hottest rows cached in RAM by type: paper {split['paper']:,} rows" in out
-            and f"author {split['author']:,} rows" in out and "as planned (predicted hit ratio" in out)
+            and f"author {split['author']:,} rows" in out and f"(by {ranked_by})" in out
+            and "as planned (predicted hit ratio" in out)
     assert "shared by the node types" in out and "test accuracy" in out
 
 

@@ -126,3 +126,27 @@ def test_route_1_reads_through_the_store_are_taken_out_of_t_gb(on_disk, monkeypa
     assert profile.disk.gpu_rows_per_batch == pytest.approx(sum(rows) / len(rows))
     assert profile.gpu_batching.mean_s == pytest.approx(raw["timing"].mean_s - reads.read_seconds / len(rows))
     assert profile.gpu_batching.samples == raw["timing"].samples
+
+
+def test_a_link_workloads_disk_is_profiled_behind_its_edge_batches_ranking(tmp_path):
+    """What `tune --task link` and `train --auto --task link` plan from: the hit curve of the cache ranked by the
+    edge batches' expected reads."""
+    from morphpipe.data import GeneratorSpec, load_dataset
+    from morphpipe.data.link_generator import EdgeSplitSpec, generate_link
+    from morphpipe.nn.link_task import LinkPrediction
+    from morphpipe.sampling.access_hotness import expected_link_batch_reads
+
+    spec = GeneratorSpec(kind="power-law", num_nodes=2_000, avg_degree=5, feature_dim=256, feature_dtype="float16",
+                         undirected=False)
+    graph = load_dataset(generate_link(spec, EdgeSplitSpec(), tmp_path / "g", progress=False), features_on_disk=True)
+    task = LinkPrediction(2, negative_kind="degree")
+    profile = Profiler(graph, fanouts=[4, 3], batch_size=256, hidden=8, device="cpu", thread_counts=[1], warmup=1,
+                       steps=2, budget_s=0.5, progress=False, attempts=1, disk_seconds=0.05, task=task).run()
+    edges = graph.edge_split.train.shape[1]
+    assert graph.cache_ranked_by == (f"expected access of link batches (fanouts 4,3, batch 256, {edges:,} training "
+                                     "edges, 2 degree negatives each)")
+    src, dst = graph.edge_split.train
+    expected = expected_link_batch_reads(graph.indptr, graph.indices, src, dst, [4, 3], 256, 2,
+                                         task.sampling.draw_probability(graph))
+    assert torch.equal(graph.cache_hotness(), expected.float())
+    assert profile.disk is not None and profile.disk.hit_curve[-1][1] > 0

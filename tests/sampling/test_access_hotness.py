@@ -118,3 +118,175 @@ def test_the_feature_cache_holds_the_rows_with_the_most_expected_reads(tmp_path)
     ranking = graph.cache_ranking
     assert rank_by_expected_access(graph, graph.train_idx, [4, 3], 64)  # the same workload: not computed again
     assert graph.cache_ranking is ranking and graph.feature_store is store
+
+
+@pytest.fixture(scope="module")
+def link_graph(tmp_path_factory):
+    """A directed power-law graph with an edge split: 1,500 nodes, about 6,000 training edges."""
+    from morphpipe.data import GeneratorSpec
+    from morphpipe.data.link_generator import EdgeSplitSpec, generate_link
+    from morphpipe.data.splits import SplitFractions
+
+    spec = GeneratorSpec(kind="power-law", num_nodes=1_500, avg_degree=5, feature_dim=4, undirected=False)
+    path = generate_link(spec, EdgeSplitSpec(SplitFractions(0.8, 0.1, 0.1), negatives=2),
+                         tmp_path_factory.mktemp("link") / "g", progress=False)
+    return load_dataset(path)
+
+
+def link_read_frequency(graph, fanouts, batch_size, negatives, trials) -> tuple[torch.Tensor, torch.Tensor]:
+    """Monte Carlo: the shares of `trials` edge batches (`batch_size` training edges drawn at random, built by the
+    native edge batcher with `negatives`, leaving no edge out of the blocks) whose seeds and whose input nodes hold
+    each node."""
+    generator = torch.Generator().manual_seed(7)
+    seeds = torch.zeros(graph.num_nodes, dtype=torch.float64)
+    inputs = torch.zeros(graph.num_nodes, dtype=torch.float64)
+    src, dst = graph.edge_split.train[0].contiguous(), graph.edge_split.train[1].contiguous()
+    cdf = negatives.cdf(graph)
+    for trial in range(trials):
+        ids = torch.randperm(src.numel(), generator=generator)[:batch_size]
+        batch_seeds, _, _, _, input_nodes, _, _ = native.ops().sample_edge_batch(
+            graph.indptr, graph.indices, src, dst, ids, fanouts, negatives.k, cdf, False, graph.edge_split.undirected,
+            False, trial)
+        seeds[batch_seeds] += 1
+        inputs[input_nodes] += 1
+    return seeds / trials, inputs / trials
+
+
+@pytest.mark.parametrize("kind", ["uniform", "degree"])
+def test_the_link_model_follows_the_edge_batcher(link_graph, kind):
+    """An edge batch's seeds (its positives' endpoints and its negatives) follow from the training edges and the
+    negatives' distribution: within 0.04 of their frequency over 3,000 batches (a standard error of at most 0.009).
+    The hops then over-count where paths meet, as for node batches; the rows the model puts in the hottest fifth
+    take at least 90% of the reads the truly hottest fifth would."""
+    from morphpipe.sampling.access_hotness import expected_link_batch_reads, link_seed_probability
+    from morphpipe.sampling.edge_batcher import NegativeSampling
+
+    graph, fanouts, batch_size = link_graph, [4, 3], 16
+    negatives = NegativeSampling(3, kind)
+    src, dst = graph.edge_split.train
+    seeds, inputs = link_read_frequency(graph, fanouts, batch_size, negatives, 3_000)
+    seed_model = link_seed_probability(graph.num_nodes, src, dst, batch_size, negatives.k,
+                                       negatives.draw_probability(graph))
+    assert (seeds - seed_model).abs().max() < 0.04
+    num_batches = -(-src.numel() // batch_size)
+    model = expected_link_batch_reads(graph.indptr, graph.indices, src, dst, fanouts, batch_size, negatives.k,
+                                      negatives.draw_probability(graph)) / num_batches
+    assert (inputs - model).abs().max() < 0.15 and (inputs - model).abs().mean() < 0.05
+    top = graph.num_nodes // 5
+    assert inputs[hottest_rows(model, top)].sum() >= 0.9 * inputs[hottest_rows(inputs, top)].sum()
+    # in-degree, the ranking the cache had before, takes fewer of them
+    by_degree = inputs[hottest_rows(graph.in_degrees(), top)].sum()
+    assert inputs[hottest_rows(model, top)].sum() > by_degree
+
+
+def test_link_seeds_are_exact_for_a_node_on_one_edge_and_certain_on_all():
+    from morphpipe.sampling.access_hotness import link_seed_probability
+
+    # edges 0->1, 2->3, 2->4, 2->5, 2->2 (a self loop touches 2 once): batches of 2 of the 5 edges, no negatives
+    src, dst = torch.tensor([0, 2, 2, 2, 2]), torch.tensor([1, 3, 4, 5, 2])
+    probability = link_seed_probability(7, src, dst, 2, 0, torch.full((7,), 1 / 7, dtype=torch.float64))
+    assert probability[0] == pytest.approx(2 / 5) and probability[1] == pytest.approx(2 / 5)
+    assert probability[2] == 1.0 and probability[6] == 0.0  # on 4 of 5 edges: every batch of 2 takes one
+    with_negatives = link_seed_probability(7, src, dst, 2, 3, torch.full((7,), 1 / 7, dtype=torch.float64))
+    assert with_negatives[6] == pytest.approx(1 - (6 / 7) ** 6)
+    with pytest.raises(ValueError, match=r"training edges name nodes outside \[0, 5\)"):
+        link_seed_probability(5, src, dst, 2, 0, torch.full((5,), 0.2, dtype=torch.float64))
+
+
+def test_the_feature_cache_of_a_link_workload_holds_the_rows_with_the_most_expected_link_reads(tmp_path):
+    from morphpipe.data import GeneratorSpec
+    from morphpipe.data.link_generator import EdgeSplitSpec, generate_link
+    from morphpipe.sampling.access_hotness import expected_link_batch_reads, rank_by_expected_link_access
+    from morphpipe.sampling.edge_batcher import NegativeSampling
+
+    spec = GeneratorSpec(kind="power-law", num_nodes=1_000, avg_degree=5, feature_dim=8, undirected=False)
+    path = generate_link(spec, EdgeSplitSpec(), tmp_path / "g", progress=False)
+    graph = load_dataset(path, features_on_disk=True, feature_cache_bytes=100 * 8 * 4)
+    negatives = NegativeSampling(2, "degree")
+    edges = torch.arange(graph.edge_split.train.shape[1])
+    assert rank_by_expected_link_access(graph, edges, [3, 2], 32, negatives)
+    assert graph.cache_ranked_by == (f"expected access of link batches (fanouts 3,2, batch 32, {edges.numel():,} "
+                                     "training edges, 2 degree negatives each)")
+    src, dst = graph.edge_split.train
+    reads = expected_link_batch_reads(graph.indptr, graph.indices, src, dst, [3, 2], 32, 2,
+                                      negatives.draw_probability(graph))
+    store = graph.feature_store
+    assert store.num_cached == 100
+    store.reset_counters()
+    hottest = hottest_rows(reads.float(), 100)
+    assert torch.equal(store.gather(hottest), graph.features[hottest]) and store.counters().misses == 0
+    half = edges[1::2]  # an epoch over some of the training edges ranks by those
+    assert rank_by_expected_link_access(graph, half, [3, 2], 32, negatives)
+    src, dst = graph.edge_split.train[:, half]
+    torch.testing.assert_close(graph.cache_ranking[1], expected_link_batch_reads(
+        graph.indptr, graph.indices, src, dst, [3, 2], 32, 2, negatives.draw_probability(graph)).float())
+    with pytest.raises(ValueError, match="edge_ids"):
+        rank_by_expected_link_access(graph, torch.tensor([edges.numel()]), [3, 2], 32, negatives)
+
+
+@pytest.fixture(scope="module")
+def typed_graph_dir(tmp_path_factory):
+    """mag-shaped: float32 paper rows of 32 bytes, float16 author rows of 8 bytes, two types without features."""
+    from morphpipe.data.hetero_generator import MagSpec
+    from tests.conftest import saved_mag_with_float16_authors
+
+    spec = MagSpec(num_papers=600, num_authors=400, num_institutions=10, num_fields=20, feature_dim=8)
+    return saved_mag_with_float16_authors(tmp_path_factory.mktemp("typed") / "mag", spec, author_width=4, seed=2)
+
+
+def test_the_typed_model_follows_the_typed_sampler(typed_graph_dir):
+    """Per relation fanouts (one relation left out at the second hop): the expected reads per featured type against
+    their frequency over 2,000 typed batches of 16 training papers, within the node model's bounds; the rows the model
+    puts in each type's hottest fifth take at least 90% of the reads the truly hottest fifth would."""
+    from morphpipe.sampling.access_hotness import expected_typed_batch_reads
+    from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
+
+    graph = load_dataset(typed_graph_dir)
+    fanouts = {relation.key: [3, 0 if relation.name == "rev_writes" else 2] for relation in graph.relations}
+    batch_size, trials = 16, 2_000
+    counts = torch.zeros(graph.num_nodes, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(7)
+    with HeteroCpuBatcher(graph, fanouts, batch_size, num_threads=1, serial=True) as batcher:
+        for trial in range(trials):
+            seeds = graph.train_idx[torch.randperm(graph.train_idx.numel(), generator=generator)[:batch_size]]
+            counts[batcher._native.build(seeds, 0, trial)[2]] += 1
+    num_batches = -(-graph.train_idx.numel() // batch_size)
+    model = expected_typed_batch_reads(graph, graph.train_idx, fanouts, batch_size)
+    assert set(model) == {"paper", "author"}
+    for name, reads in model.items():
+        node_type = graph.node_type(name)
+        measured = counts[node_type.start:node_type.stop] / trials
+        expected = reads / num_batches
+        assert (measured - expected).abs().max() < 0.15 and (measured - expected).abs().mean() < 0.05, name
+        top = node_type.count // 5
+        assert measured[hottest_rows(expected, top)].sum() >= 0.9 * measured[hottest_rows(measured, top)].sum()
+
+
+def test_a_typed_graphs_shared_cache_ranks_by_expected_access_per_byte(typed_graph_dir):
+    from morphpipe.data.hetero_store import share_feature_cache
+    from morphpipe.sampling.access_hotness import expected_typed_batch_reads, rank_by_expected_typed_access
+
+    from morphpipe.profiler.disk import resident_bytes
+
+    graph = load_dataset(typed_graph_dir, features_on_disk=True, feature_cache_bytes=4_000)
+    assert graph.cache_ranked_by == "source degree per byte"
+    unranked = resident_bytes(graph)
+    assert rank_by_expected_typed_access(graph, graph.train_idx, [3, 2], 32)
+    assert resident_bytes(graph) == unranked + 4 * (600 + 400)  # the ranking is kept in RAM: float32 per row
+    assert graph.cache_ranked_by == (f"expected access per byte (fanouts 3,2, batch 32, {graph.train_idx.numel():,} "
+                                     "seeds)")
+    reads = {name: part.float() for name, part in
+             expected_typed_batch_reads(graph, graph.train_idx, [3, 2], 32).items()}
+    share = share_feature_cache(reads, {"paper": 32, "author": 8}, 4_000)
+    assert {name: store.num_cached for name, store in graph.feature_stores.items()} == share
+    assert all(rows > 0 for rows in share.values())  # a real split
+    assert share != share_feature_cache({name: graph.source_degrees(name) for name in share},
+                                        {"paper": 32, "author": 8}, 4_000)  # and not the one by source degrees
+    for name, store in graph.feature_stores.items():
+        hottest = hottest_rows(reads[name], store.num_cached)
+        store.reset_counters()
+        assert torch.equal(store.gather(hottest), graph.features[name][hottest])
+        assert store.counters().misses == 0
+    stores = graph.feature_stores
+    assert rank_by_expected_typed_access(graph, graph.train_idx, [3, 2], 32)  # the same workload: kept as it is
+    assert graph.feature_stores is stores
