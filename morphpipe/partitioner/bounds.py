@@ -1,7 +1,10 @@
 """Exact minimisers of the lower bound LB(n_c) and of the paper's relaxed makespan, Eq. 6.
 
 LB(n_c) = max(n_c*T_CB, n_c*T_DMA + n_g*T_GB, n_g*T_GB + n*T_M), n_g = n - n_c: the CPU,
-the PCIe link and the GPU each need at least that long. It is the maximum of three lines in
+the PCIe link and the GPU each need at least that long. With features on disk two more resources
+bind: the disk serves every batch's misses, n_c*T_disk + n_g*T_gdisk, and the executor waits out
+each Route-1 batch's reads before its UVA batching, n_g*(T_gdisk + T_GB); and a CPU thread waits out
+its own batch's reads, so the CPU line becomes n_c*(T_CB + T_disk/P). It is the maximum of lines in
 n_c, hence convex and piecewise linear: its integer minimum lies at 0, n, or the floor or
 ceiling of a point where two lines cross. No grid search.
 
@@ -12,6 +15,7 @@ C'/n = max{T_UVA + (T_DMA - T_UVA)*y, T_M + T_UVA*(1 - y), T_CB*y}:
 again the maximum of three lines, so it is minimised exactly at y = 1 (x = 0), at a crossing,
 or in the limit y -> 0 (x -> infinity, all batches on the GPU). This is LB(n*y)/n, i.e. Eq. 6 is
 the continuous relaxation of LB, so min Eq. 6 <= min LB, with equality when n*y* is an integer.
+The paper's Eq. 6 has no disk: with features on disk LB's disk lines only raise it, so Eq. 6 stays below LB.
 """
 from __future__ import annotations
 
@@ -47,14 +51,21 @@ def _gpu_times(times: PhaseTimes) -> tuple[float, float, float, float]:
     return times.cpu_batch_s, times.dma_s, times.gpu_batch_s, times.train_s
 
 
+def _lines(times: PhaseTimes) -> list[tuple[float, float]]:
+    """LB's lines (slope, intercept) in n_c: the CPU, the PCIe link, the GPU, the disk and the executor."""
+    n = times.num_batches
+    t_cb, t_dma, t_gb, t_m = _gpu_times(times)
+    t_disk, t_gdisk = times.disk_read_s, times.gpu_read_s
+    return [(t_cb + t_disk / times.cpu_threads, 0.0), (t_dma - t_gb, n * t_gb), (-t_gb, n * (t_gb + t_m)),
+            (t_disk - t_gdisk, n * t_gdisk), (-(t_gdisk + t_gb), n * (t_gdisk + t_gb))]
+
+
 def lower_bound(times: PhaseTimes, n_cpu: int) -> float:
     """LB(n_c) in seconds for n_c batches on Route 0 (CPU batching) and the rest on Route 1 (UVA)."""
     n = times.num_batches
     if not 0 <= n_cpu <= n:
         raise ValueError(f"n_cpu must be in [0, {n}], got {n_cpu!r}")
-    t_cb, t_dma, t_gb, t_m = _gpu_times(times)
-    n_gpu = n - n_cpu
-    return max(n_cpu * t_cb, n_cpu * t_dma + n_gpu * t_gb, n_gpu * t_gb + n * t_m)
+    return max(slope * n_cpu + intercept for slope, intercept in _lines(times))
 
 
 def _crossings(lines: list[tuple[float, float]], low: float, high: float) -> list[float]:
@@ -71,10 +82,8 @@ def _crossings(lines: list[tuple[float, float]], low: float, high: float) -> lis
 def best_lower_bound(times: PhaseTimes) -> LowerBound:
     """The exact integer minimiser of LB (ties go to the smaller n_cpu)."""
     n = times.num_batches
-    t_cb, t_dma, t_gb, t_m = _gpu_times(times)
-    lines = [(t_cb, 0.0), (t_dma - t_gb, n * t_gb), (-t_gb, n * (t_gb + t_m))]
     candidates = set()
-    for z in _crossings(lines, 0.0, float(n)):
+    for z in _crossings(_lines(times), 0.0, float(n)):
         candidates.update({min(n, max(0, math.floor(z))), min(n, max(0, math.ceil(z)))})
     best: LowerBound | None = None
     for n_cpu in sorted(candidates):

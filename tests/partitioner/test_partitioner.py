@@ -25,10 +25,12 @@ phase = st.floats(min_value=0.01, max_value=10.0, allow_nan=False, allow_infinit
 
 
 @st.composite
-def phase_times(draw: st.DrawFn, max_batches: int = 400) -> PhaseTimes:
+def phase_times(draw: st.DrawFn, max_batches: int = 400, disk: bool = False) -> PhaseTimes:
+    reads = st.one_of(st.just(0.0), phase) if disk else st.just(0.0)
     return PhaseTimes(
         num_batches=draw(st.integers(1, max_batches)), cpu_batch_s=draw(phase), cpu_threads=draw(st.integers(1, 16)),
-        train_s=draw(phase), gpu_batch_s=draw(phase), dma_s=draw(phase),
+        train_s=draw(phase), gpu_batch_s=draw(phase), dma_s=draw(phase), disk_read_s=draw(reads),
+        gpu_read_s=draw(reads),
     )
 
 
@@ -46,7 +48,7 @@ def test_lower_bound_by_hand() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(phase_times())
+@given(phase_times(disk=True))
 def test_best_lower_bound_is_the_exact_integer_minimum(times: PhaseTimes) -> None:
     best = best_lower_bound(times)
     brute = min(lower_bound(times, k) for k in range(times.num_batches + 1))

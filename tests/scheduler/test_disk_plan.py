@@ -9,7 +9,7 @@ import random
 import pytest
 
 from morphpipe.commands.cli import main
-from morphpipe.partitioner import Partitioner, PhaseTimes
+from morphpipe.partitioner import Partitioner, PhaseTimes, best_lower_bound, lower_bound
 from morphpipe.partitioner.cores import even_core_split, split_cores
 from morphpipe.profiler.disk import DiskProfile, DiskReadFacts, IoThreadsRate
 from morphpipe.profiler.profile import Profile
@@ -103,6 +103,22 @@ def test_no_simulated_epoch_beats_its_lower_bound_with_the_disk(seed: int) -> No
     for n_cpu in {0, times.num_batches, rng.randint(0, times.num_batches)}:
         result = scheduler.simulate(Partitioner(times, 4).split(n_cpu), engine="fast")
         assert result.epoch_s >= bounds[n_cpu] * (1 - 1e-12)
+        if times.cpu_batch_cv == 0.0:  # the closed form holds for the phase times themselves, not drawn ones
+            assert result.epoch_s >= lower_bound(times, n_cpu) * (1 - 1e-12)
+
+
+def test_the_closed_form_bound_counts_the_disk_and_the_executors_wait() -> None:
+    # n = 10, P = 2: without the disk LB(n_c) = max(n_c, 10 - n_c + 1, ...) is least at n_c = 5 or 6 (about 6 s)
+    times = PhaseTimes(10, 1.0, 2, 0.1, 1.0, 0.1)
+    assert best_lower_bound(times).value_s == pytest.approx(6.0)
+    on_disk = dataclasses.replace(times, disk_read_s=2.0, gpu_read_s=0.5)
+    # CPU 2 n_c; disk 2 n_c + 0.5 (10 - n_c); executor 1.5 (10 - n_c): the disk and the executor cross at n_c = 10/3
+    assert lower_bound(on_disk, 3) == pytest.approx(max(2 * 3 + 0.5 * 7, 1.5 * 7))
+    assert lower_bound(on_disk, 0) == pytest.approx(15.0)  # the executor: ten reads and ten UVA batches in turn
+    assert lower_bound(on_disk, 5) == pytest.approx(2 * 5 + 0.5 * 5)  # the disk binds: above CPU 10, executor 7.5
+    best = best_lower_bound(on_disk)
+    assert best.value_s == pytest.approx(min(lower_bound(on_disk, k) for k in range(11)))
+    assert best.value_s > best_lower_bound(times).value_s
 
 
 def test_a_cpu_only_plans_bound_counts_the_disk() -> None:
