@@ -41,6 +41,10 @@ TORCH_LIBRARY(morphpipe, m) {
   // the self loop applying to rows i < x.size(0) (prefix convention).
   m.def("spmm_sum(Tensor indptr, Tensor indices, Tensor x, Tensor? edge_weight, Tensor? src_scale, "
         "Tensor? dst_scale, bool self_loop, Tensor? row_order=None) -> Tensor");
+  // spmm_sum and its output's projection out @ weight^T (weight [O, F]) in one pass (CPU, float32/float64): the
+  // aggregate rows are projected while in cache (GCN's aggregate-then-project layer). -> (out, projected [rows, O])
+  m.def("spmm_sum_project(Tensor indptr, Tensor indices, Tensor x, Tensor? edge_weight, Tensor? src_scale, "
+        "Tensor? dst_scale, bool self_loop, Tensor weight, Tensor? row_order=None) -> (Tensor out, Tensor projected)");
   // The adjoint of spmm_sum ([rows, F] -> [num_src, F]) by atomic scatter to the sources.
   m.def("spmm_sum_scatter(Tensor indptr, Tensor indices, Tensor grad, Tensor? edge_weight, Tensor? src_scale, "
         "Tensor? dst_scale, bool self_loop, int num_src) -> Tensor");

@@ -4,10 +4,12 @@ remaining step costs).
 Two tables on the default preset (batch 1024, fanouts 15,10,5, 128 float32 features, GCN 128 -> 16 -> 16 -> 12):
 - whole steps, the configurations taking turns step by step (so a changing machine load falls on all alike):
   the legacy step (`LEGACY_STEP`) and the fused step, each with the layers' order as the cost model chooses it and
-  with `gcn.order=project_first` forced (the first layer then projects its 128-wide input before aggregating);
+  with `gcn.order=project_first` forced (the first layer then projects its 128-wide input before aggregating), and
+  the fused step with its projection apart from the aggregation (`fused_projection=False`: the fused step before
+  `spmm_sum_project`);
 - the first layer's parts, taking turns call by call: the 128-wide fused aggregation it runs today, the same
   aggregation with the sources sorted (the same bytes read in order: what perfect locality would leave), the
-  projection and its weight gradient, the normalisation (`gcn_scales`), and the parts of the project-first order
+  projection and its weight gradient, the aggregation and projection in one pass (the fused step's), the normalisation (`gcn_scales`), and the parts of the project-first order
   (projection of every source, 16-wide aggregation, the transposed structure, the backward over it).
 Median milliseconds; the load is printed beside each table.
 
@@ -27,12 +29,13 @@ import torch
 from morphpipe import native
 from morphpipe.data import load_dataset
 from morphpipe.ops import choice, gcn_scales
-from morphpipe.ops.step_variant import use_step_variant
+from morphpipe.ops.step_variant import StepVariant, use_step_variant
 from morphpipe.profiler.hardware import HardwareFacts
 
 STEP_CONFIGURATIONS = {
     "legacy": (LEGACY_STEP, {}),
     "fused": (FUSED_STEP, {}),
+    "fused, projection apart": (StepVariant(fused_projection=False), {}),
     "legacy, project first": (LEGACY_STEP, {"gcn.order": "project_first"}),
     "fused, project first": (FUSED_STEP, {"gcn.order": "project_first"}),
 }
@@ -78,6 +81,8 @@ def layer_parts(batch, width: int) -> dict[str, Callable[[], object]]:
         "  same, sources sorted (locality floor)":
             lambda: ops.spmm_sum(block.indptr, sorted_sources, x, None, src_scale, dst_scale, True, None),
         "project destinations (mm)": lambda: aggregated @ weight.t(),
+        "aggregate 128 wide and project in one pass (spmm_sum_project)":
+            lambda: ops.spmm_sum_project(block.indptr, block.indices, x, None, src_scale, dst_scale, True, weight, None),
         "weight gradient over destinations (mm)": lambda: grad_dst.t() @ aggregated,
         "gcn_scales": lambda: gcn_scales(block),
         "project every source (mm, project first)": lambda: x @ weight.t(),
@@ -117,14 +122,15 @@ def main() -> None:
           f"{native.cpu_capability_info()}; first block: {block.num_src} sources, {block.num_dst} destinations, "
           f"{block.nnz} edges")
     print("| threads | load | " + " | ".join(f"{name} ms" for name in STEP_CONFIGURATIONS)
-          + " | legacy / fused | legacy / fused (project first) |")
-    print("|---" * (len(STEP_CONFIGURATIONS) + 4) + "|")
+          + " | legacy / fused | legacy / fused (projection apart) | legacy / fused (project first) |")
+    print("|---" * (len(STEP_CONFIGURATIONS) + 5) + "|")
     for count in threads:
         torch.set_num_threads(count)
         before = load()
         step = time_steps(graph, batches, args.steps)
         print(f"| {count} | {before}-{load()} | " + " | ".join(f"{s * 1e3:.1f}" for s in step.values())
               + f" | {step['legacy'] / step['fused']:.2f}x"
+              + f" | {step['legacy'] / step['fused, projection apart']:.2f}x"
               + f" | {step['legacy, project first'] / step['fused, project first']:.2f}x |")
     parts = layer_parts(batches[0], width=16)
     print()

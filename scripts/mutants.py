@@ -229,10 +229,10 @@ MUTANTS: list[dict] = [
          replace="      if (f0 == 0) std::fill(sum, sum + n, acc_t(0));",
          tests=["tests/ops/test_pair_score.py::test_forward_and_backward_equal_the_dense_reference"], ci=False),
     dict(name="cpp-sum-tile-accumulator-not-reset", file="csrc/cpu/aggregate_kernels.h",
-         find="""      std::fill(buf, buf + n, acc_t(0));
-      if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
-         replace="""      if (f0 == 0) std::fill(buf, buf + n, acc_t(0));
-      if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
+         find="""    std::fill(buf, buf + n, acc_t(0));
+    if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
+         replace="""    if (f0 == 0) std::fill(buf, buf + n, acc_t(0));
+    if (self) axpy(buf, x + i * F + f0, ss ? ss[i] : acc_t(1), n);""",
          tests=[f"{WIDE}::test_weighted_sum_and_mean_at_every_width"], ci=False),
     dict(name="cpp-gat-gradient-default-slope", file="csrc/cpu/gat_kernels.h",
          find="return raw > acc_t(0) ? acc_t(1) : slope;",

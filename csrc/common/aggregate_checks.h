@@ -31,6 +31,23 @@ inline void check_spmm_sum(const at::Tensor& indptr, const at::Tensor& indices, 
   check_optional_row_order(row_order, rows, device, op);
 }
 
+// spmm_sum_project: spmm_sum's arguments, x float32 or float64 (the projection accumulates in x's dtype) and
+// weight [O, F] of x's dtype and device.
+inline void check_spmm_sum_project(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& x,
+                                   const std::optional<at::Tensor>& edge_weight,
+                                   const std::optional<at::Tensor>& src_scale,
+                                   const std::optional<at::Tensor>& dst_scale, const at::Tensor& weight,
+                                   const std::optional<at::Tensor>& row_order, const char* op) {
+  check_spmm_sum(indptr, indices, x, edge_weight, src_scale, dst_scale, row_order, op);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
+              ": x must be float32 or float64, got ", x.scalar_type(), "; project a half-precision aggregate apart");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(1), op, ": weight must be [out, F] with F=", x.size(1),
+              " (x's width), got shape ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.device() == x.device(), op,
+              ": weight must have x's dtype ", x.scalar_type(), " and device ", x.device(), ", got ",
+              weight.scalar_type(), " on ", weight.device());
+}
+
 // spmm_sum_scatter: the structure, grad [rows, F], num_src (at least rows with self loops) and the factors.
 inline void check_spmm_sum_scatter(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& grad,
                                    const std::optional<at::Tensor>& edge_weight,

@@ -22,6 +22,10 @@ namespace morphpipe {
 constexpr int64_t kFeatureTile = 256;
 // Destinations per dynamic-scheduling chunk: small enough to balance skewed degrees.
 constexpr int64_t kRowChunk = 16;
+// Rows aggregated, then projected together by spmm_sum_project (each load of the weight serves them all), and
+// the output columns each pass accumulates (one AVX-512 vector of float): 4 x 16 accumulators stay in registers.
+constexpr int64_t kProjectRows = 4;
+constexpr int64_t kProjectCols = 16;
 // Edges ahead whose source rows are prefetched: gathers from large feature matrices are bound by
 // DRAM latency, and the next rows' addresses are known from the indices.
 constexpr int64_t kPrefetchEdges = 16;

@@ -5,10 +5,11 @@ import torch
 from torch import Tensor, nn
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
-from morphpipe.ops import gcn_aggregate
+from morphpipe.ops import gcn_aggregate, gcn_aggregate_project
 from morphpipe.ops.autocast_input import layer_input, project
 from morphpipe.ops.reassociate import PROJECT_FIRST, linear_layer_order
 from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
+from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import Block
 
 
@@ -32,7 +33,9 @@ class GCNConv(nn.Module):
     The projection runs before or after the propagation (equal, it is linear), whichever the
     calibrated cost model predicts cheaper for the block's sizes and the widths (SENSEi,
     `morphpipe.ops.reassociate`); a projection of the layer's input runs sparse-times-dense when
-    its measured density makes that cheaper (Morphling, `morphpipe.ops.sparse_input`).
+    its measured density makes that cheaper (Morphling, `morphpipe.ops.sparse_input`). Aggregating first
+    under the fused step's projection (`StepVariant.fused_projection`, outside autocast), the projection runs in
+    the aggregation's pass (`morphpipe.ops.gcn_aggregate_project`).
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
@@ -63,6 +66,8 @@ class GCNConv(nn.Module):
         h_src = layer_input(h_src, self.lin.weight)
         if linear_layer_order("gcn", block, h_src, self.out_features, density, self_loops=True) == PROJECT_FIRST:
             return gcn_aggregate(block, sparse_aware_linear(h_src, self.lin.weight, None, density))
+        if current_step_variant().fused_projection and not torch.is_autocast_enabled(h_src.device.type):
+            return gcn_aggregate_project(block, h_src, self.lin.weight)
         return project(gcn_aggregate(block, h_src), self.lin.weight)
 
 

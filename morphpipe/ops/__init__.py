@@ -1,6 +1,6 @@
 """Aggregation and attention ops over Blocks, behind one interface with swappable backends.
 
-Models call `aggregate`, `gcn_aggregate` and `gat_attention`; the active `Backend` runs them:
+Models call `aggregate`, `gcn_aggregate` (`gcn_aggregate_project`) and `gat_attention`; the active `Backend` runs them:
 by default (`"auto"`) the `fused` native kernels where they are built, else the plain-PyTorch
 `reference`. Choose with `set_backend` (process default) or `use_backend` (scoped, e.g. to force
 one). Input-sensitive choices (kernel variant, re-association, sparse first layer) are forced
@@ -18,6 +18,7 @@ from morphpipe.ops.aggregate import (
     current_backend,
     gat_attention,
     gcn_aggregate,
+    gcn_aggregate_project,
     register_backend,
     set_backend,
     use_backend,
@@ -38,6 +39,7 @@ register_backend(
         name=fused.NAME,
         aggregate=fused.aggregate,
         gcn_aggregate=fused.gcn_aggregate,
+        gcn_aggregate_project=fused.gcn_aggregate_project,
         gat_attention=fused.gat_attention,
         device_types=frozenset({"cpu", "cuda"}),
         unavailable=fused.unavailable,
@@ -60,6 +62,7 @@ __all__ = [
     "force_choices",
     "gat_attention",
     "gcn_aggregate",
+    "gcn_aggregate_project",
     "gcn_scales",
     "recorded_choices",
     "register_backend",

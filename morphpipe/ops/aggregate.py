@@ -47,6 +47,8 @@ class Backend:
     `gcn_aggregate(block, h_src [num_src, F], add_self_loops) -> [num_dst, F]`
     `gat_attention(block, h_src [num_src, H or 1, F], score_src [num_src, H], score_dst [num_dst, H],
     negative_slope, add_self_loops) -> [num_dst, H, F]` (one h_src head: shared by every head)
+    `gcn_aggregate_project(block, h_src [num_src, F], weight [out, F], add_self_loops) -> [num_dst, out]`: optional,
+    `gcn_aggregate(...) @ weight^T` in one pass; None: the two apart.
     `device_types`: the device types it runs on (`{"cpu"}`, `{"cuda"}`), None for every device.
     `unavailable(device_type)`: why it cannot run there after all (e.g. native ops not built), None when it can.
     """
@@ -57,6 +59,7 @@ class Backend:
     gat_attention: Callable[[Block, Tensor, Tensor, Tensor, float, bool], Tensor]
     device_types: frozenset[str] | None = None
     unavailable: Callable[[str], str | None] | None = None
+    gcn_aggregate_project: Callable[[Block, Tensor, Tensor, bool], Tensor] | None = None
 
     def supports(self, device: torch.device) -> bool:
         """Whether this backend runs on `device`."""
@@ -248,6 +251,25 @@ def gcn_aggregate(block: Block, h_src: Tensor, add_self_loops: bool = True) -> T
     if add_self_loops:
         _check_prefix(block)
     return _backend_for(h_src.device).gcn_aggregate(block, h_src, add_self_loops)
+
+
+def gcn_aggregate_project(block: Block, h_src: Tensor, weight: Tensor, add_self_loops: bool = True) -> Tensor:
+    """`gcn_aggregate(block, h_src, add_self_loops) @ weight^T` -> `[num_dst, out]` (`weight [out, F]`, a linear
+    layer's), in one pass where the backend has it: GCN's layer when it aggregates before projecting."""
+    _check_block(block)
+    _check_node_tensor("h_src", h_src, block.num_src, "num_src", block, 2)
+    if weight.dim() != 2 or weight.shape[1] != h_src.shape[1]:
+        raise ValueError(f"weight must be [out_features, {h_src.shape[1]}] (h_src's width), got shape "
+                         f"{tuple(weight.shape)}")
+    if weight.dtype != h_src.dtype or weight.device != h_src.device:
+        raise ValueError(f"weight is {weight.dtype} on {weight.device} but h_src {h_src.dtype} on {h_src.device}; "
+                         f"convert one of them")
+    if add_self_loops:
+        _check_prefix(block)
+    backend = _backend_for(h_src.device)
+    if backend.gcn_aggregate_project is None:
+        return backend.gcn_aggregate(block, h_src, add_self_loops) @ weight.t()
+    return backend.gcn_aggregate_project(block, h_src, weight, add_self_loops)
 
 
 def gat_attention(

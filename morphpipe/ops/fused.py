@@ -199,6 +199,15 @@ def weighted_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None, src
             block, x, src_scale, dst_scale, self_loop, kind,
             csr_sum=lambda: weighted_sum(plain, x, None, src_scale, dst_scale, self_loop, kind),
             inter_sum=lambda inter, h, src, dst: WeightedSum.apply(h, None, inter, src, dst, False, None))
+    if _sum_kernel(block, x, self_loop, kind) == "dense":
+        return _dense_sum(block, x, edge_weight, src_scale, dst_scale, self_loop)
+    width = x.shape[1]
+    order = _row_order(block, kind, width, x.dtype, _gather_work(width))
+    return WeightedSum.apply(x, edge_weight, block, src_scale, dst_scale, self_loop, order)
+
+
+def _sum_kernel(block: Block, x: Tensor, self_loop: bool, kind: str) -> str:
+    """"rowwise" or "dense": the kernel the choice picks for a weighted sum of `x` over `block`."""
     width = x.shape[1]
     edges = block.nnz + (block.num_dst if self_loop else 0)
     dense_fits = block.num_dst * block.num_src <= DENSE_MAX_ENTRIES
@@ -208,12 +217,8 @@ def weighted_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None, src
         return {"rowwise": calibration.gather(edges, block.num_dst, width),
                 "dense": calibration.dense(block.num_dst, block.num_src, edges, width)}
 
-    kernel = choice.choose("aggregate.kernel", _signature(kind, block, width, x.dtype), kernel_costs,
-                           options=("rowwise", "dense") if dense_fits else ("rowwise",))
-    if kernel == "dense":
-        return _dense_sum(block, x, edge_weight, src_scale, dst_scale, self_loop)
-    order = _row_order(block, kind, width, x.dtype, _gather_work(width))
-    return WeightedSum.apply(x, edge_weight, block, src_scale, dst_scale, self_loop, order)
+    return choice.choose("aggregate.kernel", _signature(kind, block, width, x.dtype), kernel_costs,
+                         options=("rowwise", "dense") if dense_fits else ("rowwise",))
 
 
 def aggregate(block: Block, h_src: Tensor, reduce: str, edge_weight: Tensor | None) -> Tensor:
@@ -233,6 +238,46 @@ def gcn_aggregate(block: Block, h_src: Tensor, add_self_loops: bool) -> Tensor:
     """Fused `D_dst^-1/2 (A + I) D_src^-1/2 h_src` (the `Backend.gcn_aggregate` contract)."""
     src_scale, dst_scale = gcn_scales(block, add_self_loops, accumulate_dtype(h_src.dtype))
     return weighted_sum(block, h_src, None, src_scale, dst_scale, add_self_loops, kind="gcn")
+
+
+class WeightedSumProject(torch.autograd.Function):
+    """`WeightedSum` (no edge weights) and the projection `@ weight^T` of its output in one native pass
+    (`spmm_sum_project`): the aggregate is written once, for the weight's gradient, and never read back forward.
+    Backward is that of the two apart: `grad^T @ aggregate` to the weight, `grad @ weight` through the sum's adjoint."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, block: Block, src_scale: Tensor | None,
+                dst_scale: Tensor | None, self_loop: bool, row_order: Tensor | None) -> Tensor:
+        aggregated, projected = native.ops().spmm_sum_project(block.indptr, block.indices, x.contiguous(), None,
+                                                              src_scale, dst_scale, self_loop, weight.contiguous(),
+                                                              row_order)
+        ctx.save_for_backward(aggregated if ctx.needs_input_grad[1] else None, weight)
+        ctx.block, ctx.scales, ctx.self_loop = block, (src_scale, dst_scale), self_loop
+        return projected
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        aggregated, weight = ctx.saved_tensors
+        src_scale, dst_scale = ctx.scales
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _sum_backward(ctx.block, (grad @ weight).contiguous(), None, src_scale, dst_scale, ctx.self_loop)
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad.t() @ aggregated
+        return grad_x, grad_weight, None, None, None, None, None
+
+
+def gcn_aggregate_project(block: Block, h_src: Tensor, weight: Tensor, add_self_loops: bool) -> Tensor:
+    """`gcn_aggregate(...) @ weight^T` (the `Backend.gcn_aggregate_project` contract): one native pass on the CPU
+    where the row-wise kernel runs on float32/float64 and no gradient needs an edge-by-feature form, else apart."""
+    if (h_src.device.type != "cpu" or h_src.dtype not in (torch.float32, torch.float64)
+            or isinstance(block, GraphBlock) or _sum_kernel(block, h_src, add_self_loops, "gcn") == "dense"):
+        return gcn_aggregate(block, h_src, add_self_loops) @ weight.t()
+    src_scale, dst_scale = gcn_scales(block, add_self_loops, h_src.dtype)
+    width = h_src.shape[1]
+    order = _row_order(block, "gcn", width, h_src.dtype, _gather_work(width))
+    return WeightedSumProject.apply(h_src, weight, block, src_scale, dst_scale, add_self_loops, order)
 
 
 def _gat_grad_h(block: Block, alpha: Tensor, alpha_self: Tensor, grad: Tensor, h_heads: int) -> Tensor:

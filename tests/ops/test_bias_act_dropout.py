@@ -268,6 +268,37 @@ def test_sage_projection_forms_agree(form: str) -> None:
         torch.testing.assert_close(grad, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_gcn_projection_in_the_aggregation_pass_equals_the_legacy_step(dtype: torch.dtype) -> None:
+    """Every layer aggregating first (forced), the fused step projects in the aggregation's pass (the autograd graph
+    says so) and its output and every parameter's gradient equal the legacy step's, which projects apart."""
+    from morphpipe.ops import force_choices
+
+    def nodes(out: torch.Tensor) -> set[str]:
+        seen, stack = set(), [out.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is not None and type(node).__name__ not in seen:
+                seen.add(type(node).__name__)
+                stack.extend(next_node for next_node, _ in node.next_functions)
+        return seen
+
+    blocks, x = block_chain()
+    results = []
+    for variant in (LEGACY_STEP, FUSED_STEP):
+        torch.manual_seed(0)
+        model = build_model("gcn", 12, 5, dropout=0.0).to(dtype)
+        with use_step_variant(variant), force_choices({"gcn.order": "aggregate_first", "aggregate.kernel": "rowwise"}):
+            out = model(blocks, x.to(dtype))
+            assert ("WeightedSumProjectBackward" in nodes(out)) == (variant is FUSED_STEP)
+            out.square().sum().backward()
+        results.append((out.detach(), [p.grad for p in model.parameters()]))
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    torch.testing.assert_close(results[1][0], results[0][0], **tolerance)
+    for grad, expected in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(grad, expected, **tolerance)
+
+
 def test_model_dropout_is_reproducible_and_eval_matches_the_legacy_step() -> None:
     blocks, x = block_chain()
     model = build_model("sage", 12, 5, dropout=0.5).train()

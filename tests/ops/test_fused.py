@@ -88,6 +88,63 @@ def test_gcn_gradcheck_every_choice(choices, add_self_loops):
     assert_backends_agree(lambda h: ops.gcn_aggregate(block, h, add_self_loops), h, choices=choices)
 
 
+def projection_ran(out: torch.Tensor) -> bool:
+    """Whether `out` came from the one-pass aggregation and projection (its autograd node)."""
+    return type(out.grad_fn).__name__ == "WeightedSumProjectBackward"
+
+
+@pytest.mark.parametrize("choices", SUM_CHOICES, ids=lambda c: "-".join(c.values()))
+@pytest.mark.parametrize("add_self_loops", [True, False])
+def test_gcn_aggregate_project_gradcheck_every_choice(choices, add_self_loops):
+    """The one-pass projection equals the aggregation and a separate product, output and gradients, on every
+    kernel choice (the dense kernel's choice runs them apart)."""
+    block = make_block(EDGE_CASES, NUM_SRC)
+    h, weight = features(0, NUM_SRC, 3).requires_grad_(), features(1, 5, 3).requires_grad_()
+    with ops.use_backend("fused"), ops.force_choices(choices):
+        assert projection_ran(ops.gcn_aggregate_project(block, h, weight, add_self_loops)) == (
+            choices["aggregate.kernel"] == "rowwise")
+        assert torch.autograd.gradcheck(lambda h, w: ops.gcn_aggregate_project(block, h, w, add_self_loops),
+                                        (h, weight))
+    assert_backends_agree(lambda h, w: ops.gcn_aggregate_project(block, h, w, add_self_loops), h, weight,
+                          choices=choices)
+
+
+@pytest.mark.parametrize("order", ["natural", "degree_sorted"])
+@pytest.mark.parametrize("out_features", [1, 4, 15, 16, 17, 40])
+def test_gcn_aggregate_project_float32_on_sampled_blocks(sampled_blocks, order, out_features):
+    """float32 on a sampled block (groups of four rows and a partial one), widths across the 16-column passes and
+    their tails: output and both gradients within float32 rounding of the two apart."""
+    whole = sampled_blocks[0]
+    rows = whole.num_dst - 2 if whole.num_dst % 4 == 0 else whole.num_dst  # end in a partial group of four
+    block = Block(whole.indptr[:rows + 1], whole.indices[:int(whole.indptr[rows])], whole.num_src, rows)
+    h = features(3, block.num_src, 130, dtype=torch.float32).requires_grad_()
+    weight = features(4, out_features, 130, dtype=torch.float32).requires_grad_()
+    grad = features(5, block.num_dst, out_features, dtype=torch.float32)
+    results = []
+    for together in (True, False):
+        leaves = [t.detach().clone().requires_grad_() for t in (h, weight)]
+        with ops.use_backend("fused"), ops.force_choices({"aggregate.kernel": "rowwise", "aggregate.order": order}):
+            out = (ops.gcn_aggregate_project(block, *leaves) if together
+                   else ops.gcn_aggregate(block, leaves[0]) @ leaves[1].t())
+            assert projection_ran(out) == together
+            out.backward(grad)
+        results.append([out.detach()] + [leaf.grad for leaf in leaves])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gcn_aggregate_project_refuses_a_bad_weight():
+    block = make_block(EDGE_CASES, NUM_SRC)
+    h = features(0, NUM_SRC, 3)
+    with pytest.raises(ValueError, match=r"weight must be \[out_features, 3\] \(h_src's width\), got shape \(5, 4\)"):
+        ops.gcn_aggregate_project(block, h, features(1, 5, 4))
+    with pytest.raises(ValueError, match="weight is torch.float32 on cpu but h_src torch.float64 on cpu"):
+        ops.gcn_aggregate_project(block, h, features(1, 5, 3, dtype=torch.float32))
+    with pytest.raises(RuntimeError, match="x must be float32 or float64, got Half"):
+        native.ops().spmm_sum_project(block.indptr, block.indices, h.half(), None, None, None, True,
+                                      features(1, 5, 3).half(), None)
+
+
 @pytest.mark.parametrize("choices", GAT_CHOICES, ids=lambda c: "-".join(c.values()))
 @pytest.mark.parametrize("add_self_loops", [True, False])
 @pytest.mark.parametrize("shared", [False, True], ids=["per-head", "shared"])
