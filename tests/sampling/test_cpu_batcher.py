@@ -218,6 +218,33 @@ def test_gather_rows_op_matches_indexing():
         native.ops().gather_rows(source, torch.tensor([1000]))
 
 
+# Widths across 64-byte lines (the non-temporal path takes rows of whole lines) and every dtype a feature table has.
+GATHER_WIDTHS = [1, 3, 15, 16, 17, 32, 255, 256, 257, 768]
+LEVEL_BIT = {"baseline": 1, "avx2": 2, "avx512": 4}
+GATHER_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8]
+
+
+def test_gather_rows_is_bit_equal_to_indexing_at_every_cpu_level():
+    """The gather kernel of each supported level (streaming stores for rows of whole cache lines, ordinary copies
+    otherwise) copies every row bit for bit, past its prefetch distances and across its threads' chunks."""
+    ops = native.ops()
+    generator = torch.Generator().manual_seed(5)
+    index = torch.randint(0, 700, (1500,), generator=generator)
+    index[:10] = 699  # repeated rows
+    levels = native.supported_cpu_capabilities()
+    for dtype in GATHER_DTYPES:
+        for width in GATHER_WIDTHS:
+            item = torch.empty(0, dtype=dtype).element_size()
+            source = torch.randint(0, 256, (700, width * item), generator=generator, dtype=torch.uint8).view(dtype)
+            for level in levels:
+                native.load().take_dispatched_capabilities()
+                with native.forced_cpu_capability(level):
+                    got = ops.gather_rows(source, index)
+                assert native.load().take_dispatched_capabilities() == LEVEL_BIT[level], f"{level} ran other code"
+                assert got.dtype == dtype and torch.equal(got.view(torch.uint8), source[index].view(torch.uint8)), \
+                    f"{level} {dtype} width {width}"
+
+
 def test_batcher_on_a_memory_mapped_preset():
     from morphpipe.data import load_dataset
 
