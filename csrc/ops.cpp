@@ -23,6 +23,9 @@ TORCH_LIBRARY(morphpipe, m) {
   m.def("add_to_sources(Tensor indptr, Tensor indices, Tensor values, int begin, int end, Tensor(a!) out) -> ()");
   // out[i] = source[index[i]] for a 2-D source (feature gathering).
   m.def("gather_rows(Tensor source, Tensor index) -> Tensor");
+  // CPU only: the same into a given contiguous [index.numel(), width] out of source's dtype, written with
+  // streaming stores as CpuBatcher writes its recycled batch buffers (the gather ceiling's loop).
+  m.def("gather_rows_out(Tensor source, Tensor index, Tensor(a!) out) -> ()");
   // Route 1 (CUDA only): sample_neighbors with topology in pinned host memory (read over UVA) and the
   // neighbour lists of hot nodes in a device cache: cache_slot int32 [N] (row in cache_indptr or -1).
   m.def("sample_neighbors_cached(Tensor indptr, Tensor indices, Tensor seeds, int[] fanouts, int seed, "

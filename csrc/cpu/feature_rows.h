@@ -22,7 +22,7 @@ inline at::Tensor gather_feature_rows(const at::Tensor& rows, FeatureStore* stor
     return x;
   }
   at::Tensor x = pool.empty({count, rows.size(1)}, rows.scalar_type());
-  gather_rows_into(rows, ids, count, x);
+  gather_rows_into(rows, ids, count, x, /*stream=*/true);  // the pool recycles x: its lines are not cached
   return x;
 }
 

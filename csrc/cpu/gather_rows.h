@@ -8,7 +8,9 @@
 
 namespace morphpipe {
 
-// Copies rows `rows[0..count)` of the 2-D contiguous `source` into the rows of `out`.
-void gather_rows_into(const at::Tensor& source, const int64_t* rows, int64_t count, at::Tensor& out);
+// Copies rows `rows[0..count)` of the 2-D contiguous `source` into the rows of `out`. With `stream`, rows of whole
+// 64-byte lines go to memory with non-temporal stores: faster into a recycled buffer whose lines are not cached,
+// slower into fresh pages (the kernel's zeroing leaves their lines cached, and each must be evicted first).
+void gather_rows_into(const at::Tensor& source, const int64_t* rows, int64_t count, at::Tensor& out, bool stream);
 
 }  // namespace morphpipe

@@ -2,8 +2,9 @@
 
 Memory: the copy bandwidth of all cores (STREAM's copy: bytes read plus bytes written per second, by a
 parallel `Tensor.copy_` of a buffer far larger than the caches) and the rate of random row gathers of a
-given row size (rows per second, the best of the native `gather_rows` op and `torch.index_select`, both
-parallel over all threads, from a table far larger than the caches). Compute: the GEMM rate of torch's
+given row size (rows per second, the best of the native `gather_rows` op into a new tensor, the native
+`gather_rows_out` into a reused one (streaming stores, as the CPU batcher writes its recycled batches) and
+`torch.index_select` into a reused one, all parallel over all threads, from a table far larger than the caches). Compute: the GEMM rate of torch's
 `mm` at a training step's own shapes, recorded from one real step (forward and backward), in float32
 and bfloat16. Benchmarks print their figures beside these (`share`).
 """
@@ -80,17 +81,19 @@ def measure_copy_bandwidth(buffer_bytes: int = DEFAULT_BUFFER_BYTES, repeats: in
 def measure_row_gather(row_bytes: int, table_bytes: int = DEFAULT_BUFFER_BYTES, rows: int = GATHER_ROWS_PER_RUN,
                        repeats: int = 3) -> float:
     """Rows per second of uniformly random `row_bytes`-byte rows gathered from a `table_bytes` table into a
-    contiguous output: the best of the native gather op and `torch.index_select` (float16 rows)."""
+    contiguous output: the best of the native gather into a new and into a reused output, and of
+    `torch.index_select` (float16 rows)."""
     if row_bytes % 2 or row_bytes <= 0:
         raise ValueError(f"row_bytes={row_bytes}: give a positive, even number of bytes (rows are float16)")
     width = row_bytes // 2
     table = torch.ones(max(table_bytes // row_bytes, 1), width, dtype=torch.float16)
     index = torch.randint(0, table.shape[0], (rows,), generator=torch.Generator().manual_seed(0))
     out = torch.empty(rows, width, dtype=torch.float16)
-    gather = native.ops().gather_rows
-    native_s = best_seconds(lambda: gather(table, index), repeats)
+    ops = native.ops()
+    native_s = best_seconds(lambda: ops.gather_rows(table, index), repeats)
+    native_reused_s = best_seconds(lambda: ops.gather_rows_out(table, index, out), repeats)
     torch_s = best_seconds(lambda: torch.index_select(table, 0, index, out=out), repeats)
-    return rows / min(native_s, torch_s)
+    return rows / min(native_s, native_reused_s, torch_s)
 
 
 def measure_memory_ceiling(row_bytes: Sequence[int] = (256, 512),

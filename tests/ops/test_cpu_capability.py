@@ -94,12 +94,14 @@ def run_every_kernel(width: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     table, pair_dst = rand(num_src, width), torch.randint(0, num_src, (nnz,), generator=generator)
     out["pair_dot"] = ops.pair_dot(table, indices, pair_dst)
     out["pair_dot_grad"] = ops.pair_dot_backward(table, indices, pair_dst, rand(nnz))
+    # The row gather: 600 rows, past its prefetch distances and across its threads' 256-row chunks.
+    out["gather_rows"] = ops.gather_rows(x, torch.randint(0, num_src, (600,), generator=generator))
     return out
 
 
 def exact(name: str) -> bool:
-    """Outputs every level must reproduce bit for bit: integers, and maxima (one multiply each, no sums)."""
-    return name == "argmax" or name.endswith("_mask") or name == "max"
+    """Outputs every level must reproduce bit for bit: integers, maxima (one multiply each, no sums), copied rows."""
+    return name in ("argmax", "max", "gather_rows") or name.endswith("_mask")
 
 
 @pytest.fixture(scope="module")

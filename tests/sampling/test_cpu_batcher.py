@@ -218,6 +218,50 @@ def test_gather_rows_op_matches_indexing():
         native.ops().gather_rows(source, torch.tensor([1000]))
 
 
+# Widths across 64-byte lines (the non-temporal path takes rows of whole lines) and every dtype a feature table has.
+GATHER_WIDTHS = [1, 3, 15, 16, 17, 32, 255, 256, 257, 768]
+LEVEL_BIT = {"baseline": 1, "avx2": 2, "avx512": 4}
+GATHER_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.uint8]
+
+
+def test_gather_rows_is_bit_equal_to_indexing_at_every_cpu_level():
+    """The gather kernel of each supported level copies every row bit for bit, past its prefetch distances and across
+    its threads' chunks: into a new tensor (ordinary stores), into a reused line-aligned one (streaming stores for
+    rows of whole cache lines) and into one 16 bytes past a line (ordinary stores: streaming needs aligned lines)."""
+    ops = native.ops()
+    generator = torch.Generator().manual_seed(5)
+    index = torch.randint(0, 700, (600,), generator=generator)  # past 64 rows ahead, three 256-row chunks
+    index[:10] = 699  # repeated rows
+    levels = native.supported_cpu_capabilities()
+    for dtype in GATHER_DTYPES:
+        for width in GATHER_WIDTHS:
+            item = torch.empty(0, dtype=dtype).element_size()
+            source = torch.randint(0, 256, (700, width * item), generator=generator, dtype=torch.uint8).view(dtype)
+            want = source[index].view(torch.uint8)
+            aligned = torch.empty(index.numel(), width, dtype=dtype)
+            unaligned = torch.empty(want.numel() + 64, dtype=torch.uint8)[16:16 + want.numel()].view(dtype)
+            unaligned = unaligned.view(index.numel(), width)
+            for level in levels:
+                native.load().take_dispatched_capabilities()
+                with native.forced_cpu_capability(level):
+                    got = ops.gather_rows(source, index)
+                    for out in (aligned, unaligned):
+                        out.view(torch.uint8).fill_(0)
+                        ops.gather_rows_out(source, index, out)
+                        assert torch.equal(out.view(torch.uint8), want), f"{level} {dtype} width {width} out="
+                assert native.load().take_dispatched_capabilities() == LEVEL_BIT[level], f"{level} ran other code"
+                assert got.dtype == dtype and torch.equal(got.view(torch.uint8), want), f"{level} {dtype} width {width}"
+
+
+def test_gather_rows_out_refuses_an_output_of_the_wrong_shape_or_dtype():
+    source, index = torch.randn(10, 4), torch.tensor([1, 2, 3])
+    for out in (torch.empty(3, 5), torch.empty(2, 4), torch.empty(3, 4, dtype=torch.float64), torch.empty(4, 3).t()):
+        with pytest.raises(RuntimeError, match=r"gather_rows_out: out must be a contiguous CPU tensor \[3, 4\] of"):
+            native.ops().gather_rows_out(source, index, out)
+    with pytest.raises(RuntimeError, match="outside"):
+        native.ops().gather_rows_out(source, torch.tensor([10]), torch.empty(1, 4))
+
+
 def test_batcher_on_a_memory_mapped_preset():
     from morphpipe.data import load_dataset
 
