@@ -200,6 +200,14 @@ def weighted_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None, src
             csr_sum=lambda: weighted_sum(plain, x, None, src_scale, dst_scale, self_loop, kind),
             inter_sum=lambda inter, h, src, dst: WeightedSum.apply(h, None, inter, src, dst, False, None))
     width = x.shape[1]
+    if _kernel(block, width, x.dtype, self_loop, kind) == "dense":
+        return _dense_sum(block, x, edge_weight, src_scale, dst_scale, self_loop)
+    order = _row_order(block, kind, width, x.dtype, _gather_work(width))
+    return WeightedSum.apply(x, edge_weight, block, src_scale, dst_scale, self_loop, order)
+
+
+def _kernel(block: Block, width: int, dtype: torch.dtype, self_loop: bool, kind: str) -> str:
+    """"rowwise" or "dense": the kernel the choice picks for a sum over `block` of rows `width` wide."""
     edges = block.nnz + (block.num_dst if self_loop else 0)
     dense_fits = block.num_dst * block.num_src <= DENSE_MAX_ENTRIES
 
@@ -208,12 +216,17 @@ def weighted_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None, src
         return {"rowwise": calibration.gather(edges, block.num_dst, width),
                 "dense": calibration.dense(block.num_dst, block.num_src, edges, width)}
 
-    kernel = choice.choose("aggregate.kernel", _signature(kind, block, width, x.dtype), kernel_costs,
-                           options=("rowwise", "dense") if dense_fits else ("rowwise",))
-    if kernel == "dense":
-        return _dense_sum(block, x, edge_weight, src_scale, dst_scale, self_loop)
-    order = _row_order(block, kind, width, x.dtype, _gather_work(width))
-    return WeightedSum.apply(x, edge_weight, block, src_scale, dst_scale, self_loop, order)
+    return choice.choose("aggregate.kernel", _signature(kind, block, width, dtype), kernel_costs,
+                         options=("rowwise", "dense") if dense_fits else ("rowwise",))
+
+
+def rowwise_mean_plan(block: Block, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor | None] | None:
+    """`(dst_scale, row_order)` of the mean `aggregate` runs over `block` when that is the row-wise kernel (what
+    `morphpipe.ops.relu_mean` fuses into), None when it is another (a whole-graph layer, the densified one)."""
+    if isinstance(block, GraphBlock) or _kernel(block, width, dtype, False, "mean") != "rowwise":
+        return None
+    dst_scale = 1.0 / in_degrees(block).clamp(min=1).to(accumulate_dtype(dtype))
+    return dst_scale, _row_order(block, "mean", width, dtype, _gather_work(width))
 
 
 def aggregate(block: Block, h_src: Tensor, reduce: str, edge_weight: Tensor | None) -> Tensor:
