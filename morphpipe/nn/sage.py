@@ -123,13 +123,17 @@ class GraphSAGE(BlockModel):
         )
 
     def forward(self, blocks: Sequence[Block], x: Tensor) -> Tensor:
-        """`BlockModel.forward`; in training with the fused step, each layer after the first takes the previous
-        one's output before its bias + ReLU + dropout, to fuse them with its mean (`SAGEConv.propagate_activated`)."""
+        """`BlockModel.forward`; in training with the fused step, each middle layer takes the previous one's output
+        before its bias + ReLU + dropout, to fuse them with its mean (`SAGEConv.propagate_activated`). The last layer
+        is called as a module, as `BlockModel` calls it (its hooks run)."""
         variant = current_step_variant()
-        if not (self.training and torch.is_grad_enabled() and variant.fused_activation and variant.fused_projection):
+        if not (self.training and torch.is_grad_enabled() and variant.fused_activation and variant.fused_projection
+                and self.num_layers > 2):
             return super().forward(blocks, x)
         check_blocks(type(self).__name__, blocks, x, self.num_layers)
+        last = self.num_layers - 1
         pre = self.convs[0].propagate(blocks[0], x)
-        for i in range(1, self.num_layers):
+        for i in range(1, last):
             pre = self.convs[i].propagate_activated(blocks[i], pre, self.convs[i - 1].bias, self.dropout)
-        return pre + self.convs[-1].bias
+        return self.convs[last](blocks[last], bias_act_dropout(pre, self.convs[last - 1].bias, "relu", self.dropout,
+                                                               True))
