@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from morphpipe import native
-from morphpipe.ops import fused
+from morphpipe.ops import choice, fused
 from morphpipe.ops.aggregate import current_backend
 from morphpipe.ops.bias_act_dropout import draw_seed
 from morphpipe.sampling.minibatch import Block
@@ -60,7 +60,10 @@ def relu_mean_runs(pre: Tensor, bias: Tensor, block: Block) -> bool:
 def relu_mean(pre: Tensor, bias: Tensor, block: Block, p: float) -> tuple[Tensor, Tensor] | None:
     """`(mean of dropout(relu(pre + bias), p) over block, its first num_dst rows)` in training, as one autograd node;
     None when the mean would not run the row-wise kernel (then the caller runs the separate ops). Draws the dropout
-    seed as `bias_act_dropout` does, so the same generator state gives the same mask."""
+    seed as `bias_act_dropout` does, so the same generator state gives the same mask. Its backward goes through the
+    transposed structure, so a forced `aggregate.backward` of "scatter" leaves the ops separate (honoured there)."""
+    if choice.forced_option("aggregate.backward") == "scatter":
+        return None
     plan = fused.rowwise_mean_plan(block, pre.shape[1], pre.dtype)
     if plan is None:
         return None

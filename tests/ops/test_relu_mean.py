@@ -9,7 +9,7 @@ import torch
 from morphpipe import native
 from morphpipe.nn import build_model
 from morphpipe.nn.base import BlockModel
-from morphpipe.ops import aggregate
+from morphpipe.ops import aggregate, force_choices
 from morphpipe.ops.bias_act_dropout import bias_act_dropout
 from morphpipe.ops.prefix_split import split_prefix
 from morphpipe.ops.relu_mean import relu_mean
@@ -149,3 +149,11 @@ def test_a_sage_training_step_equals_the_step_without_the_fusion():
                 torch.testing.assert_close(grad, want_grads[name], rtol=1e-6, atol=1e-7)
             else:
                 assert torch.equal(grad, want_grads[name]), name
+
+
+def test_a_forced_scatter_backward_leaves_the_ops_separate():
+    block = random_block(90, 40, 3)
+    pre, bias = torch.randn(90, 8, requires_grad=True), torch.zeros(8, requires_grad=True)
+    with force_choices({"aggregate.backward": "scatter"}):
+        assert relu_mean(pre, bias, block, 0.5) is None
+    assert relu_mean(pre, bias, block, 0.5) is not None
