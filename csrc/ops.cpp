@@ -94,4 +94,10 @@ TORCH_LIBRARY(morphpipe, m) {
   // Its backward from the output and the mask: grad_x, and grad_bias (column sums of grad_x) when asked.
   m.def("bias_act_dropout_backward(Tensor grad, Tensor out, Tensor mask, str activation, float p, "
         "bool need_bias_grad) -> (Tensor grad_x, Tensor grad_bias)");
+  // The backward of mean(relu + dropout of x) and of its own rows x[:self_rows], one pass per row of x (a SAGE
+  // layer after the fused activation; CPU only): over the transposed structure (t_indptr [rows + 1], t_dst in
+  // [0, num_dst)), grad_x[j] = (sum_e scale[i] grad[i] + [j < self_rows] self_grad[j]) * (out[j] > 0) / (1 - p),
+  // i = t_dst[e], and grad_bias its column sums; out is the activation's output.
+  m.def("relu_mean_backward(Tensor t_indptr, Tensor t_dst, Tensor grad, Tensor scale, Tensor? self_grad, "
+        "Tensor out, float p) -> (Tensor grad_x, Tensor grad_bias)");
 }

@@ -1,14 +1,19 @@
 """GraphSAGE with mean aggregation (Hamilton et al., 2017) on mini-batch blocks."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int, layer_dims
+from morphpipe.nn.base import BlockModel, check_blocks, check_model_args, check_positive_int, layer_dims
 from morphpipe.ops import aggregate
-from morphpipe.ops.autocast_input import layer_input, project
+from morphpipe.ops.autocast_input import layer_input, narrower_autocast_dtype, project
+from morphpipe.ops.bias_act_dropout import bias_act_dropout
 from morphpipe.ops.prefix_split import split_prefix
 from morphpipe.ops.reassociate import PROJECT_FIRST, linear_layer_order
+from morphpipe.ops.relu_mean import relu_mean, relu_mean_runs
 from morphpipe.ops.sage_projection import sage_projection
 from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear, transform_choice
 from morphpipe.ops.step_variant import current_step_variant
@@ -84,6 +89,29 @@ class SAGEConv(nn.Module):
             neigh = project(mean, self.lin_neigh.weight)
         return neigh + sparse_aware_linear(h_dst, self.lin_self.weight, None, density)
 
+    def propagate_activated(self, block: Block, pre: Tensor, bias: Tensor, p: float) -> Tensor:
+        """`propagate(block, dropout(relu(pre + bias), p))` in training, `pre` being the previous layer's output
+        before its bias.
+
+        When this layer aggregates first through the fused projection, the activation, the mean and the own rows
+        run as one autograd node (`morphpipe.ops.relu_mean`: one backward pass over the activations instead of
+        three); otherwise, and on the first call (the input's density is measured on the activations), the
+        activation runs alone and `propagate` takes it.
+        """
+        density = self.input_density.density
+        if bias.dtype != pre.dtype and torch.is_autocast_enabled(pre.device.type):
+            bias = bias.to(pre.dtype)  # as bias_act_dropout applies the float32 master bias under autocast
+        if density is not None and narrower_autocast_dtype(pre) is None and relu_mean_runs(pre, bias, block):
+            own = pre[: block.num_dst]
+            aggregate_first = linear_layer_order("sage", block, pre, self.out_features, density,
+                                                 self_loops=False) != PROJECT_FIRST
+            if aggregate_first and transform_choice(own, self.out_features, density) == "dense":
+                fused = relu_mean(pre, bias, block, p)
+                if fused is not None:
+                    mean, h_dst = fused
+                    return sage_projection(mean, h_dst, self.lin_neigh.weight, self.lin_self.weight)
+        return self.propagate(block, bias_act_dropout(pre, bias, "relu", p, True))
+
 
 class GraphSAGE(BlockModel):
     """GraphSAGE-mean: `num_layers` SAGEConv layers, in_dim -> hidden -> ... -> num_classes."""
@@ -93,3 +121,19 @@ class GraphSAGE(BlockModel):
         super().__init__(
             [SAGEConv(i, o) for i, o in layer_dims(in_dim, hidden, num_classes, num_layers)], dropout
         )
+
+    def forward(self, blocks: Sequence[Block], x: Tensor) -> Tensor:
+        """`BlockModel.forward`; in training with the fused step, each middle layer takes the previous one's output
+        before its bias + ReLU + dropout, to fuse them with its mean (`SAGEConv.propagate_activated`). The last layer
+        is called as a module, as `BlockModel` calls it (its hooks run)."""
+        variant = current_step_variant()
+        if not (self.training and torch.is_grad_enabled() and variant.fused_activation and variant.fused_projection
+                and self.num_layers > 2):
+            return super().forward(blocks, x)
+        check_blocks(type(self).__name__, blocks, x, self.num_layers)
+        last = self.num_layers - 1
+        pre = self.convs[0].propagate(blocks[0], x)
+        for i in range(1, last):
+            pre = self.convs[i].propagate_activated(blocks[i], pre, self.convs[i - 1].bias, self.dropout)
+        return self.convs[last](blocks[last], bias_act_dropout(pre, self.convs[last - 1].bias, "relu", self.dropout,
+                                                               True))

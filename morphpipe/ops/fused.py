@@ -199,16 +199,15 @@ def weighted_sum(block: Block, x: Tensor, edge_weight: Tensor | None = None, src
             block, x, src_scale, dst_scale, self_loop, kind,
             csr_sum=lambda: weighted_sum(plain, x, None, src_scale, dst_scale, self_loop, kind),
             inter_sum=lambda inter, h, src, dst: WeightedSum.apply(h, None, inter, src, dst, False, None))
-    if _sum_kernel(block, x, self_loop, kind) == "dense":
-        return _dense_sum(block, x, edge_weight, src_scale, dst_scale, self_loop)
     width = x.shape[1]
+    if _kernel(block, width, x.dtype, self_loop, kind) == "dense":
+        return _dense_sum(block, x, edge_weight, src_scale, dst_scale, self_loop)
     order = _row_order(block, kind, width, x.dtype, _gather_work(width))
     return WeightedSum.apply(x, edge_weight, block, src_scale, dst_scale, self_loop, order)
 
 
-def _sum_kernel(block: Block, x: Tensor, self_loop: bool, kind: str) -> str:
-    """"rowwise" or "dense": the kernel the choice picks for a weighted sum of `x` over `block`."""
-    width = x.shape[1]
+def _kernel(block: Block, width: int, dtype: torch.dtype, self_loop: bool, kind: str) -> str:
+    """"rowwise" or "dense": the kernel the choice picks for a sum over `block` of rows `width` wide."""
     edges = block.nnz + (block.num_dst if self_loop else 0)
     dense_fits = block.num_dst * block.num_src <= DENSE_MAX_ENTRIES
 
@@ -217,8 +216,17 @@ def _sum_kernel(block: Block, x: Tensor, self_loop: bool, kind: str) -> str:
         return {"rowwise": calibration.gather(edges, block.num_dst, width),
                 "dense": calibration.dense(block.num_dst, block.num_src, edges, width)}
 
-    return choice.choose("aggregate.kernel", _signature(kind, block, width, x.dtype), kernel_costs,
+    return choice.choose("aggregate.kernel", _signature(kind, block, width, dtype), kernel_costs,
                          options=("rowwise", "dense") if dense_fits else ("rowwise",))
+
+
+def rowwise_mean_plan(block: Block, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor | None] | None:
+    """`(dst_scale, row_order)` of the mean `aggregate` runs over `block` when that is the row-wise kernel (what
+    `morphpipe.ops.relu_mean` fuses into), None when it is another (a whole-graph layer, the densified one)."""
+    if isinstance(block, GraphBlock) or _kernel(block, width, dtype, False, "mean") != "rowwise":
+        return None
+    dst_scale = 1.0 / in_degrees(block).clamp(min=1).to(accumulate_dtype(dtype))
+    return dst_scale, _row_order(block, "mean", width, dtype, _gather_work(width))
 
 
 def aggregate(block: Block, h_src: Tensor, reduce: str, edge_weight: Tensor | None) -> Tensor:
@@ -272,7 +280,7 @@ def gcn_aggregate_project(block: Block, h_src: Tensor, weight: Tensor, add_self_
     """`gcn_aggregate(...) @ weight^T` (the `Backend.gcn_aggregate_project` contract): one native pass on the CPU
     where the row-wise kernel runs on float32/float64 and no gradient needs an edge-by-feature form, else apart."""
     if (h_src.device.type != "cpu" or h_src.dtype not in (torch.float32, torch.float64)
-            or isinstance(block, GraphBlock) or _sum_kernel(block, h_src, add_self_loops, "gcn") == "dense"):
+            or isinstance(block, GraphBlock) or _kernel(block, h_src.shape[1], h_src.dtype, add_self_loops, "gcn") == "dense"):
         return gcn_aggregate(block, h_src, add_self_loops) @ weight.t()
     src_scale, dst_scale = gcn_scales(block, add_self_loops, h_src.dtype)
     width = h_src.shape[1]

@@ -90,6 +90,10 @@ def run_every_kernel(width: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
             out[key], out[key + "_mask"] = ops.bias_act_dropout(activations, bias, activation, p, 7)
             out[key + "_grad"], out[key + "_bias_grad"] = ops.bias_act_dropout_backward(
                 activations, out[key], out[key + "_mask"], activation, p, True)
+    # The backward of ReLU + dropout and a mean with the first 25 sources' own rows (the transposed structure).
+    t_indptr, t_dst, _ = ops.csr_transpose(indptr, indices, num_src)
+    out["relu_mean_grad"], out["relu_mean_bias_grad"] = ops.relu_mean_backward(
+        t_indptr, t_dst, grad, dst_scale, rand(25, width), rand(num_src, width).relu(), 0.3)
     # The pair scorer over pairs of rows of one table (the block's sources paired with random rows).
     table, pair_dst = rand(num_src, width), torch.randint(0, num_src, (nnz,), generator=generator)
     out["pair_dot"] = ops.pair_dot(table, indices, pair_dst)
