@@ -89,6 +89,9 @@ def main() -> None:
     parser.add_argument("--memory-budgets", type=share_list, default="0.1,0.5,1",
                         help="memory budgets to plan the tiering within, as what the topology and training's working "
                              "set need plus this share of the feature bytes, each in [0, 1] (default 0.1,0.5,1)")
+    parser.add_argument("--io-threads", type=int_list, default=[],
+                        help="also time the cache-less store with each of these I/O thread counts, in two turns (the "
+                             "second in reverse order, so the load's drift does not favour one), e.g. 12,24,48,96")
     args = parser.parse_args()
     fanouts = args.fanouts
     directory = Path(args.dataset) if Path(args.dataset).is_dir() else ensure_preset(PRESETS[args.dataset])
@@ -100,6 +103,13 @@ def main() -> None:
     for share in args.cache_shares:
         graph = HeteroGraphStore.load(directory, features_on_disk=True, feature_cache_bytes=int(share * feature_bytes))
         rows.append((f"disk, cache {share:.0%}", graph.feature_stores, measured_batching(graph, args)))
+    if args.io_threads:
+        graph = HeteroGraphStore.load(directory, features_on_disk=True)
+        for turn, counts in enumerate((args.io_threads, args.io_threads[::-1]), 1):
+            for count in counts:
+                graph.open_feature_store(0, count)
+                rows.append((f"disk, cache 0%, {count_of(count, 'I/O thread')} (turn {turn})", graph.feature_stores,
+                             measured_batching(graph, args)))
     rows.extend(planned_rows(directory, args.memory_budgets, feature_bytes, args))
     load = max(load, os.getloadavg()[0])
     print(f"{directory.name}: features {feature_bytes / 1e6:,.1f} MB over {len(rows[1][1] or {})} typed store(s); "

@@ -107,8 +107,10 @@ class DiskProfile:
     size. A missed row holds the disk for reads per miss / that rate, both at the cache's size.
 
     `io_curve` holds the store's read rate and CPU time per read at several I/O thread counts (increasing), one of
-    them `io_threads`, the count every rate above was measured at: at another count the rates scale by the curve's
-    rate there over its rate at `io_threads`, and each pread costs the curve's CPU time there. Empty (profiles from
+    them `io_threads`, the count every rate above was measured at, timed on small reads (sparse misses): at another
+    count a read's queue wait, the curve's time per read at `io_threads`, becomes the curve's time per read there,
+    the rest of a longer read's time (its bytes' transfer) unchanged, so reads many times longer than the curve's
+    gain little from more threads; each pread costs the curve's CPU time there. Empty (profiles from
     before it was measured): the store's own I/O threads only, and no CPU time charged for reading.
 
     `gpu_rows_per_batch` is the rows a Route 1 (GPU batcher) batch gathers through the store: its input rows the GPU
@@ -177,15 +179,20 @@ class DiskProfile:
     def reads_per_s_at(self, cache_bytes: int, io_threads: int | None = None) -> float:
         """The preads per second the misses of a cache of `cache_bytes` are served at with `io_threads` I/O threads
         (None: those the rates were measured with): the store's rate timed on such misses, else its rate on the
-        profiled batches, else the disk's random-read rate; scaled along `io_curve` to `io_threads`."""
+        profiled batches, else the disk's random-read rate; its queue wait (the time a read of `io_curve`'s takes at
+        the profiled count) scaled along `io_curve` to `io_threads`, the rest of a longer read's time kept."""
         if self.reads_per_s_curve:
             rate = self._along_curve(self.reads_per_s_curve, cache_bytes)
         else:
             rate = self.store_reads_per_s if self.store_reads_per_s is not None else self.facts.random_reads_per_s
         if io_threads is None or not self.io_curve:
             return rate
-        return rate * self._along_io_curve("reads_per_s", io_threads) / self._along_io_curve("reads_per_s",
-                                                                                             self.io_threads)
+        # The curve times small reads, so its time per read is the part of a read the queue depth shortens; the rest
+        # of a longer read (more of its bytes, coalesced rows) is transfer, which more I/O threads do not shorten.
+        # Only that share of a read's time scales along the curve (all of it when the reads are as short).
+        timed = self._along_io_curve("reads_per_s", self.io_threads)
+        queued = min(1.0, rate / timed)
+        return rate / (1.0 - queued + queued * timed / self._along_io_curve("reads_per_s", io_threads))
 
     def io_thread_counts(self) -> list[int]:
         """The I/O thread counts the planner compares: those timed (none: the profile does not say)."""

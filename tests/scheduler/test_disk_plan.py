@@ -235,6 +235,40 @@ def test_reads_cost_the_cores_cpu_time_and_a_deeper_queue_reads_faster() -> None
     assert PhaseTimes.from_profile(cpu, 2, 2, 256_000, 4).cpu_batch_s == pytest.approx(unread.cpu_batch_s)
 
 
+# mag's curve, timed on sparse misses (short reads): the disk gains little past 24 threads.
+SHORT_READS_CURVE = (IoThreadsRate(12, 70_000.0, 8.4e-6), IoThreadsRate(24, 116_000.0, 8.0e-6),
+                     IoThreadsRate(48, 120_000.0, 6.8e-6), IoThreadsRate(96, 127_000.0, 8.5e-6))
+
+
+def test_more_io_threads_shorten_a_reads_queue_wait_not_its_transfer() -> None:
+    # mag's batches without a cache: coalesced reads of ~130 kB, 8.5k a second at 48 threads. A read's wait in the
+    # queue, the curve's 1/120k s at 48 threads, becomes its 1/127k s at 96; the rest of the read stays.
+    long_reads = dataclasses.replace(disk_profile(reads_per_s=8_500.0), io_curve=SHORT_READS_CURVE, io_threads=48)
+    assert long_reads.reads_per_s_at(0, 96) == pytest.approx(1 / (1 / 8_500 - 1 / 120_000 + 1 / 127_000))
+    assert long_reads.reads_per_s_at(0, 12) == pytest.approx(1 / (1 / 8_500 - 1 / 120_000 + 1 / 70_000))
+    assert long_reads.reads_per_s_at(0, 48) == long_reads.reads_per_s_at(0) == pytest.approx(8_500.0)
+    # Reads as short as the curve's (or shorter) are all wait: their rate scales as the curve's.
+    for rate in (120_000.0, 200_000.0):
+        short_reads = dataclasses.replace(long_reads, facts=dataclasses.replace(long_reads.facts,
+                                                                                random_reads_per_s=rate))
+        assert short_reads.reads_per_s_at(0, 96) == pytest.approx(rate * 127 / 120)
+
+
+def test_the_planner_does_not_buy_more_io_threads_for_reads_the_disk_transfers() -> None:
+    # Disk-bound, no room for a cache: 4,000 coalesced reads a batch at 8.5k a second. Scaled whole along the curve,
+    # 96 threads read 6% faster than 48 and were chosen (mag measured them 10-17% slower); their gain on these long
+    # reads is 0.4%, within the tolerance, so the fewer threads are kept. Below 24 the wait grows enough to matter.
+    disk = dataclasses.replace(disk_profile(reads_per_s=8_500.0, budget=0), io_curve=SHORT_READS_CURVE,
+                               io_threads=48)
+    profile = Profile.synthetic(t_cb=0.02, t_m=0.02, cores=2, cpu_efficiency=0.8, num_batches=30).replaced(disk=disk)
+    plan = plan_from_profile(profile, engine="fast")
+    epochs = {count: exhaustive_epochs(profile, 0, count) for count in disk.io_thread_counts()}
+    fastest = min(epochs.values())
+    assert plan.tiering.io_threads == min(count for count, epoch in epochs.items()
+                                          if epoch <= fastest * (1.0 + TOLERANCE))
+    assert plan.tiering.io_threads in (24, 48) and epochs[12] > fastest * (1.0 + TOLERANCE)
+
+
 def test_the_chosen_io_threads_go_through_json_and_old_plans_keep_the_stores_own() -> None:
     profile = io_profiles()[0]
     assert Profile.from_dict(profile.to_dict()) == profile
