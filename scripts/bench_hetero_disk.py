@@ -40,6 +40,14 @@ def share_list(text: str) -> list[float]:
     return [number(0.0, 1.0)(part) for part in text.split(",")]
 
 
+def thread_counts(text: str) -> list[int]:
+    """An argparse `type=`: comma-separated I/O thread counts, each at least 0 (0: the gathering thread reads alone)."""
+    counts = int_list(text)
+    if any(count < 0 for count in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: an I/O thread count cannot be negative (e.g. 24,48,96)")
+    return counts
+
+
 def planned_rows(directory: Path, shares: list[float], feature_bytes: int, args) -> list[tuple[str, dict, dict]]:
     """Profiles the graph with its features on disk once (the hit curve up to every row cached), then for each share
     plans the cache within a memory budget that leaves that share of the feature bytes to it beside the topology and
@@ -89,7 +97,7 @@ def main() -> None:
     parser.add_argument("--memory-budgets", type=share_list, default="0.1,0.5,1",
                         help="memory budgets to plan the tiering within, as what the topology and training's working "
                              "set need plus this share of the feature bytes, each in [0, 1] (default 0.1,0.5,1)")
-    parser.add_argument("--io-threads", type=int_list, default=[],
+    parser.add_argument("--io-threads", type=thread_counts, default=[],
                         help="also time the cache-less store with each of these I/O thread counts, in two turns (the "
                              "second in reverse order, so the load's drift does not favour one), e.g. 12,24,48,96")
     args = parser.parse_args()
