@@ -93,7 +93,8 @@ class SAGEConv(nn.Module):
         """`propagate(block, dropout(relu(pre + bias), p))` in training, `pre` being the previous layer's output
         before its bias.
 
-        When this layer aggregates first through the fused projection, the activation, the mean and the own rows
+        When this layer aggregates first through the fused projection on float32 activations (under bf16 autocast
+        the fused pass made the step 1.3x slower, BENCHMARKS.md), the activation, the mean and the own rows
         run as one autograd node (`morphpipe.ops.relu_mean`: one backward pass over the activations instead of
         three); otherwise, and on the first call (the input's density is measured on the activations), the
         activation runs alone and `propagate` takes it.
@@ -101,7 +102,8 @@ class SAGEConv(nn.Module):
         density = self.input_density.density
         if bias.dtype != pre.dtype and torch.is_autocast_enabled(pre.device.type):
             bias = bias.to(pre.dtype)  # as bias_act_dropout applies the float32 master bias under autocast
-        if density is not None and narrower_autocast_dtype(pre) is None and relu_mean_runs(pre, bias, block):
+        if (density is not None and pre.dtype == torch.float32 and narrower_autocast_dtype(pre) is None
+                and relu_mean_runs(pre, bias, block)):
             own = pre[: block.num_dst]
             aggregate_first = linear_layer_order("sage", block, pre, self.out_features, density,
                                                  self_loops=False) != PROJECT_FIRST
