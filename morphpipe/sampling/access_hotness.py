@@ -207,9 +207,8 @@ def rank_by_expected_typed_access(graph, seeds: torch.Tensor, fanouts: TypedFano
         described = "; ".join(f"{relation.key} {','.join(str(hop[index]) for hop in hops)}"
                               for index, relation in enumerate(graph.relations))
     ranked_by = f"expected access per byte (fanouts {described}, batch {batch_size}, {len(seeds):,} seeds)"
-    if graph.cache_ranked_by != ranked_by:  # float32, as for a homogeneous graph
-        reads = expected_typed_batch_reads(graph, seeds, fanouts, batch_size, progress=progress)
-        graph.rank_feature_cache({name: part.to(torch.float32) for name, part in reads.items()}, ranked_by)
+    _rank_if_changed(graph, ranked_by, lambda: expected_typed_batch_reads(graph, seeds, fanouts, batch_size,
+                                                                          progress=progress))
     return True
 
 
@@ -245,9 +244,19 @@ def rank_by_expected_link_access(graph, edge_ids: torch.Tensor, fanouts: Sequenc
 
 
 def _rank_feature_cache(graph, ranked_by: str, reads: Callable[[], torch.Tensor]) -> bool:
-    """Ranks `graph`'s feature cache by `reads()` (said as `ranked_by`) unless it already is; see the callers."""
+    """Ranks homogeneous `graph`'s feature cache by `reads()` (said as `ranked_by`) unless it already is; see the
+    callers."""
     if getattr(graph, "feature_store", None) is None or getattr(graph, "is_hetero", False):
         return False
-    if graph.cache_ranked_by != ranked_by:  # kept as float32: half the memory, the same ranking but for near ties
-        graph.rank_feature_cache(reads().to(torch.float32), ranked_by)
+    _rank_if_changed(graph, ranked_by, reads)
     return True
+
+
+def _rank_if_changed(graph, ranked_by: str, reads: Callable[[], torch.Tensor | dict[str, torch.Tensor]]) -> None:
+    """`graph.rank_feature_cache` by `reads()` (a tensor, or one per node type) unless the cache is ranked by
+    `ranked_by` already; kept as float32: half the memory, the same ranking but for near ties."""
+    if graph.cache_ranked_by == ranked_by:
+        return
+    hotness = reads()
+    graph.rank_feature_cache(hotness.to(torch.float32) if isinstance(hotness, torch.Tensor) else
+                             {name: part.to(torch.float32) for name, part in hotness.items()}, ranked_by)
