@@ -239,6 +239,6 @@ def format_profile(profile: Profile) -> str:
             lines.append("  by I/O threads   " + ", ".join(f"{point.io_threads}: {point.reads_per_s:,.0f} reads/s, "
                                                           f"{point.cpu_s_per_read * 1e6:.3g} us CPU a read"
                                                           for point in disk.io_curve if point.read_bytes == size)
-                         + (f" (reads of {size / 1e3:,.1f} kB)" if size is not None else "")
-                         + f" (the rates above at {disk.io_threads})")
+                         + (f" (reads of {size / 1e3:,.1f} kB;" if size is not None else " (")
+                         + f" the rates above at {disk.io_threads})")
     return "\n".join(lines)

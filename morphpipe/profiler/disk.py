@@ -59,7 +59,7 @@ class DiskReadFacts:
 IO_THREAD_COUNTS = (1, 4, 12, 24, 48, 96)
 # Reads per timed gather when the I/O thread counts are timed (a batch's misses, split where they take more): a slow
 # count stops within one such gather of its time, and every count's queue fills (a batch's misses are read at once).
-IO_TIMING_READS = 1024
+IO_TIMING_READS = 512
 # The read sizes the I/O thread counts are timed at: the shortest and the longest mean read of the caches' misses
 # when it is this many times the shortest (sizes nearer than this are timed as one), and one between them this far
 # from both where a cache's misses have one.
