@@ -9,7 +9,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import psutil
@@ -57,9 +57,10 @@ class DiskReadFacts:
 
 # The I/O thread counts the profiler times the store's reads at (besides the store's own): its queue depth is one more.
 IO_THREAD_COUNTS = (1, 4, 12, 24, 48, 96)
-# Reads per timed gather when the I/O thread counts are timed (a batch's misses, split where they take more): a slow
-# count stops within one such gather of its time, and every count's queue fills (a batch's misses are read at once).
-IO_TIMING_READS = 512
+# Reads per timed gather when the I/O thread counts are timed, up to twice as many (a batch's misses, split where they
+# take more): one gather times MIN_TIMED_READS reads, so a slow count stops within one gather of its time, and 96 I/O
+# threads' queues still fill (a batch's misses are read at once).
+IO_TIMING_READS = 256
 # The read sizes the I/O thread counts are timed at: the shortest and the longest mean read of the caches' misses
 # when it is this many times the shortest (sizes nearer than this are timed as one), and one between them this far
 # from both where a cache's misses have one.
@@ -564,8 +565,8 @@ def read_rates_by_io_threads(store, hotness: torch.Tensor, gathered: Sequence[to
     """The read rate and CPU time per pread of cache-less twins of FeatureStore `store` with each of
     IO_THREAD_COUNTS and its own I/O threads, at the read sizes of `io_timing_caches` (`counted`: the MissReads of
     each cache of `cache_rows`): reading the misses `gathered` batches leave in each such cache, for about
-    `seconds` in all: each batch's misses in gathers of about IO_TIMING_READS reads (row ranges of its sorted misses:
-    the queue fills as a batch's fills it), each (size, count) until its
+    `seconds` in all: each batch's misses in gathers of IO_TIMING_READS to twice as many reads (row ranges of its
+    sorted misses: the queue fills as a batch's fills it), each (size, count) until its
     share of the time is spent and MIN_TIMED_READS reads were timed (a pass over every batch's misses took minutes
     at papers100M scale with one I/O thread). CPU time is the process's (every thread's) while reading. A size at
     which a count timed fewer than MIN_TIMED_READS reads is left out; empty when every size is. Meant for O_DIRECT
@@ -576,14 +577,11 @@ def read_rates_by_io_threads(store, hotness: torch.Tensor, gathered: Sequence[to
     share = seconds / (len(timed) * len(counts))
     points: list[IoThreadsRate] = []
     for index in timed:
-        chunks = []
-        for ids in gathered:  # each batch's misses, split into row ranges of about IO_TIMING_READS reads
-            if (left := ids[rank[ids] >= cache_rows[index]]).numel():
-                pieces = -(-store.count_reads(left)[0] // IO_TIMING_READS)
-                chunks.extend(torch.sort(left).values.tensor_split(pieces))
+        miss = counted[index]
+        # The counts take turns along the misses (not each from the first), split as they are reached.
+        reading = itertools.cycle(_timing_gathers(gathered, rank, cache_rows[index], miss.reads / max(miss.rows, 1)))
         size_points = []
-        reading = itertools.cycle(chunks)  # the counts take turns along the misses, not each from the first
-        for count in counts if chunks else ():
+        for count in counts if miss.reads else ():
             probe = store.twin(io_threads=count)
             cpu_began, began = time.process_time(), time.perf_counter()
             for ids in reading:
@@ -600,6 +598,16 @@ def read_rates_by_io_threads(store, hotness: torch.Tensor, gathered: Sequence[to
         if len(size_points) == len(counts):
             points.extend(size_points)
     return tuple(points)
+
+
+def _timing_gathers(gathered: Sequence[torch.Tensor], rank: torch.Tensor, k: int,
+                    reads_per_row: float) -> Iterator[torch.Tensor]:
+    """Each batch's misses with the `k` hottest rows cached, those of more than 2 x IO_TIMING_READS reads (at
+    `reads_per_row`, the batches' mean) split into row ranges of IO_TIMING_READS reads or more."""
+    for ids in gathered:
+        if (left := ids[rank[ids] >= k]).numel():
+            pieces = max(1, int(left.numel() * reads_per_row) // IO_TIMING_READS)
+            yield from (torch.sort(left).values.tensor_split(pieces) if pieces > 1 else (left,))
 
 
 def increasing_fit(values: Sequence[float]) -> list[float]:

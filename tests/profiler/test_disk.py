@@ -193,10 +193,10 @@ def test_each_io_thread_count_stops_within_one_gather_of_its_time_at_each_read_s
     counts = sorted({*disk.IO_THREAD_COUNTS, 2})
     assert [(point.read_bytes, point.io_threads) for point in curve] == [
         (miss.read_bytes, count) for miss in (counted[1], counted[0]) for count in counts]
-    # One gather each, the counts in turn at the short size, then the long; about IO_TIMING_READS reads a gather (a
-    # batch's misses split), at least MIN_TIMED_READS, not a whole batch's 5,000.
+    # One gather each, the counts in turn at the short size, then the long; IO_TIMING_READS to twice as many reads a
+    # gather (a batch's misses split), at least MIN_TIMED_READS, not a whole batch's 5,000.
     assert [threads for threads, _ in gathers] == counts * 2
-    assert all(disk.MIN_TIMED_READS <= reads <= 400 for _, reads in gathers)
+    assert all(max(disk.MIN_TIMED_READS, 300) <= reads < 2 * 400 for _, reads in gathers)
 
 
 def test_route_1_reads_are_taken_out_of_the_gpu_batching_time() -> None:
