@@ -32,7 +32,8 @@ beside the topology (nothing left to the page cache), the hit ratio there of the
 expected access) over `--bound-batches` batches sampled like the runs' (the expected-access model's prediction
 beside it), the rows those batches then miss, and the least time the disk takes to read them (`least_read_seconds`:
 each read costs the larger of one slot of the fastest random-read rate measured in the run, probes' or store's, and
-its bytes at the sequential rate; reads may span the gaps between misses), so no reader of this disk can deliver
+its bytes at the highest random-read bytes/s measured, 4 KiB to 256 KiB blocks; reads may span the gaps between
+misses), so no reader of this disk can deliver
 more batches/s at that limit, whatever its reader or threads. The table states it and its multiple of the memory
 map's measured rate.
 
@@ -200,15 +201,23 @@ def parent(args) -> int:
             sequential.append(facts.sequential_bytes_per_s)
         by_depth[depth] = rates
     single = measure_disk_reads(features, 1, seconds=1.0, sequential_block=block, reader="pread")
+    # Random reads of larger blocks at the store's depth: their bytes/s, not the sequential rate, cap what reading
+    # the gaps between misses can bring (the physical bound's).
+    by_block = {size: measure_disk_reads(features, queue_depth, seconds=1.5, block=size, sequential_block=block,
+                                         reader="pread").random_reads_per_s for size in BOUND_PROBE_BLOCKS}
     disk = {"random_4k_iops_by_depth": {depth: max(rates.values()) for depth, rates in by_depth.items()},
             "random_4k_iops_by_depth_and_reader": by_depth, "random_4k_iops_qd1": single.random_reads_per_s,
             "sequential_mb_s": max(sequential + [single.sequential_bytes_per_s]) / 1e6,
+            "random_reads_by_block": by_block,
             "io_uring": native.load().io_uring_unavailable_reason() or "available"}
     measured = "; ".join(f"QD {depth}: " + ", ".join(f"{rate:,.0f} with {'threads' if reader == 'pread' else 'one io_uring'}"
                                                     for reader, rate in rates.items())
                          for depth, rates in by_depth.items())
     print(f"disk (O_DIRECT on {features.name}), random 4 KiB reads/s at {measured}; at QD 1: "
-          f"{disk['random_4k_iops_qd1']:,.0f}; sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s"
+          f"{disk['random_4k_iops_qd1']:,.0f}; sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s; "
+          f"random reads at QD {queue_depth}: " + ", ".join(f"{size >> 10} KiB {rate:,.0f}/s "
+                                                           f"({rate * size / 1e6:,.0f} MB/s)"
+                                                           for size, rate in by_block.items())
           + ("" if uring else f"; io_uring unavailable ({disk['io_uring']})"), flush=True)
     miss_path = [measure_miss_path(features, args, reader, depth)
                  for reader, depth in [("pread", 0)] + ([("io_uring", int(d)) for d in args.uring_depths.split(",")]
@@ -254,11 +263,13 @@ def parent(args) -> int:
             result["page_cache_dropped"] = dropped
             results.append(result)
             print(row(result, disk), flush=True)
-    # The disk's highest random-read rate measured in this run: the probes', the miss path's and the store's own.
+    # The disk's highest random-read rate measured in this run (the 4 KiB probes', the miss path's and the store's
+    # own reads'), and its highest random-read bytes/s (4 KiB reads or larger blocks'): no read comes faster than
+    # either allows, so the bound's model of a read's cost lies above every rate measured.
     fastest = max([*disk["random_4k_iops_by_depth"].values(), *(line["reads_per_s"] for line in miss_path),
                    *(r["store_reads"] / r["seconds"] for r in results if r.get("store_reads"))])
-    bounds = physical_bounds(directory, args, shares, fastest, disk["sequential_mb_s"] * 1e6) \
-        if args.bound_batches else {}
+    widest = max([fastest * 4096, *(rate * size for size, rate in disk["random_reads_by_block"].items())])
+    bounds = physical_bounds(directory, args, shares, fastest, widest) if args.bound_batches else {}
     print()
     print(table(results, disk))
     for share, bound in bounds.items():
@@ -273,14 +284,18 @@ def parent(args) -> int:
     return 0
 
 
-def least_read_seconds(starts, ends, random_reads_per_s: float, sequential_bytes_per_s: float) -> tuple[float, int]:
+# Block sizes of the random-read probe that measures the disk's random bytes/s for the physical bound.
+BOUND_PROBE_BLOCKS = (16384, 65536, 262144)
+
+
+def least_read_seconds(starts, ends, random_reads_per_s: float, bytes_per_s: float) -> tuple[float, int]:
     """The least time a disk takes to read the byte ranges [starts[k], ends[k]) (sorted, not overlapping), and the
-    reads it takes then, when one read of s bytes costs max(1 / random_reads_per_s, s / sequential_bytes_per_s) of
-    the disk's time: a read covers consecutive ranges and the gaps between them, so a reader trades reads for bytes.
-    Exact over every way of grouping consecutive ranges into reads (one pass: a read no longer than the random
+    reads it takes then, when one read of s bytes costs max(1 / random_reads_per_s, s / bytes_per_s) of the
+    disk's time (its random reads/s and random-read bytes/s): a read covers consecutive ranges and the gaps between
+    them, so a reader trades reads for bytes. Exact over every way of grouping consecutive ranges into reads (one pass: a read no longer than the random
     rate's slot costs one slot, a longer one its bytes)."""
     slot = 1.0 / random_reads_per_s
-    window = sequential_bytes_per_s * slot  # the bytes a read may span for the cost of one slot
+    window = bytes_per_s * slot  # the bytes a read may span for the cost of one slot
     count = len(starts)
     best, reads = [0.0] * (count + 1), [0] * (count + 1)  # over the first i ranges
     first = 0  # the first range a read ending at the current one spans within the window
@@ -288,19 +303,19 @@ def least_read_seconds(starts, ends, random_reads_per_s: float, sequential_bytes
     for i in range(1, count + 1):
         end = ends[i - 1]
         while first < i - 1 and end - starts[first] > window:
-            value = best[first] - starts[first] / sequential_bytes_per_s
+            value = best[first] - starts[first] / bytes_per_s
             if value < longer[0]:
                 longer = (value, reads[first])
             first += 1
-        best[i] = best[first] + max(slot, (end - starts[first]) / sequential_bytes_per_s)
+        best[i] = best[first] + max(slot, (end - starts[first]) / bytes_per_s)
         reads[i] = reads[first] + 1
-        if longer[0] + end / sequential_bytes_per_s < best[i]:
-            best[i], reads[i] = longer[0] + end / sequential_bytes_per_s, longer[1] + 1
+        if longer[0] + end / bytes_per_s < best[i]:
+            best[i], reads[i] = longer[0] + end / bytes_per_s, longer[1] + 1
     return best[count], reads[count]
 
 
 def physical_bounds(directory: Path, args, shares: list[float], random_reads_per_s: float,
-                    sequential_bytes_per_s: float) -> dict[float, dict]:
+                    bytes_per_s: float) -> dict[float, dict]:
     """For each share: the largest cache the limit leaves room for (`cache_room`, nothing to the page cache), the
     hit ratio of each ranking there over `--bound-batches` sampled batches (and the expected-access model's), and,
     with the better ranking's misses, the most batches/s any reader of the disk could deliver: one over the least
@@ -343,7 +358,7 @@ def physical_bounds(directory: Path, args, shares: list[float], random_reads_per
         misses = [torch.sort(ids[rank[ids] >= rows]).values for ids in gathered]
         plans = [least_read_seconds((layout.data_offset + ids * row_bytes).tolist(),
                                     (layout.data_offset + (ids + 1) * row_bytes).tolist(),
-                                    random_reads_per_s, sequential_bytes_per_s) for ids in misses]
+                                    random_reads_per_s, bytes_per_s) for ids in misses]
         seconds = sum(plan[0] for plan in plans) / len(plans)
         bounds[share] = {
             "share": share, "cache_room_bytes": int(room), "cache_rows": rows, "rows": layout.shape[0],
@@ -353,7 +368,7 @@ def physical_bounds(directory: Path, args, shares: list[float], random_reads_per
             "store_reads_per_batch": sum(store.count_reads(ids)[0] for ids in misses if ids.numel()) / len(misses),
             "least_reads_per_batch": sum(plan[1] for plan in plans) / len(plans),
             "least_disk_seconds_per_batch": seconds,
-            "random_reads_per_s": random_reads_per_s, "sequential_bytes_per_s": sequential_bytes_per_s,
+            "random_reads_per_s": random_reads_per_s, "bytes_per_s": bytes_per_s,
             "batches_per_s": 1.0 / seconds if seconds else float("inf"),
             "batches": len(gathered), "seconds": time.perf_counter() - began}
     return bounds
@@ -374,8 +389,8 @@ def bound_line(bound: dict, mmap_rate: float | None = None) -> str:
             f"reads as the store coalesces them ({missed / max(bound['store_reads_per_batch'], 1):.2f} rows a read), "
             f"in {bound['least_reads_per_batch']:,.0f} at the least disk time ({missed / bound['least_reads_per_batch']:.2f} "
             f"rows a read, {bound['least_disk_seconds_per_batch'] * 1e3:,.0f} ms a batch) on a disk of "
-            f"{bound['random_reads_per_s']:,.0f} random reads/s (the fastest measured in this run) and "
-            f"{bound['sequential_bytes_per_s'] / 1e6:,.0f} MB/s sequential => at most {bound['batches_per_s']:.2f} "
+            f"{bound['random_reads_per_s']:,.0f} random reads/s and {bound['bytes_per_s'] / 1e6:,.0f} MB/s "
+            f"of random reads (the fastest of each measured in this run) => at most {bound['batches_per_s']:.2f} "
             "batches/s for any reader of this disk")
     if mmap_rate:
         line += (f", {bound['batches_per_s'] / mmap_rate:.1f}x the memory map's {mmap_rate:.3f}: the goal of 10x is "

@@ -79,4 +79,7 @@ def test_physical_bounds_on_a_saved_graph(bench_giant, tiny, tmp_path):
     assert every["cache_rows"] == tiny.num_nodes and every["missed_rows_per_batch"] == 0
     assert every["batches_per_s"] == math.inf
     assert "no bound from the disk" in bench_giant.bound_line(every)
-    assert "out of reach" in bench_giant.bound_line(none, mmap_rate=none["batches_per_s"])
+    line = bench_giant.bound_line(none, mmap_rate=none["batches_per_s"] / 9.5)
+    assert f"at most {none['batches_per_s']:.2f} batches/s" in line and "9.5x the memory map's" in line
+    assert line.endswith("the goal of 10x is out of reach on this disk")
+    assert bench_giant.bound_line(none, mmap_rate=none["batches_per_s"] / 10.5).endswith("within reach on this disk")
