@@ -18,8 +18,9 @@ its own: by default the store's (io_threads + 1) and the pool's total shared amo
 Each child first builds 6 batches unlimited, takes the peak anonymous memory it held besides the arrays (its
 working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the dataset's
 arrays; the store's cache gets that room minus the topology (indptr, labels and splits in RAM, indices in the page
-cache) and minus `--page-cache-shares` of it (default a tenth; several: a configuration each) left to the page
-cache. With `--limit-gib` every child runs under that one limit
+cache) and minus `--page-cache-shares` of it left to the page cache, a configuration each: by default none (what
+`train` and `tune` leave) and a tenth (1.1-1.6x slower than none at 80% on bench-10m, 2026-11-26; at 50% one run
+each way, and none thrashed at 50% on 2026-11-25's machine). With `--limit-gib` every child runs under that one limit
 from its first batch instead (no unlimited batches: on papers100m-like the memory map would take hours for them),
 keeping `--working-gib` for its own working memory. A preset is copied out of the shared dataset cache first, so
 that no other process's map of the same files holds their pages. The page cache is dropped before each child when
@@ -67,8 +68,8 @@ def main() -> int:
     parser.add_argument("--limit-gib", type=float, default=None,
                         help="one fixed memory limit in GiB for every mode instead of --shares, set before the first "
                              "batch (for graphs whose memory map cannot build batches unlimited in reasonable time, "
-                             "e.g. papers100m-like); the store's cache gets it less --working-gib, the topology and a "
-                             "tenth left to the page cache")
+                             "e.g. papers100m-like); the store's cache gets it less --working-gib, the topology and "
+                             "the --page-cache-shares left to the page cache")
     parser.add_argument("--working-gib", type=float, default=1.0,
                         help="with --limit-gib: the room kept for the process's own working memory (default 1.0)")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
@@ -94,10 +95,10 @@ def main() -> int:
     parser.add_argument("--ranking", choices=("in-degree", "expected-access"), default="in-degree",
                         help="what the store's cache ranks rows by: in-degree (default), or the expected reads of "
                              "morphpipe.sampling.access_hotness for these seeds, fanouts and batch size")
-    parser.add_argument("--page-cache-shares", default="0.1",
+    parser.add_argument("--page-cache-shares", default="0,0.1",
                         help="shares of the limit's room for the arrays left to the page cache (the memory-mapped "
                              "indices) rather than given to the store's cache, one store configuration each "
-                             "(default 0.1)")
+                             "(default 0,0.1)")
     parser.add_argument("--page-cache-share", type=float, default=0.1, help=argparse.SUPPRESS)  # a child's one
     parser.add_argument("--bound-batches", type=int, default=8,
                         help="batches sampled to measure the physical bound's hit ratio and misses (0: no bound; "
@@ -518,8 +519,9 @@ def child(args) -> int:
         if on_disk else None
     cache_bytes = 0
     if on_disk:
-        # A share of the room left to the page cache (a tenth by default): a cache that squeezes the memory-mapped
-        # indices makes the sampler fault them in with readahead (measured: 0.007 batches/s with none left).
+        # A share of the room left to the page cache: a cache that squeezes the memory-mapped indices makes the
+        # sampler fault them in with readahead (at 50% on bench-10m none left ran 0.007 batches/s on 2026-11-25's
+        # machine; on 2026-11-26's 0.73x and 1.40x a tenth's, and 1.09-1.63x at 80%).
         cache_bytes = max(0, int(cache_room(directory, share, args) - args.page_cache_share * share * total))
     graph = GraphStore.load(directory, validate=False)
     fanouts = [int(f) for f in args.fanouts.split(",")]
