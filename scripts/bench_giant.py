@@ -521,7 +521,7 @@ def child(args) -> int:
     if on_disk:
         # A share of the room left to the page cache: a cache that squeezes the memory-mapped indices makes the
         # sampler fault them in with readahead (at 50% on bench-10m none left ran 0.007 batches/s on 2026-11-25's
-        # machine; on 2026-11-26's 0.73x and 1.40x a tenth's, and 1.09-1.63x at 80%).
+        # machine; on 2026-11-26's 0.73x and 1.40x a tenth's, and 1.09-1.63x in 5 runs at 80%).
         cache_bytes = max(0, int(cache_room(directory, share, args) - args.page_cache_share * share * total))
     graph = GraphStore.load(directory, validate=False)
     fanouts = [int(f) for f in args.fanouts.split(",")]
