@@ -34,9 +34,8 @@ expected access) over `--bound-batches` batches sampled like the runs' (the expe
 beside it), the rows those batches then miss, and the least time the disk takes to read them (`least_read_seconds`:
 each read costs the larger of one slot of the fastest random-read rate measured in the run, probes' or store's, and
 its bytes at the highest random-read bytes/s measured, 4 KiB to 256 KiB blocks; reads may span the gaps between
-misses), so no reader of this disk can deliver
-more batches/s at that limit, whatever its reader or threads. The table states it and its multiple of the memory
-map's measured rate.
+misses), so no reader of this disk can deliver more batches/s at that limit, whatever its reader or threads. The
+table states it and its multiple of the memory map's measured rate.
 
   python scripts/bench_giant.py /work/bench_scratch/bench-10m --shares 0.8 --json bench_out/giant_store.json
 """
