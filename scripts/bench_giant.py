@@ -18,13 +18,24 @@ its own: by default the store's (io_threads + 1) and the pool's total shared amo
 Each child first builds 6 batches unlimited, takes the peak anonymous memory it held besides the arrays (its
 working memory W: interpreter, torch, batch buffers), and sets its group's limit to 1.15 W + share x the dataset's
 arrays; the store's cache gets that room minus the topology (indptr, labels and splits in RAM, indices in the page
-cache) and minus a tenth of it left to the page cache. With `--limit-gib` every child runs under that one limit
+cache) and minus `--page-cache-shares` of it left to the page cache, a configuration each: by default none (what
+`train` and `tune` leave) and a tenth (1.1-1.6x slower than none at 80% on bench-10m, 2026-11-26; at 50% one run
+each way, and none thrashed at 50% on 2026-11-25's machine). With `--limit-gib` every child runs under that one limit
 from its first batch instead (no unlimited batches: on papers100m-like the memory map would take hours for them),
 keeping `--working-gib` for its own working memory. A preset is copied out of the shared dataset cache first, so
 that no other process's map of the same files holds their pages. The page cache is dropped before each child when
 the kernel allows it. Beside them: the disk's random 4 KiB read rate at the store's queue depth and its sequential
 rate (O_DIRECT loops of ours, morphpipe.profiler.disk: the random reads kept in flight by threads and by one
 io_uring, the higher rate counting as the disk's), and the share of them the store's misses reach.
+
+And, after the runs, the physical bound at each limit (`physical_bounds`): the largest cache the limit's room holds
+beside the topology (nothing left to the page cache), the hit ratio there of the better ranking (in-degree or
+expected access) over `--bound-batches` batches sampled like the runs' (the expected-access model's prediction
+beside it), the rows those batches then miss, and the least time the disk takes to read them (`least_read_seconds`:
+each read costs the larger of one slot of the fastest random-read rate measured in the run, probes' or store's, and
+its bytes at the highest random-read bytes/s measured, 4 KiB to 256 KiB blocks; reads may span the gaps between
+misses), so no reader of this disk can deliver more batches/s at that limit, whatever its reader or threads. The
+table states it and its multiple of the memory map's measured rate.
 
   python scripts/bench_giant.py /work/bench_scratch/bench-10m --shares 0.8 --json bench_out/giant_store.json
 """
@@ -38,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -55,8 +67,8 @@ def main() -> int:
     parser.add_argument("--limit-gib", type=float, default=None,
                         help="one fixed memory limit in GiB for every mode instead of --shares, set before the first "
                              "batch (for graphs whose memory map cannot build batches unlimited in reasonable time, "
-                             "e.g. papers100m-like); the store's cache gets it less --working-gib, the topology and a "
-                             "tenth left to the page cache")
+                             "e.g. papers100m-like); the store's cache gets it less --working-gib, the topology and "
+                             "the --page-cache-shares left to the page cache")
     parser.add_argument("--working-gib", type=float, default=1.0,
                         help="with --limit-gib: the room kept for the process's own working memory (default 1.0)")
     parser.add_argument("--modes", default=",".join(DEFAULT_MODES),
@@ -82,12 +94,28 @@ def main() -> int:
     parser.add_argument("--ranking", choices=("in-degree", "expected-access"), default="in-degree",
                         help="what the store's cache ranks rows by: in-degree (default), or the expected reads of "
                              "morphpipe.sampling.access_hotness for these seeds, fanouts and batch size")
+    parser.add_argument("--page-cache-shares", default="0,0.1",
+                        help="shares of the limit's room for the arrays left to the page cache (the memory-mapped "
+                             "indices) rather than given to the store's cache, one store configuration each "
+                             "(default 0,0.1)")
+    parser.add_argument("--page-cache-share", type=float, default=0.1, help=argparse.SUPPRESS)  # a child's one
+    parser.add_argument("--bound-batches", type=int, default=8,
+                        help="batches sampled to measure the physical bound's hit ratio and misses (0: no bound; "
+                             "default 8)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name in ("limit_gib", "working_gib"):
         value = getattr(args, name)
         if value is not None and not (0 < value < float("inf")):
             parser.error(f"--{name.replace('_', '-')} {value}: give a positive number of GiB")
+    try:
+        page_cache_shares = [float(value) for value in args.page_cache_shares.split(",")]
+    except ValueError:
+        page_cache_shares = [-1.0]
+    if not all(0 <= value < 1 for value in page_cache_shares):
+        parser.error(f"--page-cache-shares {args.page_cache_shares}: give shares in [0, 1), comma-separated")
+    if args.bound_batches < 0:
+        parser.error(f"--bound-batches {args.bound_batches}: give 0 (no bound) or more batches")
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
         parser.error(f"--modes: {', '.join(sorted(unknown))} unknown; choose from {', '.join(MODES)}")
@@ -118,6 +146,15 @@ def dataset_dir(name: str, scratch: Path) -> Path:
 
 def array_bytes(directory: Path, names) -> int:
     return sum((directory / f"{name}.npy").stat().st_size for name in names)
+
+
+def cache_room(directory: Path, share: float, args) -> float:
+    """Bytes a feature cache could take under the limit for `share` of the arrays: that share less the topology
+    (indptr, labels and splits in RAM, the indices in the page cache, the cache's [N] int32 slot map) and, with
+    --limit-gib (no unlimited batches to measure the working memory by), the --working-gib asked for."""
+    num_nodes = (directory / "indptr.npy").stat().st_size // 8
+    room = share * array_bytes(directory, ARRAYS) - array_bytes(directory, IN_RAM + ("indices",)) - 4 * num_nodes
+    return room - args.working_gib * 2**30 if args.limit_gib else room
 
 
 def drop_page_cache() -> bool:
@@ -164,15 +201,23 @@ def parent(args) -> int:
             sequential.append(facts.sequential_bytes_per_s)
         by_depth[depth] = rates
     single = measure_disk_reads(features, 1, seconds=1.0, sequential_block=block, reader="pread")
+    # Random reads of larger blocks at the store's depth: their bytes/s, not the sequential rate, cap what reading
+    # the gaps between misses can bring (the physical bound's).
+    by_block = {size: measure_disk_reads(features, queue_depth, seconds=1.5, block=size, sequential_block=block,
+                                         reader="pread").random_reads_per_s for size in BOUND_PROBE_BLOCKS}
     disk = {"random_4k_iops_by_depth": {depth: max(rates.values()) for depth, rates in by_depth.items()},
             "random_4k_iops_by_depth_and_reader": by_depth, "random_4k_iops_qd1": single.random_reads_per_s,
             "sequential_mb_s": max(sequential + [single.sequential_bytes_per_s]) / 1e6,
+            "random_reads_by_block": by_block,
             "io_uring": native.load().io_uring_unavailable_reason() or "available"}
     measured = "; ".join(f"QD {depth}: " + ", ".join(f"{rate:,.0f} with {'threads' if reader == 'pread' else 'one io_uring'}"
                                                     for reader, rate in rates.items())
                          for depth, rates in by_depth.items())
     print(f"disk (O_DIRECT on {features.name}), random 4 KiB reads/s at {measured}; at QD 1: "
-          f"{disk['random_4k_iops_qd1']:,.0f}; sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s"
+          f"{disk['random_4k_iops_qd1']:,.0f}; sequential {block >> 10} KiB: {disk['sequential_mb_s']:,.0f} MB/s; "
+          f"random reads at QD {queue_depth}: " + ", ".join(f"{size >> 10} KiB {rate:,.0f}/s "
+                                                           f"({rate * size / 1e6:,.0f} MB/s)"
+                                                           for size, rate in by_block.items())
           + ("" if uring else f"; io_uring unavailable ({disk['io_uring']})"), flush=True)
     miss_path = [measure_miss_path(features, args, reader, depth)
                  for reader, depth in [("pread", 0)] + ([("io_uring", int(d)) for d in args.uring_depths.split(",")]
@@ -181,15 +226,16 @@ def parent(args) -> int:
         print(f"miss path, {line['reader']} ({line['in_flight']} in flight): {line['rows_per_s']:,.0f} rows/s, "
               f"{line['reads_per_s']:,.0f} reads/s, {line['mb_per_s']:,.0f} MB/s, {line['cpu_us_per_read']:.1f} CPU us "
               "per read", flush=True)
-    results = []
-    configurations = [(mode, int(depth)) for mode in args.modes.split(",")
-                      for depth in (args.uring_depths.split(",") if mode.startswith("uring") else [0])]
     # With --limit-gib, one share: the fixed limit's, which the child sets before its first batch.
     shares = [args.limit_gib * 2**30 / total] if args.limit_gib else [float(s) for s in args.shares.split(",")]
+    results = []
+    configurations = [(mode, int(depth), float(kept)) for mode in args.modes.split(",")
+                      for depth in (args.uring_depths.split(",") if mode.startswith("uring") else [0])
+                      for kept in (args.page_cache_shares.split(",") if mode != "mmap" else [0])]
     for share in shares:
-        for mode, depth in configurations:
+        for mode, depth, kept in configurations:
             dropped = drop_page_cache()
-            group = CGROUP_ROOT / f"morphpipe-bench-giant-{os.getpid()}-{mode}-{depth}-{share}"
+            group = CGROUP_ROOT / f"morphpipe-bench-giant-{os.getpid()}-{mode}-{depth}-{kept}-{share}"
             group.mkdir()
             process = None
             try:
@@ -198,7 +244,8 @@ def parent(args) -> int:
                            str(args.threads), "--io-threads", str(args.io_threads), "--uring-depth",
                            str(depth), "--seconds", str(args.seconds),
                            "--max-batches", str(args.max_batches), "--max-seconds", str(args.max_seconds),
-                           "--working-gib", str(args.working_gib), "--ranking", args.ranking] + \
+                           "--working-gib", str(args.working_gib), "--ranking", args.ranking,
+                           "--page-cache-share", str(kept)] + \
                     (["--limit-gib", str(args.limit_gib)] if args.limit_gib else [])
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 stdout, stderr = process.communicate()
@@ -209,21 +256,146 @@ def parent(args) -> int:
                 group.rmdir()
             if process.returncode != 0:
                 print(f"{mode} at share {share}: child failed ({process.returncode}):\n{stderr[-2000:]}", flush=True)
-                results.append({"mode": mode, "share": share, "failed": process.returncode, "stderr": stderr[-2000:]})
+                results.append({"mode": mode, "share": share, "page_cache_share": kept if mode != "mmap" else None,
+                                "failed": process.returncode, "stderr": stderr[-2000:]})
                 continue
             result = json.loads(stdout.strip().splitlines()[-1])
             result["page_cache_dropped"] = dropped
             results.append(result)
             print(row(result, disk), flush=True)
+    # The disk's highest random-read rate measured in this run (the 4 KiB probes', the miss path's and the store's
+    # own reads'), and its highest random-read bytes/s (4 KiB reads or larger blocks'): no read comes faster than
+    # either allows, so the bound's model of a read's cost lies above every rate measured.
+    fastest = max([*disk["random_4k_iops_by_depth"].values(), *(line["reads_per_s"] for line in miss_path),
+                   *(r["store_reads"] / r["seconds"] for r in results if r.get("store_reads"))])
+    widest = max([fastest * 4096, *(rate * size for size, rate in disk["random_reads_by_block"].items())])
+    bounds = physical_bounds(directory, args, shares, fastest, widest) if args.bound_batches else {}
     print()
     print(table(results, disk))
+    for share, bound in bounds.items():
+        print(bound_line(bound, next((r["batches_per_s"] for r in results if r.get("mode") == "mmap" and
+                                      r["share"] == share and "failed" not in r and not r["capped"]), None)))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"dataset": str(directory), "arrays_bytes": total, "cpu": cpu,
                                          "load": os.getloadavg(), "disk": disk, "miss_path": miss_path,
-                                         "results": results,
+                                         "results": results, "bounds": list(bounds.values()),
                                          "settings": vars(args)}, indent=2, default=str))
     return 0
+
+
+# Block sizes of the random-read probe that measures the disk's random bytes/s for the physical bound.
+BOUND_PROBE_BLOCKS = (16384, 65536, 262144)
+
+
+def least_read_seconds(starts, ends, random_reads_per_s: float, bytes_per_s: float) -> tuple[float, int]:
+    """The least time a disk takes to read the byte ranges [starts[k], ends[k]) (sorted, not overlapping), and the
+    reads it takes then, when one read of s bytes costs max(1 / random_reads_per_s, s / bytes_per_s) of the
+    disk's time (its random reads/s and random-read bytes/s): a read covers consecutive ranges and the gaps between
+    them, so a reader trades reads for bytes. Exact over every way of grouping consecutive ranges into reads (one pass: a read no longer than the random
+    rate's slot costs one slot, a longer one its bytes)."""
+    slot = 1.0 / random_reads_per_s
+    window = bytes_per_s * slot  # the bytes a read may span for the cost of one slot
+    count = len(starts)
+    best, reads = [0.0] * (count + 1), [0] * (count + 1)  # over the first i ranges
+    first = 0  # the first range a read ending at the current one spans within the window
+    longer = (float("inf"), 0)  # min over reads starting before `first`: best[j] - starts[j] / rate, reads[j]
+    for i in range(1, count + 1):
+        end = ends[i - 1]
+        while first < i - 1 and end - starts[first] > window:
+            value = best[first] - starts[first] / bytes_per_s
+            if value < longer[0]:
+                longer = (value, reads[first])
+            first += 1
+        best[i] = best[first] + max(slot, (end - starts[first]) / bytes_per_s)
+        reads[i] = reads[first] + 1
+        if longer[0] + end / bytes_per_s < best[i]:
+            best[i], reads[i] = longer[0] + end / bytes_per_s, longer[1] + 1
+    return best[count], reads[count]
+
+
+def physical_bounds(directory: Path, args, shares: list[float], random_reads_per_s: float,
+                    bytes_per_s: float) -> dict[float, dict]:
+    """For each share: the largest cache the limit leaves room for (`cache_room`, nothing to the page cache), the
+    hit ratio of each ranking there over `--bound-batches` sampled batches (and the expected-access model's), and,
+    with the better ranking's misses, the most batches/s any reader of the disk could deliver: one over the least
+    disk time a batch's misses take (`least_read_seconds`)."""
+    import torch
+
+    from morphpipe.data import GraphStore
+    from morphpipe.data.feature_store import FeatureStore, hotness_order, npy_layout
+    from morphpipe.data.store import UnvalidatedGraphWarning
+    from morphpipe.data.ondisk import read_meta
+    from morphpipe.profiler.disk import hit_ratio_by_cache_size, hotness_rank
+    from morphpipe.sampling.access_hotness import expected_batch_reads
+    from morphpipe.sampling.cpu_batcher import sample_blocks
+    from morphpipe.sampling.epochs import epoch_order
+
+    began = time.perf_counter()
+    graph = GraphStore.load(directory, validate=False)  # the features stay memory-mapped and untouched
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    layout = npy_layout(directory / "features.npy")
+    row_bytes = layout.shape[1] * layout.dtype.itemsize
+    expected = expected_batch_reads(graph.indptr, graph.indices, graph.train_idx, fanouts, args.batch_size)
+    rankings = {"in-degree": graph.in_degrees(), "expected-access": expected}
+    order = epoch_order(graph.train_idx, 0, 0)
+    with warnings.catch_warnings():  # the runs' children load it unvalidated too: a generated graph, checked once
+        warnings.simplefilter("ignore", UnvalidatedGraphWarning)
+        gathered = [sample_blocks(graph, order[start:start + args.batch_size], fanouts, seed=index).input_nodes
+                    for index, start in enumerate(range(0, min(order.numel(), args.bound_batches * args.batch_size),
+                                                        args.batch_size))]
+    # Counts reads as the store coalesces them, reading nothing.
+    store = FeatureStore(directory / "features.npy", read_meta(directory).feature_dtype, io_threads=1, direct=True)
+    bounds = {}
+    for share in shares:
+        room = max(0.0, cache_room(directory, share, args))
+        rows = min(layout.shape[0], int(room) // row_bytes)
+        hits = {name: hit_ratio_by_cache_size(hotness, gathered, [rows])[0] for name, hotness in rankings.items()}
+        modelled = {name: float(expected[hotness_order(hotness)[:rows]].sum() / expected.sum())
+                    for name, hotness in rankings.items()}
+        best = max(hits, key=hits.get)
+        rank = hotness_rank(rankings[best])
+        misses = [torch.sort(ids[rank[ids] >= rows]).values for ids in gathered]
+        plans = [least_read_seconds((layout.data_offset + ids * row_bytes).tolist(),
+                                    (layout.data_offset + (ids + 1) * row_bytes).tolist(),
+                                    random_reads_per_s, bytes_per_s) for ids in misses]
+        seconds = sum(plan[0] for plan in plans) / len(plans)
+        bounds[share] = {
+            "share": share, "cache_room_bytes": int(room), "cache_rows": rows, "rows": layout.shape[0],
+            "rows_per_batch": sum(ids.numel() for ids in gathered) / len(gathered),
+            "hit_ratio_sampled": hits, "hit_ratio_modelled": modelled, "best_ranking": best,
+            "missed_rows_per_batch": sum(ids.numel() for ids in misses) / len(misses),
+            "store_reads_per_batch": sum(store.count_reads(ids)[0] for ids in misses if ids.numel()) / len(misses),
+            "least_reads_per_batch": sum(plan[1] for plan in plans) / len(plans),
+            "least_disk_seconds_per_batch": seconds,
+            "random_reads_per_s": random_reads_per_s, "bytes_per_s": bytes_per_s,
+            "batches_per_s": 1.0 / seconds if seconds else float("inf"),
+            "batches": len(gathered), "seconds": time.perf_counter() - began}
+    return bounds
+
+
+def bound_line(bound: dict, mmap_rate: float | None = None) -> str:
+    """The physical bound at one limit in words, and its multiple of the memory map's measured rate if given."""
+    if not bound["missed_rows_per_batch"]:
+        return (f"physical bound at {bound['share']:.0%}: room for a cache of {bound['cache_room_bytes'] / 1e6:,.0f} "
+                f"MB holds every row the {bound['batches']} sampled batches read: no reads, no bound from the disk")
+    hits = ", ".join(f"{name} {ratio:.1%} (model {bound['hit_ratio_modelled'][name]:.1%})"
+                     for name, ratio in bound["hit_ratio_sampled"].items())
+    missed = bound["missed_rows_per_batch"]
+    line = (f"physical bound at {bound['share']:.0%}: room for a cache of {bound['cache_room_bytes'] / 1e6:,.0f} MB "
+            f"({bound['cache_rows'] / bound['rows']:.1%} of the rows, nothing left to the page cache); hit ratio over "
+            f"{bound['batches']} sampled batches of {bound['rows_per_batch']:,.0f} rows: {hits}; with "
+            f"{bound['best_ranking']}: {missed:,.0f} missed rows a batch, in {bound['store_reads_per_batch']:,.0f} "
+            f"reads as the store coalesces them ({missed / max(bound['store_reads_per_batch'], 1):.2f} rows a read), "
+            f"in {bound['least_reads_per_batch']:,.0f} at the least disk time ({missed / bound['least_reads_per_batch']:.2f} "
+            f"rows a read, {bound['least_disk_seconds_per_batch'] * 1e3:,.0f} ms a batch) on a disk of "
+            f"{bound['random_reads_per_s']:,.0f} random reads/s and {bound['bytes_per_s'] / 1e6:,.0f} MB/s "
+            f"of random reads (the fastest of each measured in this run) => at most {bound['batches_per_s']:.2f} "
+            "batches/s for any reader of this disk")
+    if mmap_rate:
+        line += (f", {bound['batches_per_s'] / mmap_rate:.1f}x the memory map's {mmap_rate:.3f}: the goal of 10x is "
+                 + ("within" if bound["batches_per_s"] >= 10 * mmap_rate else "out of") + " reach on this disk")
+    return line
 
 
 def measure_miss_path(features: Path, args, reader: str, depth: int, seconds: float = 4.0) -> dict:
@@ -262,9 +434,15 @@ def measure_miss_path(features: Path, args, reader: str, depth: int, seconds: fl
             "mb_per_s": counted.bytes_read / elapsed / 1e6, "cpu_us_per_read": cpu / max(counted.reads, 1) * 1e6}
 
 
+def label(result: dict) -> str:
+    """A configuration's mode, and for the store the share of the room it left to the page cache."""
+    kept = result.get("page_cache_share")
+    return result["mode"] if kept is None else f"{result['mode']} ({kept:.0%} to the page cache)"
+
+
 def row(result: dict, disk: dict) -> str:
     if "failed" in result:
-        return f"| {result['mode']} | {result['share']:.0%} | failed (exit {result['failed']}) |"
+        return f"| {label(result)} | {result['share']:.0%} | failed (exit {result['failed']}) |"
     seconds = result["seconds"]
     batches, rate = str(result["batches"]), f"{result['batches_per_s']:.3f}"
     if result.get("capped"):  # stopped at --max-seconds: at most one more batch would have come in that time
@@ -281,7 +459,7 @@ def row(result: dict, disk: dict) -> str:
     miss_rows = f"{result['store_misses'] / seconds:,.0f}" if on_disk else "-"
     store_mb_s = f"{result['store_bytes'] / seconds / 1e6:,.0f}" if on_disk else "-"
     request = f"{result['store_bytes'] / result['store_reads'] / 1024:,.1f}" if result.get("store_reads") else "-"
-    return (f"| {result['mode']} | {result['share']:.0%} | {result['limit_bytes'] / 1e6:,.0f} | "
+    return (f"| {label(result)} | {result['share']:.0%} | {result['limit_bytes'] / 1e6:,.0f} | "
             f"{result['cache_bytes'] / 1e6:,.0f} | {result.get('in_flight') or '-'} | {batches} | {rate} | {hit} | "
             f"{miss_rows} | {iops} | {store_mb_s} | {request} | "
             f"{read_mb_s:,.0f} ({read_mb_s / disk['sequential_mb_s']:.0%}) | "
@@ -300,10 +478,10 @@ def table(results: list[dict], disk: dict) -> str:
         if result.get("mode") != "mmap" and "failed" not in result and mmap_run:
             if mmap_run.get("capped"):  # the baseline's rate is only bounded from above
                 bound = (mmap_run["batches"] + 1) / mmap_run["seconds"]
-                lines.append(f"{result['mode']} / mmap at {result['share']:.0%}: > "
+                lines.append(f"{label(result)} / mmap at {result['share']:.0%}: > "
                              f"{result['batches_per_s'] / bound:.1f}x")
             elif mmap_run["batches_per_s"] > 0:
-                lines.append(f"{result['mode']} / mmap at {result['share']:.0%}: "
+                lines.append(f"{label(result)} / mmap at {result['share']:.0%}: "
                              f"{result['batches_per_s'] / mmap_run['batches_per_s']:.1f}x")
     return "\n".join(lines)
 
@@ -340,13 +518,10 @@ def child(args) -> int:
         if on_disk else None
     cache_bytes = 0
     if on_disk:
-        num_nodes = (directory / "indptr.npy").stat().st_size // 8
-        # What the topology needs, and a tenth of the room left to the page cache: a cache that squeezes the
-        # memory-mapped indices makes the sampler fault them in with readahead (measured: 0.007 batches/s).
-        room = share * total - in_ram - array_bytes(directory, ["indices"]) - 4 * num_nodes - 0.1 * share * total
-        if fixed_limit is not None:  # no unlimited batches to measure the working memory by: keep what was asked
-            room -= args.working_gib * 2**30
-        cache_bytes = max(0, int(room))
+        # A share of the room left to the page cache: a cache that squeezes the memory-mapped indices makes the
+        # sampler fault them in with readahead (at 50% on bench-10m none left ran 0.007 batches/s on 2026-11-25's
+        # machine; on 2026-11-26's 0.73x and 1.40x a tenth's, and 1.09-1.63x in 5 runs at 80%).
+        cache_bytes = max(0, int(cache_room(directory, share, args) - args.page_cache_share * share * total))
     graph = GraphStore.load(directory, validate=False)
     fanouts = [int(f) for f in args.fanouts.split(",")]
     if on_disk:
@@ -407,7 +582,8 @@ def child(args) -> int:
     if not capped:
         batcher.close()
     print(json.dumps({
-        "mode": mode, "share": share, "limit_bytes": limit, "working_bytes": working, "cache_bytes": cache_bytes,
+        "mode": mode, "share": share, "page_cache_share": args.page_cache_share if on_disk else None,
+        "limit_bytes": limit, "working_bytes": working, "cache_bytes": cache_bytes,
         "batches": count, "seconds": elapsed, "batches_per_s": count / elapsed, "capped": capped, "cpu_seconds": cpu,
         "read_bytes": read_bytes() - (progress["io_before"] or read_bytes()),
         "peak_bytes": int((group / "memory.max_usage_in_bytes").read_text()),

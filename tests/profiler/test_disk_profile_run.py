@@ -14,7 +14,7 @@ from morphpipe.executor.replan import rescaled_profile
 from morphpipe.profiler.disk import resident_bytes
 from morphpipe.profiler.operators import OPERATORS, no_sync, timed_steps
 from morphpipe.profiler.profile import PhaseTiming
-from morphpipe.profiler.profiler import Profiler
+from morphpipe.profiler.profiler import MIN_GPU_SHARE, Profiler
 from morphpipe.sampling.access_hotness import expected_batch_reads
 from morphpipe.scheduler import plan_from_profile
 from morphpipe.scheduler.whatif import what_if
@@ -126,7 +126,10 @@ def test_route_1_reads_through_the_store_are_taken_out_of_t_gb(on_disk, monkeypa
     reads = raw["reads"]
     assert reads.misses == sum(rows) and reads.read_seconds > 0  # a cache-less store: every row a miss
     assert profile.disk.gpu_rows_per_batch == pytest.approx(sum(rows) / len(rows))
-    assert profile.gpu_batching.mean_s == pytest.approx(raw["timing"].mean_s - reads.read_seconds / len(rows))
+    # the timing less the reads, unless a slow warm-up read pushed that below the GPU's least share (a loaded machine)
+    timed_s = raw["timing"].mean_s
+    assert profile.gpu_batching.mean_s == pytest.approx(max(timed_s - reads.read_seconds / len(rows),
+                                                            timed_s * MIN_GPU_SHARE))
     assert profile.gpu_batching.samples == raw["timing"].samples
 
 
