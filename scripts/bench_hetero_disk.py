@@ -8,8 +8,9 @@ HeteroCpuBatcher (bench_hetero.our_batching). Then the automatic tiering: the gr
 `tune` profiles it (Profiler: disk read rates, the hit curve of the shared cache, training's working set; one thread
 count, few steps), and for each of `--memory-budgets` (the share of the feature bytes a budget leaves to the cache
 beside the topology and the working set) the planner picks the cache and I/O threads (plan_from_profile) and
-batching is timed with that plan's stores: its predicted hit ratio beside the measured one. Prints a table to paste
-into BENCHMARKS.md. Not a test.
+batching is timed with that plan's stores (on the profiled graph, and on a freshly loaded one with the same settings,
+in alternating turns): its predicted hit ratio beside the measured one. Prints a table to paste into BENCHMARKS.md.
+Not a test.
 
 Usage: PYTHONPATH=. python scripts/bench_hetero_disk.py [--dataset mag] [--fanouts 10,10] [--batch-size 1024]
                                                         [--batches 18] [--memory-budgets 0.1,0.5,1]
@@ -51,26 +52,40 @@ def thread_counts(text: str) -> list[int]:
 def planned_rows(directory: Path, shares: list[float], feature_bytes: int, args) -> list[tuple[str, dict, dict]]:
     """Profiles the graph with its features on disk once (the hit curve up to every row cached), then for each share
     plans the cache within a memory budget that leaves that share of the feature bytes to it beside the topology and
-    training's working set, and times batching with the plan's cache and I/O threads: (row name, stores, figures)."""
+    training's working set, and times batching with the plan's cache and I/O threads on the profiled graph, and
+    with the same settings on a freshly loaded graph, in two turns (the second in reverse order): (row name, stores,
+    figures)."""
     graph = HeteroGraphStore.load(directory, features_on_disk=True)
     budget = resident_bytes(graph) + 2 * feature_bytes + (16 << 30)  # beyond the working set: the whole curve
     profile = Profiler(graph, model="rgcn", fanouts=args.fanouts, batch_size=args.batch_size, device="cpu",
                        thread_counts=[args.threads], warmup=1, steps=3, progress=False, memory_budget=budget,
                        log=lambda line: None).run()
     working = profile.disk.resident_bytes - resident_bytes(graph)
+    disk = profile.disk
+    curves = ["reads of " + (f"{size / 1e3:,.1f} kB: " if size is not None else "one size: ")
+              + ", ".join(f"{point.io_threads} {point.reads_per_s:,.0f}" for point in disk.io_curve
+                          if point.read_bytes == size) for size in disk.io_read_sizes()]
+    print("profiled I/O curve (reads/s by I/O threads): " + "; ".join(curves)
+          + f"; bytes per read without a cache {(disk.read_bytes_at(0) or 0) / 1e3:,.1f} kB")
     rows = []
     for share in shares:
         cache_budget = int(share * feature_bytes)
         plan = plan_from_profile(profile.replaced(disk=replace(profile.disk, cache_budget_bytes=cache_budget)),
                                  engine="fast")
-        graph.open_feature_store(plan.tiering.cache_bytes, plan.tiering.io_threads)
-        measured = measured_batching(graph, args)
-        measured["predicted_hit_ratio"] = plan.tiering.hit_ratio
-        rows.append((f"disk, planned (budget: topology {resident_bytes(graph) / 1e6:,.0f} MB + working set "
-                     f"{working / 1e6:,.0f} MB + {share:.0%} of the features): cache "
-                     f"{plan.tiering.cache_bytes / 1e6:,.1f} MB, "
-                     f"{count_of(graph.feature_store.io_threads, 'I/O thread')}",
-                     graph.feature_stores, measured))
+        settings = (f"cache {plan.tiering.cache_bytes / 1e6:,.1f} MB, "
+                    f"{count_of(plan.tiering.io_threads or graph.feature_store.io_threads, 'I/O thread')}")
+        for turn, order in enumerate(((graph, None), (None, graph)), 1):
+            for timed in order:
+                fresh = timed is None
+                if fresh:  # the same settings on a graph that was not profiled
+                    timed = HeteroGraphStore.load(directory, features_on_disk=True)
+                timed.open_feature_store(plan.tiering.cache_bytes, plan.tiering.io_threads)
+                measured = measured_batching(timed, args)
+                measured["predicted_hit_ratio"] = plan.tiering.hit_ratio
+                name = (f"disk, {settings}, on a freshly loaded graph" if fresh else
+                        f"disk, planned (budget: topology {resident_bytes(graph) / 1e6:,.0f} MB + working set "
+                        f"{working / 1e6:,.0f} MB + {share:.0%} of the features): {settings}")
+                rows.append((f"{name} (turn {turn})", timed.feature_stores, measured))
     return rows
 
 

@@ -232,9 +232,13 @@ def format_profile(profile: Profile) -> str:
             lines.append("  store reads/s    " + ", ".join(f"{format_bytes(size)} {disk.reads_per_s_at(size):,.0f}"
                                                           for size, _ in disk.hit_curve)
                          + " (timed reading each cache size's misses)")
-        if disk.io_curve:
+        if disk.read_bytes_curve:
+            lines.append("  bytes per read   " + ", ".join(
+                f"{format_bytes(size)} {disk.read_bytes_at(size) / 1e3:,.1f} kB" for size, _ in disk.hit_curve))
+        for size in disk.io_read_sizes():
             lines.append("  by I/O threads   " + ", ".join(f"{point.io_threads}: {point.reads_per_s:,.0f} reads/s, "
                                                           f"{point.cpu_s_per_read * 1e6:.3g} us CPU a read"
-                                                          for point in disk.io_curve)
-                         + f" (the rates above at {disk.io_threads})")
+                                                          for point in disk.io_curve if point.read_bytes == size)
+                         + (f" (reads of {size / 1e3:,.1f} kB;" if size is not None else " (")
+                         + f" the rates above at {disk.io_threads})")
     return "\n".join(lines)

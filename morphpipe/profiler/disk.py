@@ -9,7 +9,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import psutil
@@ -57,18 +57,26 @@ class DiskReadFacts:
 
 # The I/O thread counts the profiler times the store's reads at (besides the store's own): its queue depth is one more.
 IO_THREAD_COUNTS = (1, 4, 12, 24, 48, 96)
-# Rows per timed gather when the I/O thread counts are timed: a slow count stops within one such gather of its time.
-IO_TIMING_ROWS = 4096
+# Reads per timed gather when the I/O thread counts are timed, up to twice as many (a batch's misses, split where they
+# take more): one gather times MIN_TIMED_READS reads, so a slow count stops within one gather of its time, and 96 I/O
+# threads' queues still fill (a batch's misses are read at once).
+IO_TIMING_READS = 256
+# The read sizes the I/O thread counts are timed at: the shortest and the longest mean read of the caches' misses
+# when it is this many times the shortest (sizes nearer than this are timed as one), and one between them this far
+# from both where a cache's misses have one.
+IO_SIZE_STEP = 2.0
 
 
 @dataclass(frozen=True)
 class IoThreadsRate:
     """The feature store's reads with `io_threads` I/O threads: preads per second of reading (its read timer) and
-    the process CPU seconds each pread took (the I/O threads' and the caller's, summed over cores)."""
+    the process CPU seconds each pread took (the I/O threads' and the caller's, summed over cores), timed on reads
+    of `read_bytes` bytes on average (None: profiles from before the read size was timed, on short reads)."""
 
     io_threads: int
     reads_per_s: float
     cpu_s_per_read: float
+    read_bytes: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.io_threads, bool) or not isinstance(self.io_threads, int) or self.io_threads < 0:
@@ -78,6 +86,9 @@ class IoThreadsRate:
         if not (math.isfinite(self.cpu_s_per_read) and self.cpu_s_per_read >= 0):
             raise ValueError(f"IoThreadsRate.cpu_s_per_read must be a finite number >= 0, got "
                              f"{self.cpu_s_per_read!r}")
+        if self.read_bytes is not None and not (math.isfinite(self.read_bytes) and self.read_bytes > 0):
+            raise ValueError(f"IoThreadsRate.read_bytes must be a finite number > 0 (or None: not recorded), got "
+                             f"{self.read_bytes!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,7 +97,8 @@ class IoThreadsRate:
     def from_fields(cls, reader: FieldReader) -> IoThreadsRate:
         with reader.as_document_errors():
             return cls(reader.integer("io_threads", minimum=0), reader.number("reads_per_s", positive=True),
-                       reader.number("cpu_s_per_read", minimum=0.0))
+                       reader.number("cpu_s_per_read", minimum=0.0),
+                       reader.number("read_bytes", positive=True, optional=True))
 
 
 @dataclass(frozen=True)
@@ -106,12 +118,20 @@ class DiskProfile:
     sparser misses of a larger cache take smaller reads, more of them a second); empty: the rate above at every
     size. A missed row holds the disk for reads per miss / that rate, both at the cache's size.
 
-    `io_curve` holds the store's read rate and CPU time per read at several I/O thread counts (increasing), one of
-    them `io_threads`, the count every rate above was measured at, timed on small reads (sparse misses): at another
-    count a read's queue wait, the curve's time per read at `io_threads`, becomes the curve's time per read there,
-    the rest of a longer read's time (its bytes' transfer) unchanged, so reads many times longer than the curve's
-    gain little from more threads; each pread costs the curve's CPU time there. Empty (profiles from
-    before it was measured): the store's own I/O threads only, and no CPU time charged for reading.
+    `read_bytes_curve` holds the mean bytes of a pread of each hit_curve size's misses (counted as the store
+    coalesces them: the dense misses of a small cache take long reads); empty (profiles from before it was counted):
+    not known.
+
+    `io_curve` holds the store's read rate and CPU time per read at several I/O thread counts, one of them
+    `io_threads`, the count every rate above was measured at, at one or more read sizes (`read_bytes` of its points:
+    the mean read of the misses timed), ordered by size, then by count (increasing; every size timed at the same
+    counts). A cache's reads (of `read_bytes_curve`'s size there) are priced at that size: the curve at each count
+    is interpolated between the timed sizes (time per read, linear in the size; the nearest size's beyond them), and
+    at another count a read's queue wait, that curve's time per read at `io_threads`, becomes its time per read
+    there, the rest of a read longer than the curve's (its bytes' transfer) unchanged, so reads many times longer
+    than those timed gain little from more threads; each pread costs the curve's CPU time there. One size (profiles
+    from before sizes were timed: short reads) prices every read at it. Empty (profiles from before it was
+    measured): the store's own I/O threads only, and no CPU time charged for reading.
 
     `gpu_rows_per_batch` is the rows a Route 1 (GPU batcher) batch gathers through the store: its input rows the GPU
     cache does not hold, read from the host cache, else the disk. Their misses hold the disk like Route 0's, at the
@@ -132,6 +152,7 @@ class DiskProfile:
     io_curve: tuple[IoThreadsRate, ...] = ()
     io_threads: int | None = None
     gpu_rows_per_batch: float | None = None
+    read_bytes_curve: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.row_bytes < 1 or self.num_rows < 1:
@@ -155,7 +176,7 @@ class DiskProfile:
         if any(not 0.0 <= ratio <= 1.0 for ratio in ratios) or ratios != sorted(ratios):
             raise ValueError(f"DiskProfile.hit_curve: hit ratios must lie in [0, 1] and never fall as the cache "
                              f"grows, got {ratios}")
-        for name in ("reads_per_miss_curve", "reads_per_s_curve"):
+        for name in ("reads_per_miss_curve", "reads_per_s_curve", "read_bytes_curve"):
             values = getattr(self, name)
             if values and (len(values) != len(sizes) or not all(math.isfinite(value) and value > 0
                                                                  for value in values)):
@@ -165,12 +186,25 @@ class DiskProfile:
                                                        and self.store_reads_per_s > 0):
             raise ValueError(f"DiskProfile.store_reads_per_s must be a finite number > 0 (or None: not measured), "
                              f"got {self.store_reads_per_s!r}")
-        counts = [point.io_threads for point in self.io_curve]
-        if counts != sorted(set(counts)):
-            raise ValueError(f"DiskProfile.io_curve: I/O thread counts must increase, got {counts}")
+        sizes_timed = [point.read_bytes for point in self.io_curve]
+        if None in sizes_timed and any(size is not None for size in sizes_timed):
+            raise ValueError(f"DiskProfile.io_curve must give read_bytes at every point or at none, got {sizes_timed}")
+        grid = self._io_grid()
+        if [size for size, _ in grid] != sorted({size for size, _ in grid}, key=lambda size: size or 0):
+            raise ValueError(f"DiskProfile.io_curve: points must be ordered by read_bytes, each size's together, got "
+                             f"read sizes {sizes_timed}")
+        counts = [point.io_threads for point in grid[0][1]] if grid else []
+        for size, points in grid:
+            timed = [point.io_threads for point in points]
+            if timed != sorted(set(timed)) or timed != counts:
+                raise ValueError(f"DiskProfile.io_curve: I/O thread counts must increase, the same at every read size, "
+                                 f"got {timed} at read_bytes {size!r} and {counts} at the first")
         if self.io_curve and self.io_threads not in counts:
             raise ValueError(f"DiskProfile.io_threads ({self.io_threads!r}), the I/O thread count the read rates were "
                              f"measured at, must be one of io_curve's {counts}")
+        if len(grid) > 1 and not self.read_bytes_curve:
+            raise ValueError("DiskProfile.io_curve timed at several read sizes needs read_bytes_curve (each cache "
+                             "size's mean read) to price a cache's reads at their size")
 
     @property
     def features_bytes(self) -> int:
@@ -179,35 +213,68 @@ class DiskProfile:
     def reads_per_s_at(self, cache_bytes: int, io_threads: int | None = None) -> float:
         """The preads per second the misses of a cache of `cache_bytes` are served at with `io_threads` I/O threads
         (None: those the rates were measured with): the store's rate timed on such misses, else its rate on the
-        profiled batches, else the disk's random-read rate; its queue wait (the time a read of `io_curve`'s takes at
-        the profiled count) scaled along `io_curve` to `io_threads`, the rest of a longer read's time kept."""
+        profiled batches, else the disk's random-read rate; its queue wait (the time a read of the misses' size takes
+        along `io_curve` at the profiled count) scaled along `io_curve` to `io_threads`, the rest of a longer read's
+        time kept."""
         if self.reads_per_s_curve:
             rate = self._along_curve(self.reads_per_s_curve, cache_bytes)
         else:
             rate = self.store_reads_per_s if self.store_reads_per_s is not None else self.facts.random_reads_per_s
         if io_threads is None or not self.io_curve:
             return rate
-        # The curve times small reads, so its time per read is the part of a read the queue depth shortens; the rest
-        # of a longer read (more of its bytes, coalesced rows) is transfer, which more I/O threads do not shorten.
-        # Only that share of a read's time scales along the curve (all of it when the reads are as short).
-        timed = self._along_io_curve("reads_per_s", self.io_threads)
+        # The curve's time per read at the misses' size is the part of a read the queue depth shortens; the rest of a
+        # read longer than those timed (more of its bytes, coalesced rows) is transfer, which more I/O threads do not
+        # shorten. Only that share of a read's time scales along the curve (all of it when the reads are as short).
+        size = self.read_bytes_at(cache_bytes)
+        timed = self.io_rate(self.io_threads, size)
         queued = min(1.0, rate / timed)
-        return rate / (1.0 - queued + queued * timed / self._along_io_curve("reads_per_s", io_threads))
+        return rate / (1.0 - queued + queued * timed / self.io_rate(io_threads, size))
+
+    def read_bytes_at(self, cache_bytes: int) -> float | None:
+        """Mean bytes of a pread of the misses of a cache of `cache_bytes` (None: not counted in this profile)."""
+        return self._along_curve(self.read_bytes_curve, cache_bytes) if self.read_bytes_curve else None
+
+    def io_rate(self, io_threads: int, read_bytes: float | None = None) -> float:
+        """Preads per second along `io_curve` with `io_threads` I/O threads, of reads of `read_bytes` bytes (None, or
+        a curve of one size: its size)."""
+        return self._along_io_curve("reads_per_s", io_threads, read_bytes)
+
+    def io_cpu_s_per_read(self, io_threads: int, read_bytes: float | None = None) -> float:
+        """CPU seconds a pread of `read_bytes` bytes takes along `io_curve` with `io_threads` I/O threads."""
+        return self._along_io_curve("cpu_s_per_read", io_threads, read_bytes)
 
     def io_thread_counts(self) -> list[int]:
         """The I/O thread counts the planner compares: those timed (none: the profile does not say)."""
-        return [point.io_threads for point in self.io_curve]
+        grid = self._io_grid()
+        return [point.io_threads for point in grid[0][1]] if grid else []
 
-    def _along_io_curve(self, name: str, io_threads: int) -> float:
-        """`io_curve`'s `name` at `io_threads`: linear between the counts timed, the nearest end's value beyond."""
-        counts = [point.io_threads for point in self.io_curve]
-        values = [getattr(point, name) for point in self.io_curve]
-        if io_threads <= counts[0]:
-            return values[0]
-        for (c0, v0), (c1, v1) in zip(zip(counts, values), zip(counts[1:], values[1:])):
-            if io_threads <= c1:
-                return v0 + (v1 - v0) * (io_threads - c0) / (c1 - c0)
-        return values[-1]
+    def io_read_sizes(self) -> list[float | None]:
+        """The read sizes `io_curve` was timed at, increasing ([None]: one, not recorded; []: no curve)."""
+        return [size for size, _ in self._io_grid()]
+
+    def _io_grid(self) -> list[tuple[float | None, list[IoThreadsRate]]]:
+        """`io_curve`'s points by read size, in its order: [(read_bytes, its points)]."""
+        grid: list[tuple[float | None, list[IoThreadsRate]]] = []
+        for point in self.io_curve:
+            if grid and grid[-1][0] == point.read_bytes:
+                grid[-1][1].append(point)
+            else:
+                grid.append((point.read_bytes, [point]))
+        return grid
+
+    def _along_io_curve(self, name: str, io_threads: int, read_bytes: float | None) -> float:
+        """`io_curve`'s `name` (reads_per_s or cpu_s_per_read) at `io_threads` and reads of `read_bytes`: at each timed
+        size linear between the counts timed (the nearest end's value beyond them), then between the timed sizes
+        linear in the size as a time per read (a rate's inverse: a read's latency plus its bytes' transfer), the
+        nearest size's value beyond them (or for None)."""
+        per_read = [(size, _linear([point.io_threads for point in points], [getattr(point, name) for point in points],
+                                   io_threads)) for size, points in self._io_grid()]
+        if len(per_read) == 1 or read_bytes is None:
+            return per_read[0][1]
+        invert = name == "reads_per_s"
+        value = _linear([size for size, _ in per_read], [1.0 / value if invert else value for _, value in per_read],
+                        read_bytes)
+        return 1.0 / value if invert else value
 
     def reads_per_miss_at(self, cache_bytes: int) -> float:
         """Preads per missed row with a cache of `cache_bytes` (`reads_per_miss` at every size when none were
@@ -260,7 +327,7 @@ class DiskProfile:
             return 0.0
         reads = self.rows_fetched(route) * (1.0 - self.hit_ratio(cache_bytes)) * self.reads_per_miss_at(cache_bytes)
         count = self.io_threads if io_threads is None else io_threads
-        return reads * self._along_io_curve("cpu_s_per_read", count)
+        return reads * self.io_cpu_s_per_read(count, self.read_bytes_at(cache_bytes))
 
     def rows_fetched(self, route: int) -> float:
         """Rows a batch of `route` gathers through the store: Route 0 all its input rows, Route 1 those the GPU cache
@@ -293,7 +360,8 @@ class DiskProfile:
                 "hit_curve": [{"cache_bytes": size, "hit_ratio": ratio,
                                **({"reads_per_miss": self.reads_per_miss_curve[i]} if self.reads_per_miss_curve
                                   else {}),
-                               **({"reads_per_s": self.reads_per_s_curve[i]} if self.reads_per_s_curve else {})}
+                               **({"reads_per_s": self.reads_per_s_curve[i]} if self.reads_per_s_curve else {}),
+                               **({"read_bytes": self.read_bytes_curve[i]} if self.read_bytes_curve else {})}
                               for i, (size, ratio) in enumerate(self.hit_curve)],
                 "cache_budget_bytes": self.cache_budget_bytes, "resident_bytes": self.resident_bytes,
                 "store_reads_per_s": self.store_reads_per_s,
@@ -306,9 +374,9 @@ class DiskProfile:
         points = reader.sections("hit_curve")
         curve = tuple((point.integer("cache_bytes", minimum=0), point.number("hit_ratio", minimum=0.0))
                       for point in points)
-        counted, rates = ([point.number(name, positive=True, optional=True) for point in points]
-                          for name in ("reads_per_miss", "reads_per_s"))
-        for name, values in (("reads_per_miss", counted), ("reads_per_s", rates)):
+        counted, rates, read_sizes = ([point.number(name, positive=True, optional=True) for point in points]
+                                      for name in ("reads_per_miss", "reads_per_s", "read_bytes"))
+        for name, values in (("reads_per_miss", counted), ("reads_per_s", rates), ("read_bytes", read_sizes)):
             if any(value is None for value in values) and any(value is not None for value in values):
                 raise reader.error("hit_curve", f"must give {name} at every point or at none", values)
         io_points = reader.sections("io_curve") if reader.data.get("io_curve") is not None else []
@@ -322,7 +390,18 @@ class DiskProfile:
                        reader.number("store_reads_per_s", positive=True, optional=True),
                        tuple(value for value in rates if value is not None), io_curve,
                        reader.integer("io_threads", minimum=0, optional=True),
-                       reader.number("gpu_rows_per_batch", minimum=0.0, optional=True))
+                       reader.number("gpu_rows_per_batch", minimum=0.0, optional=True),
+                       tuple(value for value in read_sizes if value is not None))
+
+
+def _linear(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """ys at x: linear between the xs (increasing), the nearest end's value beyond them."""
+    if x <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
 
 
 def measure_disk_reads(path: str | os.PathLike, queue_depth: int, seconds: float = 2.0, block: int = PAGE,
@@ -362,19 +441,38 @@ def hotness_rank(hotness: torch.Tensor) -> torch.Tensor:
     return rank
 
 
-def reads_per_miss_by_cache_size(store, hotness: torch.Tensor, gathered: Sequence[torch.Tensor],
-                                 cache_rows: Sequence[int]) -> list[float | None]:
-    """Preads per missed row when the `k` hottest rows by `hotness` are cached, for every k in `cache_rows`: each
-    batch's misses (the rows of `gathered` not cached) coalesced into reads as FeatureStore `store` reads them
-    (counted, not read). None where nothing misses."""
+@dataclass(frozen=True)
+class MissReads:
+    """What a cache's misses in the profiled batches cost, counted (not read): `rows` missed, coalesced into `reads`
+    preads of `bytes` in all as the store reads them."""
+
+    rows: int
+    reads: int
+    bytes: int
+
+    @property
+    def reads_per_miss(self) -> float | None:
+        """Preads per missed row (None where nothing misses)."""
+        return self.reads / self.rows if self.rows else None
+
+    @property
+    def read_bytes(self) -> float | None:
+        """Mean bytes of a pread (None where nothing misses)."""
+        return self.bytes / self.reads if self.reads else None
+
+
+def miss_reads_by_cache_size(store, hotness: torch.Tensor, gathered: Sequence[torch.Tensor],
+                             cache_rows: Sequence[int]) -> list[MissReads]:
+    """The MissReads when the `k` hottest rows by `hotness` are cached, for every k in `cache_rows`: each batch's
+    misses (the rows of `gathered` not cached) coalesced into reads as FeatureStore `store` reads them."""
     rank = hotness_rank(hotness)
     ranks = [rank[ids] for ids in gathered]
-    result: list[float | None] = []
+    result = []
     for k in cache_rows:
         misses = [ids[batch_ranks >= k] for ids, batch_ranks in zip(gathered, ranks)]
-        missed = sum(ids.numel() for ids in misses)
-        reads = sum(store.count_reads(ids)[0] for ids in misses if ids.numel())
-        result.append(reads / missed if missed else None)
+        counted = [store.count_reads(ids) for ids in misses if ids.numel()]
+        result.append(MissReads(sum(ids.numel() for ids in misses), sum(reads for reads, _ in counted),
+                                sum(size for _, size in counted)))
     return result
 
 
@@ -428,54 +526,88 @@ def measure_disk_profile(store, gathered: Sequence[torch.Tensor], hotness: torch
     sizes = curve_sizes(num_rows * row_bytes, cache_budget_bytes)
     cache_rows = [store.rows_cached_by(size) for size in sizes]
     ratios = hit_ratio_by_cache_size(hotness, gathered, cache_rows)
-    counted = reads_per_miss_by_cache_size(store, hotness, gathered, cache_rows)
-    reads_per_miss = []
-    for value in counted:  # where nothing misses, the value at the next smaller cache (1 read a row at none)
-        reads_per_miss.append(value if value is not None else reads_per_miss[-1] if reads_per_miss else 1.0)
+    counted = miss_reads_by_cache_size(store, hotness, gathered, cache_rows)
+    reads_per_miss, read_bytes = [], []
+    for miss in counted:  # where nothing misses, the value at the next smaller cache (1 read a row, a row's at none)
+        reads_per_miss.append(miss.reads_per_miss or (reads_per_miss[-1] if reads_per_miss else 1.0))
+        read_bytes.append(miss.read_bytes or (read_bytes[-1] if read_bytes else float(block)))
     rows_per_batch = sum(ids.numel() for ids in gathered) / max(len(gathered), 1)
     rate = store_reads.reads_per_second if store_reads is not None and store_reads.reads >= MIN_TIMED_READS else None
     # Read through the page cache, a size's misses would be served from the rows an earlier size read: not timed.
     timed = read_rates_by_cache_size(store, hotness, gathered, cache_rows, seconds) if store.direct else []
     stand_in = rate if rate is not None else facts.random_reads_per_s
     rates = tuple(increasing_fit([value if value is not None else stand_in for value in timed])) if any(timed) else ()
-    io_curve = read_rates_by_io_threads(store, hotness, gathered, cache_rows, seconds) if store.direct else ()
+    io_curve = read_rates_by_io_threads(store, hotness, gathered, cache_rows, counted, seconds) if store.direct else ()
     return DiskProfile(facts, row_bytes, num_rows, rows_per_batch, reads_per_miss[0], tuple(zip(sizes, ratios)),
                        int(cache_budget_bytes), int(resident), tuple(reads_per_miss), rate, rates, io_curve,
-                       store.io_threads if io_curve else None)
+                       store.io_threads if io_curve else None, read_bytes_curve=tuple(read_bytes))
+
+
+def io_timing_caches(counted: Sequence[MissReads]) -> list[int]:
+    """Which caches' misses (indices into `counted`, one MissReads per cache size) the I/O thread counts are timed
+    on: of those leaving MIN_TIMED_READS reads or more (else no cache), the one of the shortest mean read (the
+    largest such cache on a tie), the one of the longest when it is IO_SIZE_STEP times as long or more, and the one
+    nearest their geometric mean when that is IO_SIZE_STEP from both. Increasing in the read size."""
+    timeable = [i for i, miss in enumerate(counted) if miss.reads >= MIN_TIMED_READS] or [0]
+    size = {i: counted[i].read_bytes or 1.0 for i in timeable}
+    shortest = min(timeable, key=lambda i: (size[i], -i))
+    longest = max(timeable, key=lambda i: (size[i], -i))
+    if size[longest] < IO_SIZE_STEP * size[shortest]:
+        return [shortest]
+    middle = min(timeable, key=lambda i: abs(math.log(size[i] ** 2 / (size[shortest] * size[longest]))))
+    between = IO_SIZE_STEP * size[shortest] <= size[middle] <= size[longest] / IO_SIZE_STEP
+    return [shortest, *([middle] if between else []), longest]
 
 
 def read_rates_by_io_threads(store, hotness: torch.Tensor, gathered: Sequence[torch.Tensor],
-                             cache_rows: Sequence[int], seconds: float) -> tuple[IoThreadsRate, ...]:
+                             cache_rows: Sequence[int], counted: Sequence[MissReads],
+                             seconds: float) -> tuple[IoThreadsRate, ...]:
     """The read rate and CPU time per pread of cache-less twins of FeatureStore `store` with each of
-    IO_THREAD_COUNTS and its own I/O threads, reading the misses `gathered` batches leave in the largest cache of
-    `cache_rows` that leaves MIN_TIMED_READS of them (else no cache), for about `seconds` in all: in gathers of
-    IO_TIMING_ROWS rows, each count until its share of the time is spent and MIN_TIMED_READS reads were timed (a
-    pass over every batch's misses took minutes at papers100M scale with one I/O thread). CPU time is the
-    process's (every thread's) while reading. Empty when no count timed MIN_TIMED_READS reads. Meant for O_DIRECT
+    IO_THREAD_COUNTS and its own I/O threads, at the read sizes of `io_timing_caches` (`counted`: the MissReads of
+    each cache of `cache_rows`): reading the misses `gathered` batches leave in each such cache, for about
+    `seconds` in all: each batch's misses in gathers of IO_TIMING_READS to twice as many reads (row ranges of its
+    sorted misses: the queue fills as a batch's fills it), each (size, count) until its
+    share of the time is spent and MIN_TIMED_READS reads were timed (a pass over every batch's misses took minutes
+    at papers100M scale with one I/O thread). CPU time is the process's (every thread's) while reading. A size at
+    which a count timed fewer than MIN_TIMED_READS reads is left out; empty when every size is. Meant for O_DIRECT
     stores, as read_rates_by_cache_size."""
     rank = hotness_rank(hotness)
-    misses: list[torch.Tensor] = []
-    for k in sorted(cache_rows, reverse=True):
-        misses = [left for ids in gathered if (left := ids[rank[ids] >= k]).numel()]
-        if sum(store.count_reads(ids)[0] for ids in misses) >= MIN_TIMED_READS or k == 0:
-            break
-    chunks = [part for ids in misses for part in ids.split(IO_TIMING_ROWS)]
-    points = []
     counts = sorted({*IO_THREAD_COUNTS, store.io_threads})
-    for count in counts:
-        probe = store.twin(io_threads=count)
-        cpu_began, began = time.process_time(), time.perf_counter()
-        for ids in itertools.cycle(chunks) if chunks else ():
-            probe.gather(ids)
-            if (time.perf_counter() - began >= seconds / len(counts)
-                    and probe.counters().reads >= MIN_TIMED_READS) or time.perf_counter() - began >= 2 * seconds:
+    timed = io_timing_caches(counted)
+    share = seconds / (len(timed) * len(counts))
+    points: list[IoThreadsRate] = []
+    for index in timed:
+        miss = counted[index]
+        # The counts take turns along the misses (not each from the first), split as they are reached.
+        reading = itertools.cycle(_timing_gathers(gathered, rank, cache_rows[index], miss.reads / max(miss.rows, 1)))
+        size_points = []
+        for count in counts if miss.reads else ():
+            probe = store.twin(io_threads=count)
+            cpu_began, began = time.process_time(), time.perf_counter()
+            for ids in reading:
+                probe.gather(ids)
+                elapsed = time.perf_counter() - began
+                if (elapsed >= share and probe.counters().reads >= MIN_TIMED_READS) or elapsed >= 2 * seconds:
+                    break
+            cpu = time.process_time() - cpu_began
+            reads = probe.counters()
+            if reads.reads < MIN_TIMED_READS or reads.reads_per_second is None:
                 break
-        cpu = time.process_time() - cpu_began
-        counted = probe.counters()
-        if counted.reads < MIN_TIMED_READS or counted.reads_per_second is None:
-            return ()
-        points.append(IoThreadsRate(count, counted.reads_per_second, cpu / counted.reads))
+            size_points.append(IoThreadsRate(count, reads.reads_per_second, cpu / reads.reads,
+                                             counted[index].read_bytes))
+        if len(size_points) == len(counts):
+            points.extend(size_points)
     return tuple(points)
+
+
+def _timing_gathers(gathered: Sequence[torch.Tensor], rank: torch.Tensor, k: int,
+                    reads_per_row: float) -> Iterator[torch.Tensor]:
+    """Each batch's misses with the `k` hottest rows cached, those of more than 2 x IO_TIMING_READS reads (at
+    `reads_per_row`, the batches' mean) split into row ranges of IO_TIMING_READS reads or more."""
+    for ids in gathered:
+        if (left := ids[rank[ids] >= k]).numel():
+            pieces = max(1, int(left.numel() * reads_per_row) // IO_TIMING_READS)
+            yield from (torch.sort(left).values.tensor_split(pieces) if pieces > 1 else (left,))
 
 
 def increasing_fit(values: Sequence[float]) -> list[float]:

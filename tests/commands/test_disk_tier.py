@@ -22,6 +22,7 @@ def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(
     out = capsys.readouterr().out
     assert "do not fit the memory budget" in out and "reading them from disk through the feature store" in out
     assert "random 4096 B reads/s at queue depth 48" in out and "hit ratio " in out and "reads per miss " in out
+    assert "bytes per read " in out  # each cache size's misses' mean read, the size their I/O curve prices them at
     plan = Plan.load(plan_path)
     assert plan.tiering is not None and 0 <= plan.tiering.cache_bytes <= 300_000
     # The budget holds the batches in flight and a step beside the cache: here (batches of 1 MB, features of 1 MB)
@@ -35,6 +36,7 @@ def test_train_auto_puts_features_that_do_not_fit_on_disk_and_sizes_their_cache(
     if plan.tiering.io_threads is not None:  # timed at several I/O thread counts (O_DIRECT reads): the plan's applied
         assert f"{count_of(plan.tiering.io_threads, 'I/O thread')}, as planned" in out
         assert f"read by {count_of(plan.tiering.io_threads, 'I/O thread')}" in out
+        assert "by I/O threads   1: " in out and " kB; the rates above at 48)" in out
     assert "test accuracy" in out
 
 

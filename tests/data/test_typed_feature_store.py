@@ -9,7 +9,7 @@ import torch
 from morphpipe.data.feature_store import FeatureStore
 from morphpipe.data.hetero_generator import MagSpec
 from morphpipe.data.hetero_store import HeteroGraphStore, share_feature_cache
-from morphpipe.profiler.disk import hit_ratio_by_cache_size, reads_per_miss_by_cache_size
+from morphpipe.profiler.disk import hit_ratio_by_cache_size, miss_reads_by_cache_size
 from morphpipe.sampling.hetero_batcher import HeteroCpuBatcher
 from tests.conftest import saved_mag_with_float16_authors
 
@@ -86,14 +86,13 @@ def test_the_hit_curve_of_the_view_is_what_the_shared_cache_serves(graph_dir, ca
                for seed in range(4)]
     k = store.rows_cached_by(cache_bytes)
     [ratio] = hit_ratio_by_cache_size(store.hotness(), batches, [k])
-    [per_miss] = reads_per_miss_by_cache_size(store, store.hotness(), batches, [k])
+    [miss] = miss_reads_by_cache_size(store, store.hotness(), batches, [k])
     store.reset_counters()
     for rows in batches:
         store.gather(rows)
     counted = store.counters()
     assert ratio == pytest.approx(counted.hit_ratio)
-    if counted.misses:
-        assert per_miss == pytest.approx(counted.reads / counted.misses)
+    assert (miss.rows, miss.reads, miss.bytes) == (counted.misses, counted.reads, counted.bytes_read)
 
 
 def test_twins_cache_the_rows_asked_for_and_share_their_own_pool(graph_dir):

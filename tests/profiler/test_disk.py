@@ -87,11 +87,11 @@ def test_a_features_file_smaller_than_one_read_is_refused_naming_it(tmp_path):
         measure_disk_profile(FeatureStore(path), [], torch.zeros(4), 0, 1.0)
 
 
-def test_reads_per_miss_are_counted_with_each_cache_in_place(tmp_path):
+def test_reads_per_miss_and_their_size_are_counted_with_each_cache_in_place(tmp_path):
     import numpy as np
 
     from morphpipe.data.feature_store import FeatureStore
-    from morphpipe.profiler.disk import reads_per_miss_by_cache_size
+    from morphpipe.profiler.disk import miss_reads_by_cache_size
 
     path = tmp_path / "features.npy"
     np.save(path, np.zeros((6000, 256), dtype=np.float16))  # rows of 512 B: 8 a page
@@ -99,15 +99,34 @@ def test_reads_per_miss_are_counted_with_each_cache_in_place(tmp_path):
     generator = torch.Generator().manual_seed(4)
     gathered = [torch.randperm(6000, generator=generator)[:1500] for _ in range(3)]
     cache_rows = [0, 600, 3000, 6000]
-    counted = reads_per_miss_by_cache_size(FeatureStore(path, io_threads=2), hotness, gathered, cache_rows)
-    for rows, value in zip(cache_rows, counted):
+    counted = miss_reads_by_cache_size(FeatureStore(path, io_threads=2), hotness, gathered, cache_rows)
+    for rows, miss in zip(cache_rows, counted):
         store = FeatureStore(path, cache_bytes=rows * 512, hotness=hotness, io_threads=2)
         for ids in gathered:
             store.gather(ids)
         reads = store.counters()
-        assert value == (reads.reads / reads.misses if reads.misses else None)  # what gathers through it issue
-    # The rows a hot cache misses lie sparser: fewer of them share a read.
-    assert counted[0] < counted[1] < counted[2] and counted[3] is None
+        assert (miss.rows, miss.reads, miss.bytes) == (reads.misses, reads.reads, reads.bytes_read)  # as gathers read
+        assert miss.reads_per_miss == (reads.reads / reads.misses if reads.misses else None)
+        assert miss.read_bytes == (reads.bytes_read / reads.reads if reads.reads else None)
+    # The rows a hot cache misses lie sparser: fewer of them share a read, and the reads are shorter.
+    per_miss = [miss.reads_per_miss for miss in counted]
+    assert per_miss[0] < per_miss[1] < per_miss[2] and per_miss[3] is None
+    assert counted[0].read_bytes > counted[1].read_bytes > counted[2].read_bytes >= 4096
+
+
+def test_the_io_thread_counts_are_timed_at_the_shortest_and_longest_reads_the_caches_leave():
+    from morphpipe.profiler.disk import MIN_TIMED_READS, MissReads, io_timing_caches
+
+    def misses(*read_bytes: float) -> list[MissReads]:  # caches of increasing size, each leaving 1,000 reads
+        return [MissReads(4_000, 1_000, int(1_000 * size)) for size in read_bytes]
+
+    # mag-like: long coalesced reads without a cache, short ones once most rows are cached: both ends and between.
+    assert io_timing_caches(misses(130_000, 120_000, 60_000, 30_000, 8_192, 4_096)) == [5, 3, 0]
+    assert io_timing_caches(misses(30_000, 6_000, 4_096)) == [2, 0]  # nothing IO_SIZE_STEP from both ends
+    assert io_timing_caches(misses(6_000, 5_000, 4_096, 4_096)) == [3]  # sparse reads alike: one size, the larger
+    few = [*misses(130_000, 4_096), MissReads(200, MIN_TIMED_READS - 1, 4_096 * (MIN_TIMED_READS - 1))]
+    assert io_timing_caches(few) == [1, 0]  # a cache leaving too few reads to time is not timed
+    assert io_timing_caches([MissReads(10, 10, 40_960)]) == [0]  # too few anywhere: no cache, as it is
 
 
 def test_the_timed_read_rates_are_fitted_non_decreasing():
@@ -123,7 +142,7 @@ def test_the_stores_reads_are_timed_at_each_io_thread_count(tmp_path):
     import numpy as np
 
     from morphpipe.data.feature_store import FeatureStore
-    from morphpipe.profiler.disk import IO_THREAD_COUNTS, MIN_TIMED_READS, read_rates_by_io_threads
+    from morphpipe.profiler.disk import IO_THREAD_COUNTS, miss_reads_by_cache_size, read_rates_by_io_threads
 
     path = tmp_path / "features.npy"
     np.save(path, np.zeros((4000, 1024), dtype=np.float16))  # rows of 2 KiB: two a page
@@ -132,37 +151,52 @@ def test_the_stores_reads_are_timed_at_each_io_thread_count(tmp_path):
         pytest.skip("this filesystem refuses O_DIRECT: the I/O thread counts are not timed through the page cache")
     hotness = torch.arange(4000) % 89
     gathered = [torch.randperm(4000, generator=torch.Generator().manual_seed(seed))[:400] for seed in range(3)]
-    curve = read_rates_by_io_threads(store, hotness, gathered, [0, 100, 2000], seconds=0.05)
+    cache_rows = [0, 100, 2000]
+    counted = miss_reads_by_cache_size(store, hotness, gathered, cache_rows)
+    curve = read_rates_by_io_threads(store, hotness, gathered, cache_rows, counted, seconds=0.05)
     assert [point.io_threads for point in curve] == sorted({*IO_THREAD_COUNTS, 3})
     assert all(point.reads_per_s > 0 and point.cpu_s_per_read > 0 for point in curve)
+    # Sparse misses alike at every cache (each leaving 256 reads or more): one size timed, the shortest.
+    assert {point.read_bytes for point in curve} == {min(miss.read_bytes for miss in counted)}
 
 
-def test_each_io_thread_count_stops_within_one_gather_of_its_time(tmp_path, monkeypatch):
+def test_each_io_thread_count_stops_within_one_gather_of_its_time_at_each_read_size(tmp_path, monkeypatch):
     """Timing the I/O thread counts does not read every batch's misses at each count (minutes at papers100M scale
-    with one I/O thread): a count that has spent its share of the time, with MIN_TIMED_READS reads, stops."""
+    with one I/O thread): a (size, count) that has spent its share of the time, with MIN_TIMED_READS reads, stops.
+    Each batch's misses are read in gathers of about IO_TIMING_READS reads, dense misses (long reads) as sparse."""
     import numpy as np
 
     from morphpipe.data.feature_store import FeatureStore
     from morphpipe.profiler import disk
 
     path = tmp_path / "features.npy"
-    np.save(path, np.zeros((40_000, 256), dtype=np.float16))  # rows of 512 B
-    gathered_rows = []
+    np.save(path, np.zeros((80_000, 256), dtype=np.float16))  # rows of 512 B, 8 a page
+    gathers = []
 
     class CountingStore(FeatureStore):  # its twins (the timed stores) count their gathers too
         def gather(self, ids):
-            gathered_rows.append((self.io_threads, ids.numel()))
+            gathers.append((self.io_threads, self.count_reads(ids)[0]))
             return super().gather(ids)
 
     store = CountingStore(path, io_threads=2)
     if not store.direct:
         pytest.skip("this filesystem refuses O_DIRECT: the I/O thread counts are not timed through the page cache")
-    monkeypatch.setattr(disk, "IO_TIMING_ROWS", 1000)
-    gathered = [torch.randperm(40_000, generator=torch.Generator().manual_seed(seed))[:8000] for seed in range(4)]
-    curve = disk.read_rates_by_io_threads(store, torch.zeros(40_000), gathered, [0], seconds=1e-6)
-    assert len(curve) == len(disk.IO_THREAD_COUNTS) + 1  # and the store's own 2
-    for point in curve:  # one gather of 1000 rows (about 1000 reads, over MIN_TIMED_READS) each, not 32,000 rows
-        assert [rows for threads, rows in gathered_rows if threads == point.io_threads] == [1000]
+    monkeypatch.setattr(disk, "IO_TIMING_READS", 400)
+    # Batches of every row: without a cache, 313 long reads each (128 KiB); a cache of all rows but every 16th
+    # leaves those, 8 KiB apart: 5,000 short reads a batch, read in 13 gathers.
+    hotness = (torch.arange(80_000) % 16 != 0).float()
+    gathered = [torch.randperm(80_000, generator=torch.Generator().manual_seed(seed)) for seed in range(2)]
+    cache_rows = [0, 75_000]
+    counted = disk.miss_reads_by_cache_size(store, hotness, gathered, cache_rows)
+    assert counted[0].read_bytes > disk.IO_SIZE_STEP * counted[1].read_bytes  # two sizes to time
+    curve = disk.read_rates_by_io_threads(store, hotness, gathered, cache_rows, counted, seconds=1e-6)
+    counts = sorted({*disk.IO_THREAD_COUNTS, 2})
+    assert [(point.read_bytes, point.io_threads) for point in curve] == [
+        (miss.read_bytes, count) for miss in (counted[1], counted[0]) for count in counts]
+    # One gather each, the counts in turn at the short size, then the long; IO_TIMING_READS to twice as many reads a
+    # gather (a batch's misses split), at least MIN_TIMED_READS, not a whole batch's 5,000.
+    assert [threads for threads, _ in gathers] == counts * 2
+    assert all(max(disk.MIN_TIMED_READS, 300) <= reads < 2 * 400 for _, reads in gathers)
 
 
 def test_route_1_reads_are_taken_out_of_the_gpu_batching_time() -> None:

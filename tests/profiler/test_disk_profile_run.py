@@ -54,10 +54,12 @@ def test_the_timed_cpu_batches_read_nothing_from_the_disk(on_disk, profiled):
     # The disk's cost is the store's own: its reads of the sampled batches were timed, at a rate of their own.
     assert disk.store_reads_per_s is not None
     assert len(disk.reads_per_miss_curve) == len(disk.hit_curve) and disk.reads_per_miss == disk.reads_per_miss_curve[0]
+    assert len(disk.read_bytes_curve) == len(disk.hit_curve) and min(disk.read_bytes_curve) >= 4096  # a page at least
     if on_disk.feature_store.direct:  # timed reading each cache size's misses, and with each I/O thread count
         assert len(disk.reads_per_s_curve) == len(disk.hit_curve)
         assert disk.io_threads == 2 and 2 in disk.io_thread_counts() and disk.io_thread_counts()[0] == 1
         assert all(point.reads_per_s > 0 and point.cpu_s_per_read > 0 for point in disk.io_curve)
+        assert disk.io_read_sizes() and set(disk.io_read_sizes()) <= set(disk.read_bytes_curve)  # sizes the misses take
         assert disk.reads_per_s_at(0, 2) == disk.reads_per_s_at(0)  # at the count the rates were measured at
     else:
         assert disk.reads_per_s_curve == () and disk.reads_per_s_at(0) == disk.store_reads_per_s

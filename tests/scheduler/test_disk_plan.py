@@ -178,7 +178,35 @@ def io_profiles() -> list[Profile]:
     cpu = Profile.synthetic(t_cb=0.08, t_m=0.05, cores=4, cpu_efficiency=0.8, num_batches=40, cv=0.2)
     cuda = Profile.synthetic(t_cb=0.05, t_m=0.01, t_gb=0.02, t_dma=0.004, cores=8, num_batches=50)
     return [cpu.replaced(disk=with_curve), cuda.replaced(disk=with_curve),
-            cpu.replaced(disk=dataclasses.replace(with_curve, cache_budget_bytes=1_000_000))]
+            cpu.replaced(disk=dataclasses.replace(with_curve, cache_budget_bytes=1_000_000)),
+            cpu.replaced(disk=sized_disk()),  # room for a cache whose misses take short reads
+            cuda.replaced(disk=dataclasses.replace(sized_disk(), cache_budget_bytes=0))]  # long reads: no cache
+
+
+# The store's reads timed at two sizes: short reads gain from threads up to 48, long ones (their bytes' transfer)
+# stop gaining at 16, and their CPU per read is a little higher.
+SIZED_CURVE = (*(dataclasses.replace(point, read_bytes=4096.0) for point in IO_CURVE),
+               IoThreadsRate(1, 2_500.0, 30e-6, 65536.0), IoThreadsRate(4, 6_000.0, 32e-6, 65536.0),
+               IoThreadsRate(16, 8_000.0, 45e-6, 65536.0), IoThreadsRate(48, 7_600.0, 85e-6, 65536.0))
+# A small cache's dense misses coalesce into long reads, a large cache's sparse ones are a page each.
+SIZED_READ_BYTES = (65536.0, 65536.0, 32768.0, 16384.0, 8192.0, 4096.0, 4096.0, 4096.0)
+
+
+def sized_rate(read_bytes: float, io_threads: int) -> float:
+    """SIZED_CURVE's reads per second at a timed count, reads of `read_bytes`: time per read linear in the size."""
+    short, long = (next(p.reads_per_s for p in SIZED_CURVE if (p.read_bytes, p.io_threads) == (size, io_threads))
+                   for size in (4096.0, 65536.0))
+    share = (min(max(read_bytes, 4096.0), 65536.0) - 4096.0) / (65536.0 - 4096.0)
+    return 1.0 / ((1 - share) / short + share / long)
+
+
+def sized_disk() -> DiskProfile:
+    """A disk profile whose I/O curve was timed at the reads' sizes (4 KiB and 64 KiB), its read rates at 48
+    threads those of each cache size's reads (rows coalesce into the long reads: fewer reads per missed row)."""
+    return dataclasses.replace(disk_profile(), io_curve=SIZED_CURVE, io_threads=48,
+                               read_bytes_curve=SIZED_READ_BYTES,
+                               reads_per_s_curve=tuple(sized_rate(size, 48) for size in SIZED_READ_BYTES),
+                               reads_per_miss_curve=(1 / 16, 1 / 16, 1 / 8, 1 / 4, 0.35, 0.6, 1.0, 1.0))
 
 
 def exhaustive_epochs(profile: Profile, size: int, count: int) -> float:
@@ -267,6 +295,98 @@ def test_the_planner_does_not_buy_more_io_threads_for_reads_the_disk_transfers()
     assert plan.tiering.io_threads == min(count for count, epoch in epochs.items()
                                           if epoch <= fastest * (1.0 + TOLERANCE))
     assert plan.tiering.io_threads in (24, 48) and epochs[12] > fastest * (1.0 + TOLERANCE)
+
+
+def test_a_read_between_the_timed_sizes_is_priced_between_them() -> None:
+    disk = sized_disk()
+    assert disk.io_read_sizes() == [4096.0, 65536.0] and disk.io_thread_counts() == [1, 4, 16, 48]
+    # At a timed size and count: the timed point; between sizes, time per read linear in the size (at 16 threads:
+    # 1/30k s at 4 KiB, 1/8k s at 64 KiB); between counts, the rate linear in the count at each size first.
+    assert disk.io_rate(16, 4096.0) == 30_000.0 and disk.io_rate(16, 65536.0) == 8_000.0
+    assert disk.io_rate(16, 16384.0) == pytest.approx(1 / (0.8 / 30_000 + 0.2 / 8_000))
+    assert disk.io_rate(10, 34816.0) == pytest.approx(1 / (0.5 / 21_000 + 0.5 / 7_000))
+    assert disk.io_rate(16, 1024.0) == 30_000.0 and disk.io_rate(16, 1 << 20) == 8_000.0  # the nearest size beyond
+    assert disk.io_cpu_s_per_read(16, 34816.0) == pytest.approx((40e-6 + 45e-6) / 2)
+    # A cache's reads are priced at their size: 256 kB cached leaves 32 KiB reads, timed at 48 threads at the rate
+    # the curve gives them there, so at 16 threads they take the curve's time there (all of a read is its wait).
+    assert disk.read_bytes_at(256_000) == 32768.0 and disk.read_bytes_at(768_000) == pytest.approx(24576.0)
+    for cache_bytes in (0, 256_000, 768_000, 6_400_000):
+        size = disk.read_bytes_at(cache_bytes)
+        for count in (1, 4, 10, 16, 48):
+            assert disk.reads_per_s_at(cache_bytes, count) == pytest.approx(
+                disk.reads_per_s_at(cache_bytes) * disk.io_rate(count, size) / disk.io_rate(48, size))
+    assert disk.reads_per_s_at(0, 16) == pytest.approx(8_000.0 / 7_600.0 * disk.reads_per_s_at(0))
+    assert disk.reads_per_s_at(0, 48) < disk.reads_per_s_at(0, 16)  # long reads: 48 threads slower than 16
+    assert disk.reads_per_s_at(6_400_000, 48) > disk.reads_per_s_at(6_400_000, 16)  # short reads: faster
+    misses = 4_000 * (1 - 0.4) * disk.reads_per_miss_at(256_000)
+    assert disk.read_cpu_s_per_batch(256_000, 16) == pytest.approx(misses * disk.io_cpu_s_per_read(16, 32768.0))
+
+
+def test_the_size_of_the_reads_moves_the_planners_io_threads() -> None:
+    # No cache: 64 KiB reads, which gain nothing past 16 threads. Priced on the curve at their size the plan keeps
+    # 16 threads, the exhaustive search's choice; priced on the short reads' curve alone it took 48.
+    profile = io_profiles()[4]
+    plan = plan_from_profile(profile, engine="fast")
+    epochs = {count: exhaustive_epochs(profile, 0, count) for count in profile.disk.io_thread_counts()}
+    assert plan.tiering.io_threads == min(epochs, key=epochs.get) == 16
+    short_only = profile.replaced(disk=dataclasses.replace(profile.disk, io_curve=IO_CURVE, read_bytes_curve=()))
+    assert plan_from_profile(short_only, engine="fast").tiering.io_threads == 48
+
+
+def test_on_long_reads_the_planner_keeps_the_threads_the_curve_at_their_size_favours() -> None:
+    # Disk-bound, no room for a cache, mag's long reads (130 kB, 8.5k a second at 48 threads). Timed at their own
+    # size as well as on short reads, 96 threads read them slower than 48 (as mag's batches measured); the plan
+    # keeps the count an exhaustive search of the simulator keeps, and it is not 96.
+    long_curve = (IoThreadsRate(12, 7_000.0, 9e-6, 130e3), IoThreadsRate(24, 8_300.0, 8.5e-6, 130e3),
+                  IoThreadsRate(48, 8_500.0, 7.5e-6, 130e3), IoThreadsRate(96, 7_900.0, 9e-6, 130e3))
+    curve = (*(dataclasses.replace(point, read_bytes=4096.0) for point in SHORT_READS_CURVE), *long_curve)
+    disk = dataclasses.replace(disk_profile(reads_per_s=8_500.0, budget=0), io_curve=curve, io_threads=48,
+                               read_bytes_curve=(130e3,) * 8)
+    profile = Profile.synthetic(t_cb=0.02, t_m=0.02, cores=2, cpu_efficiency=0.8, num_batches=30).replaced(disk=disk)
+    assert disk.reads_per_s_at(0, 96) == pytest.approx(7_900.0) and disk.reads_per_s_at(0, 12) == pytest.approx(7_000.0)
+    plan = plan_from_profile(profile, engine="fast")
+    epochs = {count: exhaustive_epochs(profile, 0, count) for count in disk.io_thread_counts()}
+    fastest = min(epochs.values())
+    assert plan.tiering.io_threads == min(count for count, epoch in epochs.items()
+                                          if epoch <= fastest * (1.0 + TOLERANCE))
+    assert plan.tiering.io_threads in (24, 48) and epochs[96] > fastest * (1.0 + TOLERANCE)
+    # Priced from the short reads' curve alone, 96 threads came out 0.4% faster than 48 (within the tolerance).
+    short_only = dataclasses.replace(disk, io_curve=SHORT_READS_CURVE, read_bytes_curve=())
+    assert short_only.reads_per_s_at(0, 96) > short_only.reads_per_s_at(0, 48)
+
+
+def test_old_profiles_without_read_sizes_load_and_price_as_before() -> None:
+    profile = io_profiles()[0]
+    data = profile.to_dict()
+    for point in data["disk"]["io_curve"]:  # what a profile saved before the read sizes were timed holds
+        del point["read_bytes"]
+    assert all("read_bytes" not in point for point in data["disk"]["hit_curve"])
+    old = Profile.from_dict(data)
+    assert old == profile and old.disk.io_read_sizes() == [None] and old.disk.read_bytes_at(0) is None
+    assert old.disk.reads_per_s_at(256_000, 4) == pytest.approx(40_000.0 * 12_000 / 40_000)
+    sized = io_profiles()[3]
+    assert Profile.from_dict(sized.to_dict()) == sized  # the sizes go through JSON
+    assert [point["read_bytes"] for point in sized.to_dict()["disk"]["hit_curve"]] == list(SIZED_READ_BYTES)
+
+
+def test_a_bad_sized_io_curve_is_refused_with_the_field_named() -> None:
+    disk = sized_disk()
+    with pytest.raises(ValueError, match="read_bytes at every point or at none"):
+        dataclasses.replace(disk, io_curve=(*IO_CURVE, *SIZED_CURVE[4:]))
+    with pytest.raises(ValueError, match="ordered by read_bytes"):
+        dataclasses.replace(disk, io_curve=(*SIZED_CURVE[4:], *SIZED_CURVE[:4]))
+    with pytest.raises(ValueError, match="the same at every read size"):
+        dataclasses.replace(disk, io_curve=SIZED_CURVE[:7])
+    with pytest.raises(ValueError, match="needs read_bytes_curve"):
+        dataclasses.replace(disk, read_bytes_curve=())
+    data = io_profiles()[3].to_dict()
+    data["disk"]["io_curve"][5]["read_bytes"] = -1.0
+    with pytest.raises(ValueError, match=r"io_curve\[5\]\.read_bytes"):
+        Profile.from_dict(data)
+    data = io_profiles()[3].to_dict()
+    del data["disk"]["hit_curve"][3]["read_bytes"]
+    with pytest.raises(ValueError, match="must give read_bytes at every point or at none"):
+        Profile.from_dict(data)
 
 
 def test_the_chosen_io_threads_go_through_json_and_old_plans_keep_the_stores_own() -> None:
