@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +90,32 @@ def gather_neighbours(indptr: Tensor, indices: Tensor, dst: Tensor) -> tuple[Ten
     positions = torch.repeat_interleave(starts - local_indptr[:-1], degrees, output_size=total) + \
         torch.arange(total, dtype=torch.int64)
     return local_indptr, indices[positions].to(torch.int64)
+
+
+@dataclass
+class LayerStats:
+    """Where one layer's time went: building the chunks' blocks, reading their source rows (from memory or through
+    a feature store), computing the layer and writing its output table (with the flush of a table on disk); the
+    rows the chunks read and, from a feature store, the reads and bytes its misses took."""
+
+    layer: int
+    chunks: int = 0
+    rows_read: int = 0
+    seconds: float = 0.0
+    build_seconds: float = 0.0
+    read_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    write_seconds: float = 0.0
+    disk_reads: int | None = None
+    disk_bytes: int | None = None
+
+    def line(self) -> str:
+        """The layer's times in one line, as the log says them."""
+        disk = "" if self.disk_reads is None else \
+            f"; {self.disk_reads:,} disk reads, {format_bytes(self.disk_bytes)} read"
+        return (f"layer-wise inference: layer {self.layer + 1} took {self.seconds:.1f} s over {self.chunks} chunks "
+                f"(blocks {self.build_seconds:.1f} s, reading {self.rows_read:,} rows {self.read_seconds:.1f} s, "
+                f"computing {self.compute_seconds:.1f} s, writing {self.write_seconds:.1f} s{disk})")
 
 
 class LocalIds:
@@ -210,13 +237,15 @@ class TableStore:
 def layerwise_inference(model: nn.Module, graph, nodes: Tensor | None = None, *, chunk_size: int | None = None,
                         memory_budget: int | None = None, device: torch.device | str = "cpu",
                         tmp_dir: str | Path | None = None, graph_block: GraphBlock | None = None,
-                        progress: bool = True, log: Callable[[str], None] | None = None) -> Tensor:
+                        progress: bool = True, log: Callable[[str], None] | None = None,
+                        stats: list[LayerStats] | None = None) -> Tensor:
     """Exact logits `[len(nodes), classes]` (all nodes when None) of `model` over full neighbourhoods, layer by layer.
 
     `model` exposes `layer(i, block, h_src)` and `num_layers` (every morphpipe.nn model);
     `graph` is a GraphStore (or anything with indptr, indices, features, num_nodes, num_edges).
     `chunk_size` destinations per chunk (None: from `memory_budget`, default half the available
-    memory); `graph_block` reuses a whole-graph block (and its decompositions) across calls.
+    memory); `graph_block` reuses a whole-graph block (and its decompositions) across calls. Each layer's times
+    go to `log` and, as a LayerStats, to `stats` when given.
     """
     device = torch.device(device)
     log = log or (lambda message: None)
@@ -232,31 +261,37 @@ def layerwise_inference(model: nn.Module, graph, nodes: Tensor | None = None, *,
     was_training = model.training
     model.eval()
     store = TableStore(settings.memory_budget, log, tmp_dir)
+    stats = [] if stats is None else stats
     try:
         if settings.whole_graph:
-            return _whole_graph(model, graph, nodes, device, dtype, graph_block, progress)
-        return _chunked(model, graph, nodes, settings, device, dtype, store, progress, widths[-1])
+            return _whole_graph(model, graph, nodes, device, dtype, graph_block, progress, stats)
+        return _chunked(model, graph, nodes, settings, device, dtype, store, progress, widths[-1], stats)
     finally:
         store.close()
         model.train(was_training)
 
 
 def _whole_graph(model: nn.Module, graph, nodes: Tensor | None, device: torch.device, dtype: torch.dtype,
-                 graph_block: GraphBlock | None, progress: bool) -> Tensor:
+                 graph_block: GraphBlock | None, progress: bool, stats: list[LayerStats]) -> Tensor:
     """Every layer on one whole-graph block (the AdaptGear selector may decompose it)."""
     block = (graph_block or GraphBlock.of(graph.indptr, graph.indices)).to(device)
     if not model.reads_neighbours:
         block = None
     h = torch.as_tensor(graph.features).to(device=device, dtype=dtype)
+    num_src = int(h.shape[0])
     for i in tqdm(range(model.num_layers), desc="layer-wise inference", unit="layer", leave=False,
                   disable=not progress):
+        started = time.perf_counter()
         h = model.layer(i, block, h)
+        seconds = time.perf_counter() - started
+        stats.append(LayerStats(i, 1, num_src, seconds, compute_seconds=seconds))
     out = h if nodes is None else h[nodes.to(device)]
     return out.cpu()
 
 
 def _chunked(model: nn.Module, graph, nodes: Tensor | None, settings: LayerwiseSettings, device: torch.device,
-             dtype: torch.dtype, store: TableStore, progress: bool, out_width: int) -> Tensor:
+             dtype: torch.dtype, store: TableStore, progress: bool, out_width: int,
+             stats: list[LayerStats]) -> Tensor:
     """Layer by layer over chunks of destinations; the last layer only for `nodes`."""
     num_nodes = int(graph.num_nodes)
     builder = ChunkBuilder(graph.indptr, graph.indices, num_nodes) if model.reads_neighbours else None
@@ -272,21 +307,42 @@ def _chunked(model: nn.Module, graph, nodes: Tensor | None, settings: LayerwiseS
             targets = nodes if last and nodes is not None else None
             rows = last_rows if last else num_nodes
             out_table: LayerTable | None = None
+            layer = LayerStats(i)
+            before = table.counters() if isinstance(table, FeatureStore) else None
+            layer_started = time.perf_counter()
             for start in range(0, rows, settings.chunk_size):
                 stop = min(start + settings.chunk_size, rows)
                 dst = targets[start:stop] if targets is not None else torch.arange(start, stop, dtype=torch.int64)
+                started = time.perf_counter()
                 if builder is not None:
                     block, src_ids = builder.block(dst)
-                    h_src = read_rows(table, src_ids)
                 else:
-                    block, h_src = _no_edges(dst.numel()), read_rows(table, dst)
+                    block, src_ids = _no_edges(dst.numel()), dst
+                built = time.perf_counter()
+                h_src = read_rows(table, src_ids)
+                read = time.perf_counter()
                 out = model.layer(i, block.to(device), h_src.to(device=device, dtype=dtype)).to("cpu")
+                computed = time.perf_counter()
                 if out_table is None:
                     out_table = LayerTable(torch.empty(rows, out.shape[1], dtype=out.dtype)) if last else \
                         store.new(i + 1, rows, out.shape[1], out.dtype, resident_bytes(table))
                 out_table.rows[start:stop] = out
+                layer.build_seconds += built - started
+                layer.read_seconds += read - built
+                layer.compute_seconds += computed - read
+                layer.write_seconds += time.perf_counter() - computed
+                layer.chunks += 1
+                layer.rows_read += int(src_ids.numel())
                 bar.update(1)
+            if before is not None:
+                after = table.counters()
+                layer.disk_reads, layer.disk_bytes = after.reads - before.reads, after.bytes_read - before.bytes_read
+            finishing = time.perf_counter()
             table = store.finish(out_table) if out_table is not None else torch.empty(0, out_width, dtype=dtype)
+            layer.write_seconds += time.perf_counter() - finishing
+            layer.seconds = time.perf_counter() - layer_started
+            stats.append(layer)
+            store.log(layer.line())
     return table
 
 

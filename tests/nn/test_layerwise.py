@@ -8,7 +8,8 @@ import torch
 
 from morphpipe.data import GraphStore
 from morphpipe.data.feature_store import FeatureStore
-from morphpipe.nn.layerwise import ChunkBuilder, layerwise_inference
+from morphpipe.nn.evaluate import full_accuracies, full_accuracy
+from morphpipe.nn.layerwise import ChunkBuilder, LayerStats, layerwise_inference
 from morphpipe.nn import build_model
 from morphpipe.ops import force_choices
 from morphpipe.sampling.minibatch import Block
@@ -137,6 +138,50 @@ def test_features_and_tables_on_disk_are_read_through_feature_stores(tmp_path, d
     assert on_disk.feature_store.counters().misses > 0
     chunks = -(-NUM_NODES // 16)
     assert len(reads) == 3 * chunks, "every chunk of every layer reads its rows through a store"
+
+
+def test_layer_stats_say_where_each_layer_went(tmp_path):
+    """One LayerStats per layer, logged: its chunks, the rows they read and, from a table on disk, the store's reads."""
+    graph = directed_graph(NUM_NODES, seed=6)
+    model = make_model("sage", torch.float32)
+    stats: list[LayerStats] = []
+    messages: list[str] = []
+    nodes = torch.tensor([3, 9, 100])
+    layerwise_inference(model, graph, nodes, chunk_size=16, memory_budget=1, tmp_dir=tmp_path, progress=False,
+                        log=messages.append, stats=stats)
+    chunks = -(-NUM_NODES // 16)
+    assert [layer.layer for layer in stats] == [0, 1, 2]
+    assert [layer.chunks for layer in stats] == [chunks, chunks, 1]
+    builder = ChunkBuilder(graph.indptr, graph.indices, NUM_NODES)
+    every = sum(builder.block(torch.arange(s, min(s + 16, NUM_NODES)))[0].num_src for s in range(0, NUM_NODES, 16))
+    assert [layer.rows_read for layer in stats] == [every, every, builder.block(nodes)[0].num_src]
+    assert stats[0].disk_reads is None, "the features are in memory"
+    assert stats[1].disk_reads > 0 and stats[1].disk_bytes >= stats[1].rows_read * 8 * 4, "layer 1's table on disk"
+    for layer in stats:
+        assert layer.seconds >= layer.build_seconds + layer.read_seconds + layer.compute_seconds > 0
+    assert [m for m in messages if " took " in m] == [layer.line() for layer in stats]
+
+
+def test_full_accuracies_take_one_pass_for_every_split():
+    graph = directed_graph(NUM_NODES, seed=9)
+    graph.labels = torch.arange(NUM_NODES) % NUM_CLASSES
+    model = make_model("sage", torch.float32)
+    splits = {"train": torch.arange(0, 60), "val": torch.tensor([70, 3, 90]), "test": torch.arange(100, 120)}
+    calls: list[int] = []
+    original = model.layer
+
+    def counting(i, block, h_src):
+        calls.append(i)
+        return original(i, block, h_src)
+
+    model.layer = counting
+    got = full_accuracies(model, graph, splits, chunk_size=50, progress=False)
+    assert calls == [0, 0, 0, 1, 1, 1, 2, 2], "layers 1 and 2 over the graph once, layer 3 over the 83 seeds"
+    assert got == {name: full_accuracy(model, graph, seeds, chunk_size=50, progress=False)
+                   for name, seeds in splits.items()}
+    with pytest.raises(ValueError, match="split 'val' of the graph is empty"):
+        full_accuracies(model, graph, {"train": splits["train"], "val": torch.tensor([], dtype=torch.int64)},
+                        progress=False)
 
 
 def test_chunks_hold_only_their_share():
