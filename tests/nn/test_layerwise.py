@@ -96,7 +96,8 @@ def test_tables_on_disk_when_over_budget(tmp_path):
     assert [m for m in messages if "on disk" in m and "layer 1" in m]
     # Layer 1's table is read back through a store, which holds no memory: layer 2's 3,840 bytes fit beside it.
     assert [m for m in messages if "read back through a feature store" in m] == \
-        ["layer-wise inference: layer1.npy read back through a feature store (pread pool of 48 I/O threads)"], messages
+        ["layer-wise inference: layer1.npy read back through a feature store (pread pool of 48 I/O threads, through "
+         "the page cache)"], messages
     assert [m for m in messages if "layer 2" in m and "in memory" in m], messages
     assert not list(tmp_path.iterdir()), "the temporary tables are removed afterwards"
     in_memory: list[str] = []
@@ -138,6 +139,31 @@ def test_features_and_tables_on_disk_are_read_through_feature_stores(tmp_path, d
     assert on_disk.feature_store.counters().misses > 0
     chunks = -(-NUM_NODES // 16)
     assert len(reads) == 3 * chunks, "every chunk of every layer reads its rows through a store"
+
+
+def test_tables_on_disk_are_written_unmapped_and_read_through_the_page_cache(tmp_path, monkeypatch):
+    """A table on disk is never memory-mapped (its written pages would count in the resident set, up to the whole
+    table), and its reader reads through the page cache (every chunk re-reads much of it)."""
+    graph = directed_graph(NUM_NODES, seed=4)
+    model = make_model("sage", torch.float32)
+    original_layer, original_gather = model.layer, FeatureStore.gather
+    mapped: list[str] = []
+    direct: list[bool] = []
+
+    def layer(i, block, h_src):
+        mapped.extend(line for line in open("/proc/self/maps") if str(tmp_path) in line)
+        return original_layer(i, block, h_src)
+
+    def gather(store, ids):
+        direct.append(store.direct)
+        return original_gather(store, ids)
+
+    model.layer = layer
+    monkeypatch.setattr(FeatureStore, "gather", gather)
+    got = layerwise_inference(model, graph, chunk_size=16, memory_budget=1, tmp_dir=tmp_path, progress=False)
+    torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
+    assert mapped == [], "no table file is mapped while the layers run"
+    assert direct == [False] * 16, "layers 2 and 3 read their 8 chunks each through the page cache"
 
 
 def test_layer_stats_say_where_each_layer_went(tmp_path):
