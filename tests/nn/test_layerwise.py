@@ -122,10 +122,12 @@ def test_features_and_tables_on_disk_are_read_through_feature_stores(tmp_path, d
     expected = layerwise_inference(model, in_ram, chunk_size=16, memory_budget=1 << 30, progress=False)
     (tmp_path / "tables").mkdir()
     reads: list[int] = []
+    files: set[tuple[str, bool]] = set()
     original = FeatureStore.gather
 
     def counting(store, ids):
         reads.append(ids.numel())
+        files.add((store.path.name, store.direct))
         return original(store, ids)
 
     FeatureStore.gather = counting
@@ -136,9 +138,18 @@ def test_features_and_tables_on_disk_are_read_through_feature_stores(tmp_path, d
         FeatureStore.gather = original
     assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
                        expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
-    assert on_disk.feature_store.counters().misses > 0
     chunks = -(-NUM_NODES // 16)
     assert len(reads) == 3 * chunks, "every chunk of every layer reads its rows through a store"
+    assert on_disk.feature_store.direct, "the graph's store reads with O_DIRECT (ext4 allows it)"
+    assert files == {("features.npy", False), ("layer1.npy", False), ("layer2.npy", False)}, \
+        "the features without a cache, and the tables, are read through the page cache"
+    cached = GraphStore.load(tmp_path / "graph", features_on_disk=True, feature_cache_bytes=10 * IN_DIM * 2,
+                             io_threads=2)
+    got = layerwise_inference(model, cached, chunk_size=16, memory_budget=1, tmp_dir=tmp_path / "tables",
+                              progress=False)
+    assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    assert cached.feature_store.counters().hits > 0, "a store with a cache is read as it is"
 
 
 def test_tables_on_disk_are_written_unmapped_and_read_through_the_page_cache(tmp_path, monkeypatch):
