@@ -61,8 +61,9 @@ def main() -> int:
                         help="layer-wise memory budget of `ram` (default 8G: every table in memory)")
     parser.add_argument("--feature-cache-mb", type=float, default=0.0,
                         help="feature store cache of the disk configurations in MB (default 0)")
-    parser.add_argument("--limit", type=byte_size, default=None,
-                        help="the memory group's limit for `cgroup` (default: half the `ram` child's peak RSS)")
+    parser.add_argument("--limit", type=lambda text: [byte_size(part) for part in text.split(",")], default=None,
+                        help="the memory group's limit for `cgroup`, or several (900M,1200M: one `cgroup` run each) "
+                             "(default: half the `ram` child's peak RSS)")
     parser.add_argument("--chunk-size", type=int, default=None, help="destinations per chunk (default: from the "
                                                                      "budget)")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the tables on disk go (default: the "
@@ -106,16 +107,16 @@ def parent(args) -> int:
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     results, logits = [], {}
     with tempfile.TemporaryDirectory(prefix="bench-layerwise-") as scratch:
-        for mode in modes:
+        runs = [(mode, limit) for mode in modes for limit in (args.limit or [None] if mode == "cgroup" else [None])]
+        for run, (mode, limit) in enumerate(runs):
             dropped = drop_page_cache()
-            limit = None
-            if mode == "cgroup":
+            if mode == "cgroup" and limit is None:
                 ram = next((r for r in results if r["mode"] == "ram" and "failed" not in r), None)
-                limit = args.limit if args.limit is not None else ram["peak_rss"] // 2 if ram else None
+                limit = ram["peak_rss"] // 2 if ram else None
                 if limit is None:
                     print("cgroup: no limit (the ram child failed and --limit was not given); skipped", flush=True)
                     continue
-            out = Path(scratch) / f"{mode}.pt"
+            out = Path(scratch) / f"{run}-{mode}.pt"
             command = [sys.executable, __file__, args.dataset, "--checkpoint", str(args.checkpoint), "--child", mode,
                        "--logits", str(out), "--memory-budget", str(args.memory_budget),
                        "--ram-budget", str(args.ram_budget), "--feature-cache-mb", str(args.feature_cache_mb)] + \
@@ -128,13 +129,14 @@ def parent(args) -> int:
             if "failed" in result:
                 print(f"{mode}: child failed ({result['failed']}):\n{result['stderr']}", flush=True)
                 continue
-            logits[mode] = torch.load(out)
+            logits[run] = torch.load(out)
+            result["run"] = run
             print(summary(result), flush=True)
     reference = next(iter(logits), None)
     for result in results:  # chunks of other sizes sum in other orders: equal predictions, logits within rounding
-        if result["mode"] in logits and reference is not None:
-            mine, theirs = logits[result["mode"]], logits[reference]
-            result["compared_to"] = reference
+        if result.get("run") in logits and reference is not None:
+            mine, theirs = logits[result["run"]], logits[reference]
+            result["compared_to"] = runs[reference][0]
             result["logits_bit_equal"] = torch.equal(mine.view(torch.int32), theirs.view(torch.int32))
             result["logits_max_abs_diff"] = float((mine - theirs).abs().max())
             result["predictions_equal"] = torch.equal(mine.argmax(1), theirs.argmax(1))
@@ -152,7 +154,7 @@ def run_child(command: list[str], mode: str, limit: int | None) -> dict:
     """Runs one configuration (in a memory group limited to `limit` when given); its JSON result."""
     group = None
     if limit is not None:
-        group = CGROUP_ROOT / f"morphpipe-bench-layerwise-{os.getpid()}-{mode}"
+        group = CGROUP_ROOT / f"morphpipe-bench-layerwise-{os.getpid()}-{mode}-{limit}"
         group.mkdir()
         (group / "memory.limit_in_bytes").write_text(f"{limit}\n")
     process = None
@@ -281,7 +283,7 @@ def table(results: list[dict]) -> str:
             f"{r['read_bytes'] / mb:,.0f} | {r['write_bytes'] / mb:,.0f} | "
             f"{' / '.join(f'{v:.4f}' for v in r['accuracy'].values())} | {equal} |")
     lines += ["", "| mode | layer | chunks | rows read | wall s | blocks s | reading s | computing s | writing s | "
-              "disk reads | disk MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "store reads | store MB asked |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for layer in r.get("layers", []):
             disk = "" if layer["disk_reads"] is None else f"{layer['disk_reads']:,} | {layer['disk_bytes'] / mb:,.0f}"
