@@ -13,10 +13,13 @@ split (what `morphpipe evaluate --split all` runs), each configuration in a chil
 The page cache is dropped before each child (root). Each child reports the accuracies, the wall time of the pass,
 its peak RSS (VmHWM, reset before the pass) and the peaks of its anonymous and file-mapped parts (sampled every
 50 ms), the bytes it read from and wrote to storage (/proc/self/io), the group's peak usage (cgroup), and every
-layer's time split into building blocks, reading rows, computing and writing (LayerStats), with the feature
-stores' disk reads. The children's logits are compared bit for bit. Prints a markdown table, writes JSON. Not a test.
+layer's time split into building blocks, reading rows, computing and writing (LayerStats), with the reads and
+bytes asked of the feature stores (from the page cache or the disk). The children's predictions and logits are
+compared with the first child's (chunks of other sizes sum in other orders). Prints markdown tables, writes JSON.
+Not a test.
 
-  python scripts/bench_layerwise_disk.py bench-1m --checkpoint ckpt/ --memory-budget 256M --json bench_layerwise_disk.json
+  morphpipe train bench-1m --model sage --hidden 256 --fanouts 10,10,10 --epochs 1 --checkpoint-dir ckpt
+  python scripts/bench_layerwise_disk.py bench-1m --checkpoint ckpt --limit 1200M,900M
 """
 from __future__ import annotations
 
@@ -286,7 +289,7 @@ def table(results: list[dict]) -> str:
               "store reads | store MB asked |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for layer in r.get("layers", []):
-            disk = "" if layer["disk_reads"] is None else f"{layer['disk_reads']:,} | {layer['disk_bytes'] / mb:,.0f}"
+            disk = "" if layer["store_reads"] is None else f"{layer['store_reads']:,} | {layer['store_bytes'] / mb:,.0f}"
             lines.append(f"| {r['mode']} | {layer['layer'] + 1} | {layer['chunks']} | {layer['rows_read']:,} | "
                          f"{layer['seconds']:.1f} | {layer['build_seconds']:.1f} | {layer['read_seconds']:.1f} | "
                          f"{layer['compute_seconds']:.1f} | {layer['write_seconds']:.1f} | {disk or ' | '} |")

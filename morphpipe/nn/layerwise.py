@@ -100,7 +100,8 @@ def gather_neighbours(indptr: Tensor, indices: Tensor, dst: Tensor) -> tuple[Ten
 class LayerStats:
     """Where one layer's time went: building the chunks' blocks, reading their source rows (from memory or through
     a feature store), computing the layer and writing its output table (with the flush of a table on disk); the
-    rows the chunks read and, from a feature store, the reads and bytes its misses took."""
+    rows the chunks read and, from a feature store, the reads and bytes its misses asked for (from the page cache
+    or the disk: a store reading through the page cache cannot tell which)."""
 
     layer: int
     chunks: int = 0
@@ -110,13 +111,13 @@ class LayerStats:
     read_seconds: float = 0.0
     compute_seconds: float = 0.0
     write_seconds: float = 0.0
-    disk_reads: int | None = None
-    disk_bytes: int | None = None
+    store_reads: int | None = None
+    store_bytes: int | None = None
 
     def line(self) -> str:
         """The layer's times in one line, as the log says them."""
-        disk = "" if self.disk_reads is None else \
-            f"; {self.disk_reads:,} disk reads, {format_bytes(self.disk_bytes)} read"
+        disk = "" if self.store_reads is None else \
+            f"; {self.store_reads:,} store reads, {format_bytes(self.store_bytes)} asked for"
         return (f"layer-wise inference: layer {self.layer + 1} took {self.seconds:.1f} s over {self.chunks} chunks "
                 f"(blocks {self.build_seconds:.1f} s, reading {self.rows_read:,} rows {self.read_seconds:.1f} s, "
                 f"computing {self.compute_seconds:.1f} s, writing {self.write_seconds:.1f} s{disk})")
@@ -373,7 +374,7 @@ def _chunked(model: nn.Module, graph, nodes: Tensor | None, settings: LayerwiseS
                 bar.update(1)
             if before is not None:
                 after = table.counters()
-                layer.disk_reads, layer.disk_bytes = after.reads - before.reads, after.bytes_read - before.bytes_read
+                layer.store_reads, layer.store_bytes = after.reads - before.reads, after.bytes_read - before.bytes_read
             finishing = time.perf_counter()
             table = store.finish(out_table) if out_table is not None else torch.empty(0, out_width, dtype=dtype)
             layer.write_seconds += time.perf_counter() - finishing

@@ -192,8 +192,8 @@ def test_layer_stats_say_where_each_layer_went(tmp_path):
     builder = ChunkBuilder(graph.indptr, graph.indices, NUM_NODES)
     every = sum(builder.block(torch.arange(s, min(s + 16, NUM_NODES)))[0].num_src for s in range(0, NUM_NODES, 16))
     assert [layer.rows_read for layer in stats] == [every, every, builder.block(nodes)[0].num_src]
-    assert stats[0].disk_reads is None, "the features are in memory"
-    assert stats[1].disk_reads > 0 and stats[1].disk_bytes >= stats[1].rows_read * 8 * 4, "layer 1's table on disk"
+    assert stats[0].store_reads is None, "the features are in memory"
+    assert stats[1].store_reads > 0 and stats[1].store_bytes >= stats[1].rows_read * 8 * 4, "layer 1's table on disk"
     for layer in stats:
         assert layer.seconds >= layer.build_seconds + layer.read_seconds + layer.compute_seconds > 0
     assert [m for m in messages if " took " in m] == [layer.line() for layer in stats]
