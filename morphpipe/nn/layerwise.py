@@ -196,7 +196,7 @@ class LayerTable:
 
     def write(self, start: int, rows: Tensor) -> None:
         """Rows `start`.. of the table are `rows`. On disk by plain writes, not through a memory map: a mapped table's
-        written pages count in the process's resident set until the whole table is (on bench-1m 1 GB of them against
+        written pages count in the process's resident set until the whole table is (on bench-1m 1.2 GB of them against
         a 256 MB budget); written ones stay in the page cache only, which the kernel writes back and frees."""
         if self.file is None:
             self.rows[start:start + rows.shape[0]] = rows
