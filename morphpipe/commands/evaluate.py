@@ -46,8 +46,7 @@ def run(args: argparse.Namespace) -> int:
     """Loads the checkpoint and the data, rebuilds the model, prints the accuracy of each split."""
     from morphpipe.data import load_dataset
     from morphpipe.executor.checkpoint import load_checkpoint
-    from morphpipe.nn.evaluate import accuracy, full_accuracy
-    from morphpipe.nn.task import EvalSettings, NodeClassification
+    from morphpipe.nn.evaluate import full_accuracies
     from morphpipe.ops.community import GraphBlock
 
     if args.json is not None:
@@ -89,22 +88,15 @@ def run(args: argparse.Namespace) -> int:
     if spec.get("task") == "link":
         results = evaluate_link(model, graph, state.meta, spec, args, device, block, say_once)
     else:
-        results = {}
-        for split in SPLITS if args.split == "all" else (args.split,):
-            seeds = getattr(graph, f"{split}_idx")
-            if args.mode == "full":
-                results[split] = full_accuracy(model, graph, seeds, device=device, chunk_size=args.chunk_size,
-                                               memory_budget=budget, graph_block=block,
-                                               progress=not args.no_progress, log=say_once)
-            elif typed:
-                relation_fanouts = spec.get("relation_fanouts")
-                task = NodeClassification(relation_fanouts=parse_relation_fanouts(relation_fanouts)
-                                          if relation_fanouts else None)
-                settings = EvalSettings(spec["fanouts"], batch_size=args.batch_size, mode=args.mode)
-                results[split] = task.evaluate(model, graph, seeds, settings, device=torch.device(device))
-            else:
-                results[split] = accuracy(model, graph, seeds, spec["fanouts"], batch_size=args.batch_size,
-                                          device=device)
+        splits = SPLITS if args.split == "all" else (args.split,)
+        if args.mode == "full":  # one layer-wise pass for every split
+            results = full_accuracies(model, graph, {split: getattr(graph, f"{split}_idx") for split in splits},
+                                      device=device, chunk_size=args.chunk_size, memory_budget=budget,
+                                      graph_block=block, progress=not args.no_progress, log=say_once)
+        else:
+            results = {split: sampled_accuracy(model, graph, getattr(graph, f"{split}_idx"), spec, args, device)
+                       for split in splits}
+        for split in splits:
             print(f"{split} accuracy {results[split]:.4f}")
     if args.json is not None:
         key = "link" if spec.get("task") == "link" else "accuracy"
@@ -112,6 +104,20 @@ def run(args: argparse.Namespace) -> int:
                                                 indent=2) + "\n", "--json")
         print(f"wrote {args.json}")
     return 0
+
+
+def sampled_accuracy(model, graph, seeds: torch.Tensor, spec: dict, args: argparse.Namespace, device: str) -> float:
+    """Accuracy on `seeds` by sampled inference with the training fanouts (a typed graph's per relation)."""
+    from morphpipe.nn.evaluate import accuracy
+    from morphpipe.nn.task import EvalSettings, NodeClassification
+
+    if getattr(graph, "is_hetero", False):
+        relation_fanouts = spec.get("relation_fanouts")
+        task = NodeClassification(relation_fanouts=parse_relation_fanouts(relation_fanouts)
+                                  if relation_fanouts else None)
+        settings = EvalSettings(spec["fanouts"], batch_size=args.batch_size, mode=args.mode)
+        return task.evaluate(model, graph, seeds, settings, device=torch.device(device))
+    return accuracy(model, graph, seeds, spec["fanouts"], batch_size=args.batch_size, device=device)
 
 
 def evaluate_link(model, graph, meta: dict, spec: dict, args: argparse.Namespace, device: str, block,

@@ -200,13 +200,14 @@ class FeatureStore:
         return min(self.num_rows, max(0, int(cache_bytes)) // self.row_bytes)
 
     def twin(self, *, io_threads: int | None = None, cached_rows: torch.Tensor | None = None,
-             shares_io_with: FeatureStore | None = None) -> FeatureStore:
+             shares_io_with: FeatureStore | None = None, direct: bool | None = None) -> FeatureStore:
         """A store on the same file read the same way, caching `cached_rows` (row ids; None: no cache), with
-        `io_threads` I/O threads (None: this store's): what the profiler times the disk and the CPU apart with."""
+        `io_threads` I/O threads (None: this store's) and O_DIRECT as `direct` says (None: as this store): what the
+        profiler times the disk and the CPU apart with."""
         twin = type(self).__new__(type(self))
         rows = torch.empty(0, dtype=torch.int64) if cached_rows is None else torch.as_tensor(cached_rows).long()
         twin._open(self.path, self.dtype_name, rows, self.io_threads if io_threads is None else io_threads,
-                   self.direct, self.reader, shares_io_with)
+                   self.direct if direct is None else direct, self.reader, shares_io_with)
         return twin
 
     @property

@@ -47,12 +47,29 @@ def full_accuracy(model: nn.Module, graph, seeds: torch.Tensor, *, device: torch
                   log: Callable[[str], None] | None = None) -> float:
     """Share of `seeds` whose exact full-neighbourhood prediction (layer-wise inference) is their label; on a
     heterogeneous graph by typed layer-wise inference (`graph_block` does not apply)."""
-    if seeds.numel() == 0:
-        raise ValueError("accuracy needs at least one seed; this split of the graph is empty")
+    return full_accuracies(model, graph, {"seeds": seeds}, device=device, chunk_size=chunk_size,
+                           memory_budget=memory_budget, graph_block=graph_block, progress=progress, log=log)["seeds"]
+
+
+def full_accuracies(model: nn.Module, graph, splits: dict[str, torch.Tensor], *, device: torch.device | str = "cpu",
+                    chunk_size: int | None = None, memory_budget: int | None = None,
+                    graph_block: GraphBlock | None = None, progress: bool = True,
+                    log: Callable[[str], None] | None = None) -> dict[str, float]:
+    """`full_accuracy` of several seed sets (e.g. every split) from one layer-wise pass: the layers below the last
+    are computed once for them all (the last for their seeds together), not once per set."""
+    for name, seeds in splits.items():
+        if seeds.numel() == 0:
+            raise ValueError(f"accuracy needs at least one seed; split {name!r} of the graph is empty")
+    seeds = torch.cat([torch.as_tensor(seeds, dtype=torch.int64) for seeds in splits.values()])
     if getattr(graph, "is_hetero", False):
         logits = typed_layerwise_inference(model, graph, seeds, chunk_size=chunk_size, memory_budget=memory_budget,
                                            device=device, progress=progress, log=log)
     else:
         logits = layerwise_inference(model, graph, seeds, chunk_size=chunk_size, memory_budget=memory_budget,
                                      device=device, graph_block=graph_block, progress=progress, log=log)
-    return int((logits.argmax(dim=1) == graph.labels[seeds]).sum()) / seeds.numel()
+    correct = logits.argmax(dim=1) == graph.labels[seeds]
+    results, start = {}, 0
+    for name, split in splits.items():
+        results[name] = int(correct[start:start + split.numel()].sum()) / split.numel()
+        start += split.numel()
+    return results

@@ -132,7 +132,7 @@ def _chunked(model: HeteroModel, graph, nodes: Tensor | None, chunk_size: int, d
                     layer, src_ids = builder.layer(name, dst)
                     h = {src: _rows(tables.get(src), ids, device, dtype) for src, ids in src_ids.items()}
                     out = model.layer(i, layer.to(device), model.input(h) if i == 0 else h)[name]
-                    out_table.rows[start:stop] = out.to("cpu")
+                    out_table.write(start, out.to("cpu"))
                     bar.update(1)
                 out_tables[name] = store.finish(out_table)
             tables = out_tables

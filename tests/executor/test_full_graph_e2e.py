@@ -64,6 +64,7 @@ def test_cli_full_graph_train_then_evaluate(graph_dir, tmp_path, capsys):
     report = tmp_path / "acc.json"
     assert main(["evaluate", str(graph_dir), "--checkpoint", str(checkpoint), "--chunk-size", "300",
                  "--json", str(report), "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("layer-wise inference: layer 1 took") == 1, "one pass for the three splits"
     document = json.loads(report.read_text())
     test_line = [line for line in trained.splitlines() if line.startswith("test accuracy")][0]
     assert f"{document['accuracy']['test']:.4f}" in test_line, "evaluate reproduces train's exact test accuracy"

@@ -8,7 +8,8 @@ import torch
 
 from morphpipe.data import GraphStore
 from morphpipe.data.feature_store import FeatureStore
-from morphpipe.nn.layerwise import ChunkBuilder, layerwise_inference
+from morphpipe.nn.evaluate import full_accuracies, full_accuracy
+from morphpipe.nn.layerwise import ChunkBuilder, LayerStats, layerwise_inference
 from morphpipe.nn import build_model
 from morphpipe.ops import force_choices
 from morphpipe.sampling.minibatch import Block
@@ -95,7 +96,8 @@ def test_tables_on_disk_when_over_budget(tmp_path):
     assert [m for m in messages if "on disk" in m and "layer 1" in m]
     # Layer 1's table is read back through a store, which holds no memory: layer 2's 3,840 bytes fit beside it.
     assert [m for m in messages if "read back through a feature store" in m] == \
-        ["layer-wise inference: layer1.npy read back through a feature store (pread pool of 48 I/O threads)"], messages
+        ["layer-wise inference: layer1.npy read back through a feature store (pread pool of 48 I/O threads, through "
+         "the page cache)"], messages
     assert [m for m in messages if "layer 2" in m and "in memory" in m], messages
     assert not list(tmp_path.iterdir()), "the temporary tables are removed afterwards"
     in_memory: list[str] = []
@@ -120,10 +122,12 @@ def test_features_and_tables_on_disk_are_read_through_feature_stores(tmp_path, d
     expected = layerwise_inference(model, in_ram, chunk_size=16, memory_budget=1 << 30, progress=False)
     (tmp_path / "tables").mkdir()
     reads: list[int] = []
+    files: set[tuple[str, bool]] = set()
     original = FeatureStore.gather
 
     def counting(store, ids):
         reads.append(ids.numel())
+        files.add((store.path.name, store.direct))
         return original(store, ids)
 
     FeatureStore.gather = counting
@@ -134,9 +138,87 @@ def test_features_and_tables_on_disk_are_read_through_feature_stores(tmp_path, d
         FeatureStore.gather = original
     assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
                        expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
-    assert on_disk.feature_store.counters().misses > 0
     chunks = -(-NUM_NODES // 16)
     assert len(reads) == 3 * chunks, "every chunk of every layer reads its rows through a store"
+    assert on_disk.feature_store.direct, "the graph's store reads with O_DIRECT (ext4 allows it)"
+    assert files == {("features.npy", False), ("layer1.npy", False), ("layer2.npy", False)}, \
+        "the features without a cache, and the tables, are read through the page cache"
+    cached = GraphStore.load(tmp_path / "graph", features_on_disk=True, feature_cache_bytes=10 * IN_DIM * 2,
+                             io_threads=2)
+    got = layerwise_inference(model, cached, chunk_size=16, memory_budget=1, tmp_dir=tmp_path / "tables",
+                              progress=False)
+    assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       expected.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    assert cached.feature_store.counters().hits > 0, "a store with a cache is read as it is"
+
+
+def test_tables_on_disk_are_written_unmapped_and_read_through_the_page_cache(tmp_path, monkeypatch):
+    """A table on disk is never memory-mapped (its written pages would count in the resident set, up to the whole
+    table), and its reader reads through the page cache (every chunk re-reads much of it)."""
+    graph = directed_graph(NUM_NODES, seed=4)
+    model = make_model("sage", torch.float32)
+    original_layer, original_gather = model.layer, FeatureStore.gather
+    mapped: list[str] = []
+    direct: list[bool] = []
+
+    def layer(i, block, h_src):
+        mapped.extend(line for line in open("/proc/self/maps") if str(tmp_path) in line)
+        return original_layer(i, block, h_src)
+
+    def gather(store, ids):
+        direct.append(store.direct)
+        return original_gather(store, ids)
+
+    model.layer = layer
+    monkeypatch.setattr(FeatureStore, "gather", gather)
+    got = layerwise_inference(model, graph, chunk_size=16, memory_budget=1, tmp_dir=tmp_path, progress=False)
+    torch.testing.assert_close(got, whole_graph_logits(model, graph), rtol=1e-5, atol=1e-5)
+    assert mapped == [], "no table file is mapped while the layers run"
+    assert direct == [False] * 16, "layers 2 and 3 read their 8 chunks each through the page cache"
+
+
+def test_layer_stats_say_where_each_layer_went(tmp_path):
+    """One LayerStats per layer, logged: its chunks, the rows they read and, from a table on disk, the store's reads."""
+    graph = directed_graph(NUM_NODES, seed=6)
+    model = make_model("sage", torch.float32)
+    stats: list[LayerStats] = []
+    messages: list[str] = []
+    nodes = torch.tensor([3, 9, 100])
+    layerwise_inference(model, graph, nodes, chunk_size=16, memory_budget=1, tmp_dir=tmp_path, progress=False,
+                        log=messages.append, stats=stats)
+    chunks = -(-NUM_NODES // 16)
+    assert [layer.layer for layer in stats] == [0, 1, 2]
+    assert [layer.chunks for layer in stats] == [chunks, chunks, 1]
+    builder = ChunkBuilder(graph.indptr, graph.indices, NUM_NODES)
+    every = sum(builder.block(torch.arange(s, min(s + 16, NUM_NODES)))[0].num_src for s in range(0, NUM_NODES, 16))
+    assert [layer.rows_read for layer in stats] == [every, every, builder.block(nodes)[0].num_src]
+    assert stats[0].store_reads is None, "the features are in memory"
+    assert stats[1].store_reads > 0 and stats[1].store_bytes >= stats[1].rows_read * 8 * 4, "layer 1's table on disk"
+    for layer in stats:
+        assert layer.seconds >= layer.build_seconds + layer.read_seconds + layer.compute_seconds > 0
+    assert [m for m in messages if " took " in m] == [layer.line() for layer in stats]
+
+
+def test_full_accuracies_take_one_pass_for_every_split():
+    graph = directed_graph(NUM_NODES, seed=9)
+    graph.labels = torch.arange(NUM_NODES) % NUM_CLASSES
+    model = make_model("sage", torch.float32)
+    splits = {"train": torch.arange(0, 60), "val": torch.tensor([70, 3, 90]), "test": torch.arange(100, 120)}
+    calls: list[int] = []
+    original = model.layer
+
+    def counting(i, block, h_src):
+        calls.append(i)
+        return original(i, block, h_src)
+
+    model.layer = counting
+    got = full_accuracies(model, graph, splits, chunk_size=50, progress=False)
+    assert calls == [0, 0, 0, 1, 1, 1, 2, 2], "layers 1 and 2 over the graph once, layer 3 over the 83 seeds"
+    assert got == {name: full_accuracy(model, graph, seeds, chunk_size=50, progress=False)
+                   for name, seeds in splits.items()}
+    with pytest.raises(ValueError, match="split 'val' of the graph is empty"):
+        full_accuracies(model, graph, {"train": splits["train"], "val": torch.tensor([], dtype=torch.int64)},
+                        progress=False)
 
 
 def test_chunks_hold_only_their_share():
