@@ -276,11 +276,18 @@ class WeightedSumProject(torch.autograd.Function):
         return grad_x, grad_weight, None, None, None, None, None
 
 
+def projects_in_pass(block: Block, h_src: Tensor) -> bool:
+    """Whether `gcn_aggregate_project` can project in the aggregation's pass: a sampled block (not a whole-graph
+    one) and float32/float64 features on the CPU; the row-wise kernel must also be the one chosen for it."""
+    return (h_src.device.type == "cpu" and h_src.dtype in (torch.float32, torch.float64)
+            and not isinstance(block, GraphBlock))
+
+
 def gcn_aggregate_project(block: Block, h_src: Tensor, weight: Tensor, add_self_loops: bool) -> Tensor:
-    """`gcn_aggregate(...) @ weight^T` (the `Backend.gcn_aggregate_project` contract): one native pass on the CPU
-    where the row-wise kernel runs on float32/float64 and no gradient needs an edge-by-feature form, else apart."""
-    if (h_src.device.type != "cpu" or h_src.dtype not in (torch.float32, torch.float64)
-            or isinstance(block, GraphBlock) or _kernel(block, h_src.shape[1], h_src.dtype, add_self_loops, "gcn") == "dense"):
+    """`gcn_aggregate(...) @ weight^T` (the `Backend.gcn_aggregate_project` contract): one native pass where
+    `projects_in_pass` and the row-wise kernel is chosen, else apart."""
+    if (not projects_in_pass(block, h_src)
+            or _kernel(block, h_src.shape[1], h_src.dtype, add_self_loops, "gcn") == "dense"):
         return gcn_aggregate(block, h_src, add_self_loops) @ weight.t()
     src_scale, dst_scale = gcn_scales(block, add_self_loops, h_src.dtype)
     width = h_src.shape[1]
