@@ -11,7 +11,8 @@ features cast to float32):
   `spmm_sum_project`);
 - the first layer's parts, taking turns call by call: the 128-wide fused aggregation it runs today, the same
   aggregation with the sources sorted (the same bytes read in order: what perfect locality would leave), the
-  projection and its weight gradient, the aggregation and projection in one pass (the fused step's), the normalisation (`gcn_scales`), and the parts of the project-first order
+  projection and its weight gradient, the aggregation and projection in one pass (the fused step's; and without
+  writing the aggregate, as in eval), the normalisation (`gcn_scales`), and the parts of the project-first order
   (projection of every source, 16-wide aggregation, the transposed structure, the backward over it).
 Median milliseconds; the load is printed beside each table.
 
@@ -86,6 +87,9 @@ def layer_parts(batch, width: int) -> dict[str, Callable[[], object]]:
         "project destinations (mm)": lambda: aggregated @ weight.t(),
         "aggregate 128 wide and project in one pass (spmm_sum_project)":
             lambda: ops.spmm_sum_project(block.indptr, block.indices, x, None, src_scale, dst_scale, True, weight, None),
+        "  same, aggregate not written (no weight gradient: eval)":
+            lambda: ops.spmm_sum_project(block.indptr, block.indices, x, None, src_scale, dst_scale, True, weight, None,
+                                         False),
         "weight gradient over destinations (mm)": lambda: grad_dst.t() @ aggregated,
         "gcn_scales": lambda: gcn_scales(block),
         "project every source (mm, project first)": lambda: x @ weight.t(),
