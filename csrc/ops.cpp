@@ -45,9 +45,11 @@ TORCH_LIBRARY(morphpipe, m) {
   m.def("spmm_sum(Tensor indptr, Tensor indices, Tensor x, Tensor? edge_weight, Tensor? src_scale, "
         "Tensor? dst_scale, bool self_loop, Tensor? row_order=None) -> Tensor");
   // spmm_sum and its output's projection out @ weight^T (weight [O, F]) in one pass (CPU, float32/float64): the
-  // aggregate rows are projected while in cache (GCN's aggregate-then-project layer). -> (out, projected [rows, O])
+  // aggregate rows are projected while in cache (GCN's aggregate-then-project layer). -> (out, projected [rows, O]);
+  // keep_aggregate=false: the aggregate is never written and out is empty ([0, F]; no weight gradient wants it).
   m.def("spmm_sum_project(Tensor indptr, Tensor indices, Tensor x, Tensor? edge_weight, Tensor? src_scale, "
-        "Tensor? dst_scale, bool self_loop, Tensor weight, Tensor? row_order=None) -> (Tensor out, Tensor projected)");
+        "Tensor? dst_scale, bool self_loop, Tensor weight, Tensor? row_order=None, bool keep_aggregate=True) -> "
+        "(Tensor out, Tensor projected)");
   // The adjoint of spmm_sum ([rows, F] -> [num_src, F]) by atomic scatter to the sources.
   m.def("spmm_sum_scatter(Tensor indptr, Tensor indices, Tensor grad, Tensor? edge_weight, Tensor? src_scale, "
         "Tensor? dst_scale, bool self_loop, int num_src) -> Tensor");

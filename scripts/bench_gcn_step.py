@@ -1,19 +1,22 @@
 """Where the GCN training step's time goes, and what removing each candidate cost could save (issue 23, the
 remaining step costs).
 
-Two tables on the default preset (batch 1024, fanouts 15,10,5, 128 float32 features, GCN 128 -> 16 -> 16 -> 12):
+Two tables on a preset (`--dataset`, default `default`; batch 1024, fanouts 15,10,5, GCN 128 -> 16 -> 16 -> classes,
+features cast to float32):
 - whole steps, the configurations taking turns step by step (so a changing machine load falls on all alike):
   the legacy step (`LEGACY_STEP`) and the fused step, each with the layers' order as the cost model chooses it and
-  with `gcn.order=project_first` forced (the first layer then projects its 128-wide input before aggregating), and
+  with `gcn.order=project_first` forced (the first layer then projects its 128-wide input before aggregating), the
+  fused step with `gcn.order=aggregate_first` forced (every layer aggregates first, projecting in the pass), and
   the fused step with its projection apart from the aggregation (`fused_projection=False`: the fused step before
   `spmm_sum_project`);
 - the first layer's parts, taking turns call by call: the 128-wide fused aggregation it runs today, the same
   aggregation with the sources sorted (the same bytes read in order: what perfect locality would leave), the
-  projection and its weight gradient, the aggregation and projection in one pass (the fused step's), the normalisation (`gcn_scales`), and the parts of the project-first order
+  projection and its weight gradient, the aggregation and projection in one pass (the fused step's; and without
+  writing the aggregate, as in eval), the normalisation (`gcn_scales`), and the parts of the project-first order
   (projection of every source, 16-wide aggregation, the transposed structure, the backward over it).
 Median milliseconds; the load is printed beside each table.
 
-Usage: python scripts/bench_gcn_step.py [--threads 1,2] [--steps 20] [--repeats 15]
+Usage: python scripts/bench_gcn_step.py [--dataset default] [--threads 1,2] [--steps 20] [--repeats 15]
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ STEP_CONFIGURATIONS = {
     "fused, projection apart": (StepVariant(fused_projection=False), {}),
     "legacy, project first": (LEGACY_STEP, {"gcn.order": "project_first"}),
     "fused, project first": (FUSED_STEP, {"gcn.order": "project_first"}),
+    "fused, aggregate first": (FUSED_STEP, {"gcn.order": "aggregate_first"}),
 }
 
 
@@ -66,7 +70,7 @@ def time_steps(graph, batches: list, steps: int) -> dict[str, float]:
 def layer_parts(batch, width: int) -> dict[str, Callable[[], object]]:
     """The first layer's parts in both orders, as the fused step runs them (scales from `gcn_scales`)."""
     ops = native.ops()
-    block, x = batch.blocks[0], batch.x.contiguous()
+    block, x = batch.blocks[0], batch.x.float().contiguous()
     src_scale, dst_scale = gcn_scales(block)
     weight = torch.randn(width, x.shape[1])
     aggregated = ops.spmm_sum(block.indptr, block.indices, x, None, src_scale, dst_scale, True, None)
@@ -83,6 +87,9 @@ def layer_parts(batch, width: int) -> dict[str, Callable[[], object]]:
         "project destinations (mm)": lambda: aggregated @ weight.t(),
         "aggregate 128 wide and project in one pass (spmm_sum_project)":
             lambda: ops.spmm_sum_project(block.indptr, block.indices, x, None, src_scale, dst_scale, True, weight, None),
+        "  same, aggregate not written (no weight gradient: eval)":
+            lambda: ops.spmm_sum_project(block.indptr, block.indices, x, None, src_scale, dst_scale, True, weight, None,
+                                         False),
         "weight gradient over destinations (mm)": lambda: grad_dst.t() @ aggregated,
         "gcn_scales": lambda: gcn_scales(block),
         "project every source (mm, project first)": lambda: x @ weight.t(),
@@ -110,16 +117,17 @@ def time_parts(parts: dict[str, Callable[[], object]], repeats: int) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="default", help="preset or dataset path (e.g. bench-1m)")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per layer part")
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
-    graph = load_dataset("default")
+    graph = load_dataset(args.dataset)
     batches = sample_batches(graph, 8)
     block = batches[0].blocks[0]
     print(f"# {HardwareFacts.detect().cpu_model}, {os.cpu_count()} cpus, torch {torch.__version__}; CPU kernels "
-          f"{native.cpu_capability_info()}; first block: {block.num_src} sources, {block.num_dst} destinations, "
+          f"{native.cpu_capability_info()}; {args.dataset}, first block: {block.num_src} sources, {block.num_dst} destinations, "
           f"{block.nnz} edges")
     print("| threads | load | " + " | ".join(f"{name} ms" for name in STEP_CONFIGURATIONS)
           + " | legacy / fused | legacy / fused (projection apart) | legacy / fused (project first) |")

@@ -40,20 +40,21 @@ at::Tensor spmm_sum_cpu(const at::Tensor& indptr, const at::Tensor& indices, con
 std::tuple<at::Tensor, at::Tensor> spmm_sum_project_cpu(
     const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& x, const std::optional<at::Tensor>& edge_weight,
     const std::optional<at::Tensor>& src_scale, const std::optional<at::Tensor>& dst_scale, bool self_loop,
-    const at::Tensor& weight, const std::optional<at::Tensor>& row_order) {
+    const at::Tensor& weight, const std::optional<at::Tensor>& row_order, bool keep_aggregate) {
   constexpr const char* op = "morphpipe::spmm_sum_project";
   check_spmm_sum_project(indptr, indices, x, edge_weight, src_scale, dst_scale, weight, row_order, op);
   check_csr_values(indptr, indices, x.size(0), op);
   const int64_t rows = indptr.numel() - 1, F = x.size(1), O = weight.size(0);
   const int64_t* order = optional_row_order(row_order, rows, op);
   const auto wt = weight.t().contiguous();
-  auto out = at::empty({rows, F}, x.options());
+  auto out = at::empty({keep_aggregate ? rows : 0, F}, x.options());
   auto projected = at::empty({rows, O}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "spmm_sum_project_cpu", [&] {
     MORPHPIPE_CPU_DISPATCH(isa::spmm_sum_project_kernel<scalar_t>(
         indptr.data_ptr<int64_t>(), indices.data_ptr<int64_t>(), x.data_ptr<scalar_t>(), x.size(0), F,
         optional_data<scalar_t>(edge_weight), optional_data<scalar_t>(src_scale), optional_data<scalar_t>(dst_scale),
-        self_loop, rows, order, wt.data_ptr<scalar_t>(), O, out.data_ptr<scalar_t>(), projected.data_ptr<scalar_t>()));
+        self_loop, rows, order, wt.data_ptr<scalar_t>(), O, keep_aggregate ? out.data_ptr<scalar_t>() : nullptr,
+        projected.data_ptr<scalar_t>()));
   });
   return {out, projected};
 }

@@ -2,11 +2,12 @@
 // products), compiled once per CPU capability by for_each_capability.h inside that level's namespace: no
 // include guard and no includes (aggregate.cpp includes what they use first).
 
-// Row i of spmm_sum: out[i] = dst_scale[i] * (sum_e w[e] src_scale[j] x[j] + self_loop * src_scale[i] x[i]).
+// Row i of spmm_sum, its F values written to out_row:
+// dst_scale[i] * (sum_e w[e] src_scale[j] x[j] + self_loop * src_scale[i] x[i]).
 template <typename scalar_t>
 inline void spmm_sum_row(const int64_t* ptr, const int64_t* idx, const scalar_t* x, int64_t num_x, int64_t F,
                          const acc_type<scalar_t>* w, const acc_type<scalar_t>* ss, const acc_type<scalar_t>* ds,
-                         bool self_loop, int64_t nnz, int64_t i, scalar_t* out) {
+                         bool self_loop, int64_t nnz, int64_t i, scalar_t* out_row) {
   using acc_t = acc_type<scalar_t>;
   acc_t buf[kFeatureTile];
   const acc_t scale = ds ? ds[i] : acc_t(1);
@@ -21,7 +22,7 @@ inline void spmm_sum_row(const int64_t* ptr, const int64_t* idx, const scalar_t*
       const acc_t coef = (w ? w[e] : acc_t(1)) * (ss ? ss[j] : acc_t(1));
       axpy(buf, x + j * F + f0, coef, n);
     }
-    scalar_t* o = out + i * F + f0;
+    scalar_t* o = out_row + f0;
     for (int64_t f = 0; f < n; ++f) o[f] = narrow<scalar_t>(buf[f] * scale);
   }
 }
@@ -33,14 +34,15 @@ void spmm_sum_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* x, 
                      bool self_loop, int64_t rows, const int64_t* order, scalar_t* out) {
   const int64_t nnz = ptr[rows];
   for_each_row(rows, (nnz + rows) * F, [&](int64_t i) {
-    spmm_sum_row(ptr, idx, x, num_x, F, w, ss, ds, self_loop, nnz, i, out);
+    spmm_sum_row(ptr, idx, x, num_x, F, w, ss, ds, self_loop, nnz, i, out + i * F);
   }, order);
 }
 
 // spmm_sum with its output's projection in the same pass: out as spmm_sum, projected[i] = out[i] @ wt
 // (wt = W^T, [F, O] row-major). Rows go in groups of kProjectRows (taken in `order` when given): each group is
 // aggregated, then projected from its output rows while they are still in L1, kProjectRows accumulators of
-// kProjectCols outputs sharing each load of wt, so the aggregate is never read back from memory.
+// kProjectCols outputs sharing each load of wt, so the aggregate is never read back from memory. out null: the
+// aggregate is not wanted (no weight gradient), each group's rows go to a per-thread scratch and are never written.
 template <typename scalar_t>
 void spmm_sum_project_kernel(const int64_t* ptr, const int64_t* idx, const scalar_t* x, int64_t num_x, int64_t F,
                              const acc_type<scalar_t>* w, const acc_type<scalar_t>* ss, const acc_type<scalar_t>* ds,
@@ -49,11 +51,16 @@ void spmm_sum_project_kernel(const int64_t* ptr, const int64_t* idx, const scala
   const int64_t nnz = ptr[rows];
   const int64_t groups = (rows + kProjectRows - 1) / kProjectRows;
   for_each_row(groups, (nnz + rows) * F + rows * F * O, [&](int64_t g) {
+    thread_local std::vector<scalar_t> scratch;
+    if (!out && static_cast<int64_t>(scratch.size()) < kProjectRows * F) scratch.resize(kProjectRows * F);
     int64_t row[kProjectRows];
+    const scalar_t* agg[kProjectRows];
     const int64_t count = std::min(kProjectRows, rows - g * kProjectRows);
     for (int64_t r = 0; r < count; ++r) {
       row[r] = order ? order[g * kProjectRows + r] : g * kProjectRows + r;
-      spmm_sum_row(ptr, idx, x, num_x, F, w, ss, ds, self_loop, nnz, row[r], out);
+      scalar_t* dest = out ? out + row[r] * F : scratch.data() + r * F;
+      spmm_sum_row(ptr, idx, x, num_x, F, w, ss, ds, self_loop, nnz, row[r], dest);
+      agg[r] = dest;
     }
     for (int64_t o0 = 0; o0 < O; o0 += kProjectCols) {
       const int64_t n = std::min(kProjectCols, O - o0);
@@ -62,7 +69,7 @@ void spmm_sum_project_kernel(const int64_t* ptr, const int64_t* idx, const scala
         for (int64_t k = 0; k < F; ++k) {
           const scalar_t* wk = wt + k * O + o0;
           for (int64_t r = 0; r < kProjectRows; ++r) {
-            const scalar_t a = out[row[r] * F + k];
+            const scalar_t a = agg[r][k];
 #pragma omp simd
             for (int64_t c = 0; c < kProjectCols; ++c) p[r][c] += a * wk[c];
           }
@@ -71,7 +78,7 @@ void spmm_sum_project_kernel(const int64_t* ptr, const int64_t* idx, const scala
         for (int64_t k = 0; k < F; ++k) {
           const scalar_t* wk = wt + k * O + o0;
           for (int64_t r = 0; r < count; ++r) {
-            const scalar_t a = out[row[r] * F + k];
+            const scalar_t a = agg[r][k];
             for (int64_t c = 0; c < n; ++c) p[r][c] += a * wk[c];
           }
         }

@@ -35,7 +35,7 @@ class GCNConv(nn.Module):
     `morphpipe.ops.reassociate`); a projection of the layer's input runs sparse-times-dense when
     its measured density makes that cheaper (Morphling, `morphpipe.ops.sparse_input`). Aggregating first
     under the fused step's projection (`StepVariant.fused_projection`, outside autocast), the projection runs in
-    the aggregation's pass (`morphpipe.ops.gcn_aggregate_project`).
+    the aggregation's pass (`morphpipe.ops.gcn_aggregate_project`), and the order's cost prices that pass.
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
@@ -64,9 +64,11 @@ class GCNConv(nn.Module):
         """
         density = self.input_density.measure(h_src)
         h_src = layer_input(h_src, self.lin.weight)
-        if linear_layer_order("gcn", block, h_src, self.out_features, density, self_loops=True) == PROJECT_FIRST:
+        in_pass = current_step_variant().fused_projection and not torch.is_autocast_enabled(h_src.device.type)
+        if linear_layer_order("gcn", block, h_src, self.out_features, density, self_loops=True,
+                              project_in_pass=in_pass) == PROJECT_FIRST:
             return gcn_aggregate(block, sparse_aware_linear(h_src, self.lin.weight, None, density))
-        if current_step_variant().fused_projection and not torch.is_autocast_enabled(h_src.device.type):
+        if in_pass:
             return gcn_aggregate_project(block, h_src, self.lin.weight)
         return project(gcn_aggregate(block, h_src), self.lin.weight)
 

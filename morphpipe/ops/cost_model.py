@@ -32,6 +32,7 @@ class Calibration:
 
     device_type: str
     gemm_flop: float  # dense matmul, per flop
+    project_flop: float  # projecting aggregate rows inside their aggregation's pass, per flop (nan: no such kernel)
     gather_edge: float  # fused row-wise aggregation, per edge
     gather_element: float  # ... per edge x feature
     scatter_edge: float  # atomic scatter aggregation (backward), per edge
@@ -48,6 +49,11 @@ class Calibration:
     def gemm(self, m: int, k: int, n: int) -> float:
         """Dense `[m, k] @ [k, n]`."""
         return 2.0 * m * k * n * self.gemm_flop + self.call
+
+    def project_in_pass(self, rows: int, in_features: int, out_features: int) -> float:
+        """`[rows, in] @ [in, out]` on aggregate rows still in cache, inside their aggregation's pass (no call of
+        its own, no read back of the aggregate)."""
+        return 2.0 * rows * in_features * out_features * self.project_flop
 
     def gather(self, nnz: int, rows: int, width: int) -> float:
         """Row-wise fused sum over `nnz` edges into `rows` rows of `width` features."""
@@ -91,8 +97,8 @@ class Calibration:
 
 # Rates used when the native kernels are missing (no measurement possible): a 2-core CPU's order of magnitude.
 DEFAULT_CALIBRATION = Calibration(
-    device_type="cpu", gemm_flop=4e-11, gather_edge=4e-9, gather_element=4e-10, scatter_edge=6e-9,
-    scatter_element=1.5e-9, transpose_edge=5e-9, attention_edge=2e-8, attention_element=5e-10,
+    device_type="cpu", gemm_flop=4e-11, project_flop=5e-11, gather_edge=4e-9, gather_element=4e-10,
+    scatter_edge=6e-9, scatter_element=1.5e-9, transpose_edge=5e-9, attention_edge=2e-8, attention_element=5e-10,
     shared_attention_element=3e-10, dense_element=2e-10, scan_element=1e-9, call=1e-5,
     source="default (native ops unavailable)",
 )
@@ -179,17 +185,35 @@ def _measure(device: torch.device) -> Calibration:
     x = (torch.randn(2048, 256, generator=generator) * mask).to(device)
     scan = _timed(lambda: dense_to_csr(x), device)
     call = _timed(lambda: ops.spmm_sum(indptr[:1], indices[:0], features[small], None, None, None, False), device)
+    project_flop = _project_flop(features[large][:num_dst], generator) if device.type == "cpu" else math.nan
     gather_edge, gather_element = _two_point(gather[0], gather[1], nnz + num_dst, small, large)
     scatter_edge, scatter_element = _two_point(scatter[0], scatter[1], nnz + num_dst, small, large)
     attention_edge, attention_element = _two_point(attention[0], attention[1], nnz * heads, small, large)
     shared_attention_element = max(shared / (nnz * heads) - attention_edge, 0.0) / large
     return Calibration(
-        device_type=device.type, gemm_flop=gemm / (2.0 * 2048 * 256 * 256), gather_edge=gather_edge,
-        gather_element=gather_element, scatter_edge=scatter_edge, scatter_element=scatter_element,
+        device_type=device.type, gemm_flop=gemm / (2.0 * 2048 * 256 * 256), project_flop=project_flop,
+        gather_edge=gather_edge, gather_element=gather_element, scatter_edge=scatter_edge,
+        scatter_element=scatter_element,
         transpose_edge=transpose / nnz, attention_edge=attention_edge, attention_element=attention_element,
         shared_attention_element=shared_attention_element,
         dense_element=dense / (2048 * 4096), scan_element=scan / x.numel(), call=call,
     )
+
+
+def _project_flop(x: torch.Tensor, generator: torch.Generator, out_features: int = 32) -> float:
+    """Seconds per flop of the projection inside spmm_sum_project's pass (CPU only): one destination per row of `x`
+    with its self loop and no edges, aggregated alone and aggregated and projected, the difference per flop. With
+    no gather to hide behind, this is the projection's own cost, which is also what it adds to a real pass on this
+    CPU (BENCHMARKS.md, branch gcn-order)."""
+    from morphpipe import native
+
+    ops = native.ops()
+    rows, width = x.shape
+    indptr, indices = torch.zeros(rows + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    weight = torch.randn(out_features, width, generator=generator)
+    alone = _timed(lambda: ops.spmm_sum(indptr, indices, x, None, None, None, True), x.device)
+    projected = _timed(lambda: ops.spmm_sum_project(indptr, indices, x, None, None, None, True, weight), x.device)
+    return max(projected - alone, 0.0) / (2.0 * rows * width * out_features)
 
 
 def current_calibration(device: torch.device | str = "cpu") -> Calibration:

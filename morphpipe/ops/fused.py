@@ -250,16 +250,17 @@ def gcn_aggregate(block: Block, h_src: Tensor, add_self_loops: bool) -> Tensor:
 
 class WeightedSumProject(torch.autograd.Function):
     """`WeightedSum` (no edge weights) and the projection `@ weight^T` of its output in one native pass
-    (`spmm_sum_project`): the aggregate is written once, for the weight's gradient, and never read back forward.
+    (`spmm_sum_project`): the aggregate is written once where the weight's gradient will read it (`keep_aggregate`),
+    else never, and never read back forward.
     Backward is that of the two apart: `grad^T @ aggregate` to the weight, `grad @ weight` through the sum's adjoint."""
 
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, block: Block, src_scale: Tensor | None,
-                dst_scale: Tensor | None, self_loop: bool, row_order: Tensor | None) -> Tensor:
+                dst_scale: Tensor | None, self_loop: bool, row_order: Tensor | None, keep_aggregate: bool) -> Tensor:
         aggregated, projected = native.ops().spmm_sum_project(block.indptr, block.indices, x.contiguous(), None,
                                                               src_scale, dst_scale, self_loop, weight.contiguous(),
-                                                              row_order)
-        ctx.save_for_backward(aggregated if ctx.needs_input_grad[1] else None, weight)
+                                                              row_order, keep_aggregate)
+        ctx.save_for_backward(aggregated if keep_aggregate else None, weight)
         ctx.block, ctx.scales, ctx.self_loop = block, (src_scale, dst_scale), self_loop
         return projected
 
@@ -273,19 +274,28 @@ class WeightedSumProject(torch.autograd.Function):
             grad_x = _sum_backward(ctx.block, (grad @ weight).contiguous(), None, src_scale, dst_scale, ctx.self_loop)
         if ctx.needs_input_grad[1]:
             grad_weight = grad.t() @ aggregated
-        return grad_x, grad_weight, None, None, None, None, None
+        return grad_x, grad_weight, None, None, None, None, None, None
+
+
+def projects_in_pass(block: Block, h_src: Tensor) -> bool:
+    """Whether `gcn_aggregate_project` can project in the aggregation's pass: a sampled block (not a whole-graph
+    one) and float32/float64 features on the CPU; the row-wise kernel must also be the one chosen for it."""
+    return (h_src.device.type == "cpu" and h_src.dtype in (torch.float32, torch.float64)
+            and not isinstance(block, GraphBlock))
 
 
 def gcn_aggregate_project(block: Block, h_src: Tensor, weight: Tensor, add_self_loops: bool) -> Tensor:
-    """`gcn_aggregate(...) @ weight^T` (the `Backend.gcn_aggregate_project` contract): one native pass on the CPU
-    where the row-wise kernel runs on float32/float64 and no gradient needs an edge-by-feature form, else apart."""
-    if (h_src.device.type != "cpu" or h_src.dtype not in (torch.float32, torch.float64)
-            or isinstance(block, GraphBlock) or _kernel(block, h_src.shape[1], h_src.dtype, add_self_loops, "gcn") == "dense"):
+    """`gcn_aggregate(...) @ weight^T` (the `Backend.gcn_aggregate_project` contract): one native pass where
+    `projects_in_pass` and the row-wise kernel is chosen, else apart."""
+    if (not projects_in_pass(block, h_src)
+            or _kernel(block, h_src.shape[1], h_src.dtype, add_self_loops, "gcn") == "dense"):
         return gcn_aggregate(block, h_src, add_self_loops) @ weight.t()
     src_scale, dst_scale = gcn_scales(block, add_self_loops, h_src.dtype)
     width = h_src.shape[1]
     order = _row_order(block, "gcn", width, h_src.dtype, _gather_work(width))
-    return WeightedSumProject.apply(h_src, weight, block, src_scale, dst_scale, add_self_loops, order)
+    # the aggregate is written only for the weight's gradient (Function.forward cannot see the grad mode)
+    keep_aggregate = torch.is_grad_enabled() and weight.requires_grad
+    return WeightedSumProject.apply(h_src, weight, block, src_scale, dst_scale, add_self_loops, order, keep_aggregate)
 
 
 def _gat_grad_h(block: Block, alpha: Tensor, alpha_self: Tensor, grad: Tensor, h_heads: int) -> Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from morphpipe.ops import choice
+from morphpipe.ops import choice, fused
 from morphpipe.ops.cost_model import Calibration, current_calibration
 from morphpipe.ops.sparse_input import DENSITY_STEPS
 from morphpipe.sampling.minibatch import Block
@@ -33,12 +33,18 @@ def _signature(kind: str, block: Block, x: Tensor, widths: tuple[int, ...], dens
 
 
 def linear_layer_costs(calibration: Calibration, block: Block, in_features: int, out_features: int,
-                       density: float, self_loops: bool, training: bool, input_grad: bool) -> dict[str, float]:
-    """Predicted seconds of a GCN/SAGE layer's aggregation + projection in either order (forward + backward)."""
+                       density: float, self_loops: bool, training: bool, input_grad: bool,
+                       project_in_pass: bool = False) -> dict[str, float]:
+    """Predicted seconds of a GCN/SAGE layer's aggregation + projection in either order (forward + backward).
+
+    `project_in_pass`: aggregating first projects each aggregate row inside the aggregation's pass
+    (`gcn_aggregate_project`'s one native pass) instead of by a GEMM after it; the backward is the same either way.
+    """
     edges = block.nnz + (block.num_dst if self_loops else 0)
     num_src, num_dst = block.num_src, block.num_dst
-    aggregate_first = calibration.gather(edges, num_dst, in_features) + calibration.gemm(num_dst, in_features,
-                                                                                          out_features)
+    aggregate_first = calibration.gather(edges, num_dst, in_features) + (
+        calibration.project_in_pass(num_dst, in_features, out_features) if project_in_pass
+        else calibration.gemm(num_dst, in_features, out_features))
     project_first = _project(calibration, num_src, in_features, out_features, density) + calibration.gather(
         edges, num_dst, out_features)
     if training:
@@ -81,13 +87,18 @@ def gat_layer_costs(calibration: Calibration, block: Block, in_features: int, ou
 
 
 def linear_layer_order(kind: str, block: Block, x: Tensor, out_features: int, density: float,
-                       self_loops: bool) -> str:
-    """`"aggregate_first"` or `"project_first"` for a GCN (`kind="gcn"`) or SAGE (`"sage"`) layer on this input."""
+                       self_loops: bool, project_in_pass: bool = False) -> str:
+    """`"aggregate_first"` or `"project_first"` for a GCN (`kind="gcn"`) or SAGE (`"sage"`) layer on this input.
+
+    `project_in_pass`: the layer aggregating first would call `gcn_aggregate_project`; it is priced as one pass
+    where the fused backend runs it so (`fused.projects_in_pass`), as a GEMM after the aggregation elsewhere.
+    """
     in_features = x.shape[1]
     return choice.choose(
-        f"{kind}.order", _signature(kind, block, x, (in_features, out_features), density),
+        f"{kind}.order", _signature(kind, block, x, (in_features, out_features, project_in_pass), density),
         lambda: linear_layer_costs(current_calibration(x.device), block, in_features, out_features, density, self_loops,
-                                   torch.is_grad_enabled(), x.requires_grad),
+                                   torch.is_grad_enabled(), x.requires_grad,
+                                   project_in_pass and fused.projects_in_pass(block, x)),
     )
 
 

@@ -1,6 +1,7 @@
 """Per-input choices: forcing, caching per signature, logging once, and flips where the cost model says so."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -13,12 +14,13 @@ from morphpipe.nn import GATConv, GCNConv, GraphSAGE, SAGEConv
 from morphpipe.ops import choice
 from morphpipe.ops.cost_model import Calibration, calibrate, use_calibration
 from morphpipe.ops.sparse_input import sparse_aware_linear
+from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, use_step_variant
 from morphpipe.sampling.minibatch import Block
 from tests.ops.conftest import features
 
 # Constructed rates (seconds per unit), so that the expected choices below follow from the model alone.
 RATES = Calibration(
-    device_type="cpu", gemm_flop=1e-11, gather_edge=4e-9, gather_element=4e-10, scatter_edge=0.0,
+    device_type="cpu", gemm_flop=1e-11, project_flop=1e-11, gather_edge=4e-9, gather_element=4e-10, scatter_edge=0.0,
     scatter_element=2e-9, transpose_edge=5e-9, attention_edge=1.5e-8, attention_element=4e-10,
     shared_attention_element=2e-10, dense_element=1e-9, scan_element=1e-10, call=1e-6, source="test",
 )
@@ -171,6 +173,39 @@ def test_reassociation_flips_with_widths_and_sizes_and_both_orders_agree(conv_ty
             torch.testing.assert_close(grad_a, grad_p)
 
 
+@pytest.mark.parametrize("rates,widths,fused_order,legacy_order", [
+    # a GEMM after the pass (reading the aggregate back) dearer than projecting in it: only the pass makes
+    # aggregating the wider input first pay
+    (dataclasses.replace(RATES, gemm_flop=2e-10, project_flop=1e-11), (32, 16), "aggregate_first", "project_first"),
+    # projecting in the pass dearer than a GEMM after it: widening, yet the fused step projects first
+    (dataclasses.replace(RATES, gemm_flop=1e-11, project_flop=1e-9), (16, 32), "project_first", "aggregate_first"),
+], ids=["cheap-pass", "dear-pass"])
+def test_gcn_order_prices_the_projection_in_the_pass_under_the_fused_step(rates, widths, fused_order, legacy_order):
+    """The fused step's GCN layer, aggregating first, projects in the aggregation's pass: the order prices that
+    pass (`project_flop`), the legacy step's a GEMM after it (`gemm_flop`), so the same shape can go either way;
+    both orders give the same output and gradients under either step."""
+    block = uniform_block(2048, 2048, 10)
+    torch.manual_seed(0)
+    conv = GCNConv(*widths).double()
+    x = features(0, block.num_src, widths[0])
+    with use_calibration(rates):
+        for variant, expected in ((FUSED_STEP, fused_order), (LEGACY_STEP, legacy_order)):
+            with use_step_variant(variant):
+                with torch.no_grad():
+                    conv(block, x)
+                assert last_choice("gcn.order").chosen == expected
+                results = {}
+                for forced in ("aggregate_first", "project_first"):
+                    conv.zero_grad()
+                    leaf = x.clone().requires_grad_()
+                    with ops.force_choices({"gcn.order": forced}):
+                        out = conv(block, leaf)
+                    out.backward(features(1, *out.shape))
+                    results[forced] = [out.detach(), leaf.grad] + [p.grad.clone() for p in conv.parameters()]
+            for got, want in zip(results["aggregate_first"], results["project_first"]):
+                torch.testing.assert_close(got, want)
+
+
 def test_gat_projection_site_flips_and_both_sites_agree():
     block = uniform_block(256, 2048, 10)
     for (in_features, out_features), expected in (((8, 64), "aggregate_first"), ((256, 8), "project_first")):
@@ -220,5 +255,6 @@ def test_calibration_measures_this_machine():
     calibration = calibrate("cpu")
     rates = [value for value in vars(calibration).values() if isinstance(value, float)]
     assert all(math.isfinite(rate) and rate >= 0 for rate in rates)
-    assert calibration.gemm_flop > 0 and calibration.call > 0 and calibration.source == "measured"
+    assert calibration.gemm_flop > 0 and calibration.project_flop > 0 and calibration.call > 0
+    assert calibration.source == "measured"
     assert 0.0 <= calibration.sparse_threshold(128, 256) <= 1.0

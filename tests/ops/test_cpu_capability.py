@@ -59,9 +59,10 @@ def run_every_kernel(width: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
            "sum_plain": ops.spmm_sum(indptr, indices, x, None, None, None, False, None),
            "scatter": ops.spmm_sum_scatter(indptr, indices, grad, weight, src_scale, dst_scale, True, num_src)}
     if dtype in (torch.float32, torch.float64):  # the one-pass projection takes these alone
-        for name, row_order in (("sum_project", order), ("sum_project_natural", None)):
+        for name, row_order, keep in (("sum_project", order, True), ("sum_project_natural", None, True),
+                                      ("sum_project_unkept", order, False)):
             out[name], out[name + "_out"] = ops.spmm_sum_project(indptr, indices, x, weight, src_scale, dst_scale,
-                                                                  True, rand(width // 2 + 17, width), row_order)
+                                                                  True, rand(width // 2 + 17, width), row_order, keep)
     out["max"], out["argmax"] = ops.spmm_max(indptr, indices, x, weight, order)
     out["max_grad_x"], out["max_grad_w"] = ops.spmm_max_backward(indices, out["argmax"], grad, x, weight, True, True)
     out["sddmm"] = ops.sddmm(indptr, indices, rand(rows, width), x)

@@ -133,6 +133,35 @@ def test_gcn_aggregate_project_float32_on_sampled_blocks(sampled_blocks, order, 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_gcn_aggregate_project_writes_the_aggregate_only_for_the_weight_gradient(sampled_blocks, monkeypatch):
+    """Without a weight gradient (no grad mode, or a frozen weight) the one pass never writes the aggregate: the
+    native op returns it empty and the same projection, bit for bit, and the input's gradient is unchanged."""
+    block = sampled_blocks[0]
+    h = features(3, block.num_src, 130, dtype=torch.float32)
+    weight = features(4, 20, 130, dtype=torch.float32)
+    src_scale, dst_scale = ops.gcn_scales(block)
+    args = (block.indptr, block.indices, h, None, src_scale, dst_scale, True, weight, None)
+    kept, projected = native.ops().spmm_sum_project(*args)
+    unkept, alone = native.ops().spmm_sum_project(*args, False)
+    assert kept.shape == (block.num_dst, 130) and unkept.shape == (0, 130)
+    assert torch.equal(alone, projected)
+    kept_flags = []
+    apply = fused.WeightedSumProject.apply
+    monkeypatch.setattr(fused.WeightedSumProject, "apply", lambda *a: kept_flags.append(a[-1]) or apply(*a))
+    grad = features(5, block.num_dst, 20, dtype=torch.float32)
+    grads = []
+    with ops.use_backend("fused"), ops.force_choices({"aggregate.kernel": "rowwise"}):
+        with torch.no_grad():
+            ops.gcn_aggregate_project(block, h, weight.clone().requires_grad_())
+        for trained in (True, False):
+            leaves = h.clone().requires_grad_(), weight.clone().requires_grad_(trained)
+            out = ops.gcn_aggregate_project(block, *leaves)
+            out.backward(grad)
+            grads.append(leaves[0].grad)
+    assert kept_flags == [False, True, False]
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
 def test_gcn_aggregate_project_refuses_a_bad_weight():
     block = make_block(EDGE_CASES, NUM_SRC)
     h = features(0, NUM_SRC, 3)
