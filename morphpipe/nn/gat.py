@@ -7,8 +7,10 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from morphpipe.nn.base import BlockModel, check_model_args, check_positive_int
 from morphpipe.ops import gat_attention
+from morphpipe.ops.narrow_projection import narrow_projection
 from morphpipe.ops.reassociate import PROJECT_FIRST, gat_layer_order
 from morphpipe.ops.sparse_input import InputDensity, sparse_aware_linear
+from morphpipe.ops.step_variant import current_step_variant
 from morphpipe.sampling.minibatch import Block
 
 
@@ -67,7 +69,9 @@ class GATConv(nn.Module):
             dtype = torch.get_autocast_dtype(h_src.device.type)
             h_src, weight = h_src.to(dtype), weight.to(dtype)
         attention = torch.stack([self.att_src[0], self.att_dst[0]])  # [2 (source, destination), heads, out]
-        scores = h_src @ torch.einsum("hoi,sho->ish", weight, attention).flatten(1)  # [num_src, 2 * heads]
+        folded = torch.einsum("hoi,sho->ish", weight, attention).flatten(1)  # [in, 2 * heads]
+        # [num_src, 2 * heads]; the fused step lays the skinny products out as BLAS runs them fast
+        scores = narrow_projection(h_src, folded) if current_step_variant().fused_projection else h_src @ folded
         score_src, score_dst = scores[:, : self.heads], scores[: block.num_dst, self.heads :]
         if gat_layer_order(block, h_src, self.out_features, self.heads, density) == PROJECT_FIRST:
             z = sparse_aware_linear(h_src, self.lin.weight, None, density).view(-1, self.heads, self.out_features)

@@ -4,7 +4,8 @@
 (`morphpipe.ops.bias_act_dropout`) instead of an add, `F.relu` and `F.dropout`;
 `fused_projection` runs SAGE's self and neighbour projections as one GEMM accumulating into the
 other's output, or one GEMM over concatenations (`morphpipe.ops.sage_projection`), instead of two
-linears and an add, and GCN's projection in its aggregation's pass (`morphpipe.ops.gcn_aggregate_project`); `optimizer` is the Adam implementation `make_optimizer` builds by default
+linears and an add, and GCN's projection in its aggregation's pass (`morphpipe.ops.gcn_aggregate_project`), and GAT's attention
+scores in the layouts BLAS runs fast (`morphpipe.ops.narrow_projection`); `optimizer` is the Adam implementation `make_optimizer` builds by default
 (torch's "fused", or "for-loop", torch's default on CPU). `set_step_variant` sets the process
 default (seen by every thread), `use_step_variant` overrides it in a scope;
 `LEGACY_STEP` runs the step as it was before these existed.
