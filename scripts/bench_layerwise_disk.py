@@ -33,7 +33,8 @@ import threading
 import time
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+from bench_giant import CGROUP_ROOT, drop_page_cache
+
 MODES = ("ram", "disk", "cgroup")
 
 
@@ -78,16 +79,6 @@ def main() -> int:
     if args.child is not None:
         return child(args)
     return parent(args)
-
-
-def drop_page_cache() -> bool:
-    """Drops clean page cache (root only); False when the kernel refuses."""
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
-        return True
-    except OSError:
-        return False
 
 
 def parent(args) -> int:
