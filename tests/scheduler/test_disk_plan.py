@@ -222,6 +222,17 @@ def exhaustive_epochs(profile: Profile, size: int, count: int) -> float:
                for k in range(profile.num_batches + 1))
 
 
+def check_fewest_io_threads_within_tolerance(profile: Profile, disk: DiskProfile):
+    """Asserts the planner keeps the fewest I/O threads whose exhaustively simulated epoch (no cache) is within the
+    tolerance of the fastest; returns the plan, those epochs by thread count and the fastest."""
+    plan = plan_from_profile(profile, engine="fast")
+    epochs = {count: exhaustive_epochs(profile, 0, count) for count in disk.io_thread_counts()}
+    fastest = min(epochs.values())
+    assert plan.tiering.io_threads == min(count for count, epoch in epochs.items()
+                                          if epoch <= fastest * (1.0 + TOLERANCE))
+    return plan, epochs, fastest
+
+
 def test_the_planner_chooses_cache_io_threads_and_core_split_as_an_exhaustive_search_does() -> None:
     for profile in io_profiles():
         plan = plan_from_profile(profile, engine="fast")
@@ -289,11 +300,7 @@ def test_the_planner_does_not_buy_more_io_threads_for_reads_the_disk_transfers()
     disk = dataclasses.replace(disk_profile(reads_per_s=8_500.0, budget=0), io_curve=SHORT_READS_CURVE,
                                io_threads=48)
     profile = Profile.synthetic(t_cb=0.02, t_m=0.02, cores=2, cpu_efficiency=0.8, num_batches=30).replaced(disk=disk)
-    plan = plan_from_profile(profile, engine="fast")
-    epochs = {count: exhaustive_epochs(profile, 0, count) for count in disk.io_thread_counts()}
-    fastest = min(epochs.values())
-    assert plan.tiering.io_threads == min(count for count, epoch in epochs.items()
-                                          if epoch <= fastest * (1.0 + TOLERANCE))
+    plan, epochs, fastest = check_fewest_io_threads_within_tolerance(profile, disk)
     assert plan.tiering.io_threads in (24, 48) and epochs[12] > fastest * (1.0 + TOLERANCE)
 
 
@@ -344,11 +351,7 @@ def test_on_long_reads_the_planner_keeps_the_threads_the_curve_at_their_size_fav
                                read_bytes_curve=(130e3,) * 8)
     profile = Profile.synthetic(t_cb=0.02, t_m=0.02, cores=2, cpu_efficiency=0.8, num_batches=30).replaced(disk=disk)
     assert disk.reads_per_s_at(0, 96) == pytest.approx(7_900.0) and disk.reads_per_s_at(0, 12) == pytest.approx(7_000.0)
-    plan = plan_from_profile(profile, engine="fast")
-    epochs = {count: exhaustive_epochs(profile, 0, count) for count in disk.io_thread_counts()}
-    fastest = min(epochs.values())
-    assert plan.tiering.io_threads == min(count for count, epoch in epochs.items()
-                                          if epoch <= fastest * (1.0 + TOLERANCE))
+    plan, epochs, fastest = check_fewest_io_threads_within_tolerance(profile, disk)
     assert plan.tiering.io_threads in (24, 48) and epochs[96] > fastest * (1.0 + TOLERANCE)
     # Priced from the short reads' curve alone, 96 threads came out 0.4% faster than 48 (within the tolerance).
     short_only = dataclasses.replace(disk, io_curve=SHORT_READS_CURVE, read_bytes_curve=())
