@@ -17,7 +17,7 @@ the process printed (start-up, profiling, a training step, evaluation, after an 
 Deterministic mode: every op choice is forced (MORPHPIPE_FORCE_CHOICE) because the ops' cost model
 is calibrated per process, and a choice made differently after a resume changes floating-point sums.
 
-usage: python scripts/soak_kill.py [--kills 20] [--epochs 4] [--batch-size 128] [--eval-batch-size 8] [--seed 0]
+usage: python scripts/soak_kill.py [--kills 20] [--epochs 4] [--batch-size 128] [--eval-batch-size 2] [--seed 0]
                                    [--targets random,checkpoint-write,step,evaluation,profiling,sigterm]
                                    [--workdir DIR]
                                    [--dataset DIR] [--json out.json]
@@ -66,7 +66,7 @@ class SoakRun:
     batch_size: int = 128
     seed: int = 0
     extra: tuple[str, ...] = ()
-    eval_batch_size: int = 8  # many evaluation batches even on the tiny preset (75 of its 600): a window to kill in
+    eval_batch_size: int = 2  # many evaluation batches even on the tiny preset (300 of its 600): a window to kill in
     stop_grace: float = 0.0  # SIGTERM stops at the next step (a mid-epoch checkpoint); SIGKILL does not care
 
     def command(self) -> list[str]:
@@ -77,7 +77,9 @@ class SoakRun:
                 str(self.directory / STATS_FILE), *self.extra]
 
     def environment(self, stall_marker: Path | None = None, stall_only: str = CHECKPOINT_FILE) -> dict[str, str]:
-        environ = {**os.environ, FORCE_ENV: FORCED_CHOICES}
+        # Every bar update printed (tqdm otherwise prints at most every 0.1 s): the watched windows open at a step's
+        # or a batch's first count, not wherever the timer fell; a short epoch might otherwise show no partial count.
+        environ = {**os.environ, FORCE_ENV: FORCED_CHOICES, "TQDM_MININTERVAL": "0"}
         if stall_marker is not None:
             environ.update({STALL_BEFORE_REPLACE_ENV: str(stall_marker), STALL_ONLY_ENV: stall_only})
         return environ
@@ -285,7 +287,8 @@ def finish(run: SoakRun, timeout_s: float) -> None:
 
 
 def soak(dataset: Path, workdir: Path, *, kills: int, kills_per_trial: int = 4, epochs: int = 4,
-         batch_size: int = 128, eval_batch_size: int = 8, seed: int = 0, targets: tuple[str, ...] = TARGETS,
+         batch_size: int = 128, eval_batch_size: int = SoakRun.eval_batch_size, seed: int = 0,
+         targets: tuple[str, ...] = TARGETS,
          rng_seed: int = 0, timeout_s: float = 300.0, log=print) -> SoakReport:
     """Kills and resumes until `kills` kills have landed, taking `targets` in turn; every trial's end is compared
     with the reference."""
@@ -333,7 +336,7 @@ def main() -> int:
     parser.add_argument("--kills-per-trial", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--eval-batch-size", type=int, default=8)
+    parser.add_argument("--eval-batch-size", type=int, default=SoakRun.eval_batch_size)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--targets", default=",".join(TARGETS),
                         help=f"where kills aim, taken in turn (default: all of {','.join(TARGETS)})")

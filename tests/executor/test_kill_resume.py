@@ -4,8 +4,8 @@ The short form of `scripts/soak_kill.py`: `morphpipe train --checkpoint-dir` on 
 SIGKILLed inside a checkpoint write (held open by the stall hook), during `--auto` profiling, during
 a training step and during evaluation, then resumed to the end, must reach the uninterrupted run's
 parameters and metrics exactly, with every checkpoint readable and no partial file left. This is
-the one long test here (about 40 s on 2 cores: six `morphpipe train` processes); the signal path
-cannot be checked in-process.
+the one long test here (about 40 s on 2 cores: five `morphpipe train` processes beside the reference); the
+signal path cannot be checked in-process.
 Stale-partial removal and SIGTERM (a mid-epoch checkpoint with no grace period, the epoch finished
 within one, nothing kept without a checkpoint directory) are checked on their own.
 """
@@ -61,26 +61,6 @@ def test_partials_of_dead_writers_are_removed_and_live_ones_and_lookalikes_kept(
     assert not other_target.exists() and (tmp_path / "plan.json").read_text() == "{}"
 
 
-def test_sigkill_in_a_checkpoint_write_profiling_a_step_and_evaluation_then_resume_equals_the_uninterrupted_run(
-        dataset, tmp_path) -> None:
-    reference_run = soak_kill.SoakRun(dataset, tmp_path / "reference", epochs=2)
-    soak_kill.finish(reference_run, 300)
-    reference = soak_kill.Outcome.of(reference_run)
-    run = soak_kill.SoakRun(dataset, tmp_path / "killed", epochs=2)
-    where, code = soak_kill.kill_once(run, "checkpoint-write", 0.0, 300)
-    assert code == -signal.SIGKILL and where.startswith("checkpoint write")
-    assert load_checkpoint(run.directory / "checkpoint") is None, "the first checkpoint never replaced anything"
-    assert len(soak_kill.partials(run)) == 1, "the killed writer's partial checkpoint is left behind"
-    for target in ("profiling", "step", "evaluation"):
-        where, code = soak_kill.kill_once(run, target, 0.0, 300)
-        assert code == -signal.SIGKILL and where.startswith(target), (target, where)
-        assert load_checkpoint(run.directory / "checkpoint") is None, "no epoch was completed yet"
-    assert soak_kill.partials(run) == [], "the resume removed the dead writer's partial"
-    soak_kill.finish(run, 300)
-    assert soak_kill.Outcome.of(run).differences(reference) == []
-    assert soak_kill.partials(run) == []
-
-
 def test_the_soak_names_where_a_kill_landed_from_the_last_line_printed() -> None:
     bar = "| 3/10 [00:01<00:02, 4.2batch/s]"
     assert soak_kill.landing([]) == "start-up"
@@ -94,11 +74,30 @@ def test_the_soak_names_where_a_kill_landed_from_the_last_line_printed() -> None
 
 @pytest.fixture(scope="module")
 def reference_of_small_batches(dataset, tmp_path_factory) -> soak_kill.Outcome:
-    """The uninterrupted run the SIGTERM tests compare with: batches of 8 seeds, an epoch of 225 steps, so the
+    """The uninterrupted run the kill and SIGTERM tests compare with: batches of 8 seeds, an epoch of 225 steps, so the
     signal lands inside an epoch on a quiet machine too."""
     run = soak_kill.SoakRun(dataset, tmp_path_factory.mktemp("reference"), epochs=2, batch_size=8)
     soak_kill.finish(run, 300)
     return soak_kill.Outcome.of(run)
+
+
+def test_sigkill_in_a_checkpoint_write_profiling_a_step_and_evaluation_then_resume_equals_the_uninterrupted_run(
+        dataset, tmp_path, reference_of_small_batches) -> None:
+    # Batches of 8 seeds: the first epoch's steps last about a second, so a kill aimed at a step lands in that
+    # epoch (at 128 seeds an epoch is 15 steps, a quarter of a second: a slow kill could land after its checkpoint).
+    run = soak_kill.SoakRun(dataset, tmp_path, epochs=2, batch_size=8)
+    where, code = soak_kill.kill_once(run, "checkpoint-write", 0.0, 300)
+    assert code == -signal.SIGKILL and where.startswith("checkpoint write")
+    assert load_checkpoint(run.directory / "checkpoint") is None, "the first checkpoint never replaced anything"
+    assert len(soak_kill.partials(run)) == 1, "the killed writer's partial checkpoint is left behind"
+    for target, landed in (("profiling", "profiling"), ("step", "step (epoch 1)"), ("evaluation", "evaluation")):
+        where, code = soak_kill.kill_once(run, target, 0.0, 300)
+        assert code == -signal.SIGKILL and where == landed, (target, where)
+        assert load_checkpoint(run.directory / "checkpoint") is None, f"{target}: no epoch was completed yet"
+    assert soak_kill.partials(run) == [], "the resume removed the dead writer's partial"
+    soak_kill.finish(run, 300)
+    assert soak_kill.Outcome.of(run).differences(reference_of_small_batches) == []
+    assert soak_kill.partials(run) == []
 
 
 def test_sigterm_mid_epoch_checkpoints_the_steps_applied_and_the_resume_equals_the_uninterrupted_run(
