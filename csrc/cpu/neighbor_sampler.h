@@ -6,7 +6,10 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "common/random.h"
@@ -50,6 +53,27 @@ class EdgeExclusion {
   NodeMap targets_;
 };
 
+// An allocator whose `resize` leaves new elements uninitialised (they are written before they are read): growing
+// the relabelled-node list by a hop's edges would otherwise zero-fill megabytes a batch.
+template <typename T>
+struct UninitialisedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitialisedAllocator<U>;
+  };
+  UninitialisedAllocator() = default;
+  template <typename U>
+  UninitialisedAllocator(const UninitialisedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* place) noexcept {
+    ::new (static_cast<void*>(place)) U;  // default-initialised: no zero fill for int64_t
+  }
+  template <typename U, typename... Args>
+  void construct(U* place, Args&&... args) {
+    ::new (static_cast<void*>(place)) U(std::forward<Args>(args)...);
+  }
+};
+
 class NeighborSampler {
  public:
   // `fanouts[h]` is the number of neighbours taken at hop h from the seeds (-1: all).
@@ -85,7 +109,7 @@ class NeighborSampler {
 
   std::optional<DenseNodeMap> dense_map_;  // the relabelling map when the graph has at most kMaxNodes nodes
   NodeMap node_map_;                       // the relabelling map otherwise
-  std::vector<int64_t> nodes_;    // global id of every local id, in order of discovery
+  std::vector<int64_t, UninitialisedAllocator<int64_t>> nodes_;  // global id of every local id, in discovery order
   std::vector<int64_t> chosen_;   // offsets picked for the current destination
   std::vector<int64_t> shuffle_;  // partial Fisher-Yates scratch for large fanouts
   std::vector<int64_t> begins_;   // start of each destination's neighbour list, this hop
