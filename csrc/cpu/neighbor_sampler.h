@@ -6,16 +6,14 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <memory>
-#include <new>
 #include <optional>
-#include <utility>
 #include <vector>
 
 #include "common/random.h"
 #include "cpu/buffer_pool.h"
 #include "cpu/dense_node_map.h"
 #include "cpu/node_map.h"
+#include "cpu/uninitialised_allocator.h"
 
 namespace morphpipe {
 
@@ -51,27 +49,6 @@ class EdgeExclusion {
   int64_t num_nodes_ = 0;
   NodeMap pairs_;
   NodeMap targets_;
-};
-
-// An allocator whose `resize` leaves new elements uninitialised (they are written before they are read): growing
-// the relabelled-node list by a hop's edges would otherwise zero-fill megabytes a batch.
-template <typename T>
-struct UninitialisedAllocator : std::allocator<T> {
-  template <typename U>
-  struct rebind {
-    using other = UninitialisedAllocator<U>;
-  };
-  UninitialisedAllocator() = default;
-  template <typename U>
-  UninitialisedAllocator(const UninitialisedAllocator<U>&) noexcept {}
-  template <typename U>
-  void construct(U* place) noexcept {
-    ::new (static_cast<void*>(place)) U;  // default-initialised: no zero fill for int64_t
-  }
-  template <typename U, typename... Args>
-  void construct(U* place, Args&&... args) {
-    ::new (static_cast<void*>(place)) U(std::forward<Args>(args)...);
-  }
 };
 
 class NeighborSampler {
