@@ -13,11 +13,15 @@ namespace morphpipe {
 
 // Floyd's algorithm: `count` (at most kFloydMaxFanout) distinct offsets in [0, degree) into chosen[0..count),
 // exactly `count` draws, each subset equally likely. Writes straight into the caller's buffer (no vector).
+// The generator is copied in and back out: `chosen` (int64) may alias its uint64 state, so drawing from `rng`
+// itself would store and reload the state around every write, lengthening each draw's dependency chain.
 inline void floyd_offsets(int64_t degree, int64_t count, Xoshiro256& rng, int64_t* chosen) {
+  Xoshiro256 local = rng;
   for (int64_t i = 0, upper = degree - count; upper < degree; ++i, ++upper) {
-    const int64_t draw = static_cast<int64_t>(rng.below(static_cast<uint64_t>(upper) + 1));
+    const int64_t draw = static_cast<int64_t>(local.below(static_cast<uint64_t>(upper) + 1));
     chosen[i] = std::find(chosen, chosen + i, draw) != chosen + i ? upper : draw;
   }
+  rng = local;
 }
 
 // Draws `count` distinct offsets in [0, degree) into `chosen` (uniform over subsets); `shuffle` is scratch.

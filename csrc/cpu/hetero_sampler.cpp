@@ -40,15 +40,24 @@ void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indi
   const int64_t src_type = src_types_[relation];
   const int64_t src_start = type_offsets_[src_type];
   const int64_t num_src_nodes = type_offsets_[src_type + 1] - src_start;
-  const std::vector<int64_t>& dst_nodes = nodes_[dst_types_[relation]];
-  std::vector<int64_t>& src_nodes = nodes_[src_type];
-  // Pass 1: how many neighbours each destination takes (each range checked as it is read). indptr reads are
-  // random, so they are prefetched a few destinations ahead (as NeighborSampler); list starts are kept for pass 2.
+  const int64_t* dst_nodes = nodes_[dst_types_[relation]].data();  // read in passes 1 and 2, before pass 4 grows it
+  // The four passes of NeighborSampler::sample_hop, each a stream of independent random reads prefetched first into
+  // L2 far ahead, then into L1 near: the destinations' indptr entries, the random choices (positions in `indices`),
+  // the picked neighbours' ids, the relabelling map's slots. The choices are drawn in destination order and the
+  // map filled in edge order, as one fused loop would: the batch is the same.
   constexpr int64_t kIndptrPrefetch = 16;
-  constexpr int64_t kListPrefetch = 4;
+  constexpr int64_t kIndptrPrefetchL2 = 64;
+  constexpr int64_t kPickPrefetch = 32;
+  constexpr int64_t kPickPrefetchL2 = 128;
+  constexpr int64_t kSlotPrefetch = 32;
+  constexpr int64_t kSlotPrefetchL2 = 128;
+  // Pass 1: how many neighbours each destination takes (each range checked as it is read).
   begins_.resize(num_dst);
+  degrees_.resize(num_dst);
   out_indptr[0] = 0;
   for (int64_t dst = 0; dst < num_dst; ++dst) {
+    if (dst + kIndptrPrefetchL2 < num_dst)
+      __builtin_prefetch(indptr + dst_nodes[dst + kIndptrPrefetchL2] - dst_start, 0, 2);
     if (dst + kIndptrPrefetch < num_dst) __builtin_prefetch(indptr + dst_nodes[dst + kIndptrPrefetch] - dst_start);
     const int64_t local = dst_nodes[dst] - dst_start;
     const int64_t begin = indptr[local];
@@ -59,38 +68,57 @@ void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indi
     const int64_t degree = end - begin;
     const int64_t taken = (fanout < 0 || degree <= fanout) ? degree : fanout;
     begins_[dst] = begin;
+    degrees_[dst] = degree;
     out_indptr[dst + 1] = out_indptr[dst] + taken;
   }
-  TORCH_CHECK(static_cast<int64_t>(src_nodes.size()) + out_indptr[num_dst] < INT32_MAX,
+  const int64_t num_picks = out_indptr[num_dst];
+  std::vector<int64_t, UninitialisedAllocator<int64_t>>& src_nodes = nodes_[src_type];
+  TORCH_CHECK(static_cast<int64_t>(src_nodes.size()) + num_picks < INT32_MAX,
               "one batch would hold more than 2^31 nodes of one type; use a smaller batch_size or smaller fanouts");
-  out_indices = pool.empty({out_indptr[num_dst]}, at::kLong);
+  out_indices = pool.empty({num_picks}, at::kLong);
   int64_t* out = out_indices.data_ptr<int64_t>();
-  // Pass 2: sample and relabel within the source type, prefetching the neighbour lists a few destinations ahead.
+  // Pass 2: each destination's picks, as positions in `indices`, into `out`.
   for (int64_t dst = 0; dst < num_dst; ++dst) {
-    if (dst + kListPrefetch < num_dst) __builtin_prefetch(indices + begins_[dst + kListPrefetch]);
     const int64_t begin = begins_[dst];
+    const int64_t degree = degrees_[dst];
+    int64_t* picked = out + out_indptr[dst];
     const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
-    const int64_t degree = indptr[dst_nodes[dst] - dst_start + 1] - begin;
-    const index_t* neighbours = indices + begin;
-    auto emit = [&](int64_t neighbour) {
-      TORCH_CHECK(neighbour >= 0 && neighbour < num_src_nodes, "relation ", relation, " indices[", begin,
-                  "..] hold source id ", neighbour, " outside its source type's local ids [0, ", num_src_nodes,
-                  "); validate the graph (HeteroGraphStore.validate) before sampling");
-      const int64_t global = neighbour + src_start;
-      bool inserted;
-      const int64_t local = map.insert(global, static_cast<int64_t>(src_nodes.size()), inserted);
-      if (inserted) src_nodes.push_back(global);
-      *out++ = local;
-    };
     if (taken == degree) {
-      for (int64_t offset = 0; offset < degree; ++offset) map.prefetch(neighbours[offset] + src_start);
-      for (int64_t offset = 0; offset < degree; ++offset) emit(neighbours[offset]);
+      for (int64_t offset = 0; offset < degree; ++offset) picked[offset] = begin + offset;
+    } else if (taken <= kFloydMaxFanout) {
+      floyd_offsets(degree, taken, rng, picked);
+      for (int64_t i = 0; i < taken; ++i) picked[i] += begin;
     } else {
       choose_offsets(degree, taken, rng, chosen_, shuffle_);
-      for (const int64_t offset : chosen_) map.prefetch(neighbours[offset] + src_start);
-      for (const int64_t offset : chosen_) emit(neighbours[offset]);
+      for (const int64_t offset : chosen_) *picked++ = begin + offset;
     }
   }
+  // Pass 3: the picked neighbours' ids (global), read at their positions.
+  for (int64_t edge = 0; edge < num_picks; ++edge) {
+    if (edge + kPickPrefetchL2 < num_picks) __builtin_prefetch(indices + out[edge + kPickPrefetchL2], 0, 2);
+    if (edge + kPickPrefetch < num_picks) __builtin_prefetch(indices + out[edge + kPickPrefetch]);
+    const int64_t position = out[edge];
+    const int64_t neighbour = static_cast<int64_t>(indices[position]);
+    TORCH_CHECK(neighbour >= 0 && neighbour < num_src_nodes, "relation ", relation, " indices[", position,
+                "] holds source id ", neighbour, " outside its source type's local ids [0, ", num_src_nodes,
+                "); validate the graph (HeteroGraphStore.validate) before sampling");
+    out[edge] = neighbour + src_start;
+  }
+  // Pass 4: relabel within the source type in edge order; every neighbour is written past the type's known nodes
+  // and kept only when it is new (no branch on the outcome).
+  int64_t known = static_cast<int64_t>(src_nodes.size());
+  src_nodes.resize(known + num_picks);
+  int64_t* nodes = src_nodes.data();
+  for (int64_t edge = 0; edge < num_picks; ++edge) {
+    if (edge + kSlotPrefetchL2 < num_picks) map.prefetch_l2(out[edge + kSlotPrefetchL2]);
+    if (edge + kSlotPrefetch < num_picks) map.prefetch(out[edge + kSlotPrefetch]);
+    const int64_t global = out[edge];
+    bool inserted;
+    out[edge] = map.insert(global, known, inserted);
+    nodes[known] = global;
+    known += inserted;
+  }
+  src_nodes.resize(known);
 }
 
 SampledTypedBlocks HeteroNeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
@@ -113,7 +141,7 @@ SampledTypedBlocks HeteroNeighborSampler::sample_with(Map& map, const int64_t* s
   for (int64_t i = 0; i < num_seeds; ++i) {
     const int64_t seed = seeds[i];
     check_seed_id(i, seed, num_nodes);
-    std::vector<int64_t>& typed = nodes_[type_of(seed)];
+    auto& typed = nodes_[type_of(seed)];
     bool inserted;
     map.insert(seed, static_cast<int64_t>(typed.size()), inserted);
     check_seed_first(i, seed, inserted);

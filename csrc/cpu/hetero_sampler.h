@@ -14,6 +14,7 @@
 #include "cpu/buffer_pool.h"
 #include "cpu/dense_node_map.h"
 #include "cpu/node_map.h"
+#include "cpu/uninitialised_allocator.h"
 
 namespace morphpipe {
 
@@ -60,10 +61,12 @@ class HeteroNeighborSampler {
   std::optional<DenseNodeMap> dense_map_;     // global id -> local id within its type, for graphs of at most
                                               // DenseNodeMap::kMaxNodes nodes
   NodeMap node_map_;                          // the same map for larger graphs
-  std::vector<std::vector<int64_t>> nodes_;   // per type: global id of every local id, in order of discovery
+  std::vector<std::vector<int64_t, UninitialisedAllocator<int64_t>>> nodes_;  // per type: global id of every
+                                                                            // local id, in order of discovery
   std::vector<int64_t> chosen_;
   std::vector<int64_t> shuffle_;
-  std::vector<int64_t> begins_;
+  std::vector<int64_t> begins_;   // start of each destination's neighbour list, this relation
+  std::vector<int64_t> degrees_;  // length of each destination's neighbour list, this relation
 };
 
 }  // namespace morphpipe

@@ -13,6 +13,7 @@
 #include "cpu/buffer_pool.h"
 #include "cpu/dense_node_map.h"
 #include "cpu/node_map.h"
+#include "cpu/uninitialised_allocator.h"
 
 namespace morphpipe {
 
@@ -85,7 +86,7 @@ class NeighborSampler {
 
   std::optional<DenseNodeMap> dense_map_;  // the relabelling map when the graph has at most kMaxNodes nodes
   NodeMap node_map_;                       // the relabelling map otherwise
-  std::vector<int64_t> nodes_;    // global id of every local id, in order of discovery
+  std::vector<int64_t, UninitialisedAllocator<int64_t>> nodes_;  // global id of every local id, in discovery order
   std::vector<int64_t> chosen_;   // offsets picked for the current destination
   std::vector<int64_t> shuffle_;  // partial Fisher-Yates scratch for large fanouts
   std::vector<int64_t> begins_;   // start of each destination's neighbour list, this hop
