@@ -6,7 +6,7 @@
 
 #include "common/hetero_sampler_checks.h"
 #include "common/sampler_checks.h"
-#include "cpu/choose_offsets.h"
+#include "cpu/sampling_passes.h"
 
 namespace morphpipe {
 
@@ -41,16 +41,7 @@ void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indi
   const int64_t src_start = type_offsets_[src_type];
   const int64_t num_src_nodes = type_offsets_[src_type + 1] - src_start;
   const int64_t* dst_nodes = nodes_[dst_types_[relation]].data();  // read in passes 1 and 2, before pass 4 grows it
-  // The four passes of NeighborSampler::sample_hop, each a stream of independent random reads prefetched first into
-  // L2 far ahead, then into L1 near: the destinations' indptr entries, the random choices (positions in `indices`),
-  // the picked neighbours' ids, the relabelling map's slots. The choices are drawn in destination order and the
-  // map filled in edge order, as one fused loop would: the batch is the same.
-  constexpr int64_t kIndptrPrefetch = 16;
-  constexpr int64_t kIndptrPrefetchL2 = 64;
-  constexpr int64_t kPickPrefetch = 32;
-  constexpr int64_t kPickPrefetchL2 = 128;
-  constexpr int64_t kSlotPrefetch = 32;
-  constexpr int64_t kSlotPrefetchL2 = 128;
+  // The four passes of cpu/sampling_passes.h.
   // Pass 1: how many neighbours each destination takes (each range checked as it is read).
   begins_.resize(num_dst);
   degrees_.resize(num_dst);
@@ -83,15 +74,7 @@ void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indi
     const int64_t degree = degrees_[dst];
     int64_t* picked = out + out_indptr[dst];
     const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
-    if (taken == degree) {
-      for (int64_t offset = 0; offset < degree; ++offset) picked[offset] = begin + offset;
-    } else if (taken <= kFloydMaxFanout) {
-      floyd_offsets(degree, taken, rng, picked);
-      for (int64_t i = 0; i < taken; ++i) picked[i] += begin;
-    } else {
-      choose_offsets(degree, taken, rng, chosen_, shuffle_);
-      for (const int64_t offset : chosen_) *picked++ = begin + offset;
-    }
+    pick_positions(begin, degree, taken, rng, picked, chosen_, shuffle_);
   }
   // Pass 3: the picked neighbours' ids (global), read at their positions.
   for (int64_t edge = 0; edge < num_picks; ++edge) {
@@ -104,21 +87,10 @@ void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indi
                 "); validate the graph (HeteroGraphStore.validate) before sampling");
     out[edge] = neighbour + src_start;
   }
-  // Pass 4: relabel within the source type in edge order; every neighbour is written past the type's known nodes
-  // and kept only when it is new (no branch on the outcome).
-  int64_t known = static_cast<int64_t>(src_nodes.size());
+  // Pass 4: relabel within the source type in edge order.
+  const int64_t known = static_cast<int64_t>(src_nodes.size());
   src_nodes.resize(known + num_picks);
-  int64_t* nodes = src_nodes.data();
-  for (int64_t edge = 0; edge < num_picks; ++edge) {
-    if (edge + kSlotPrefetchL2 < num_picks) map.prefetch_l2(out[edge + kSlotPrefetchL2]);
-    if (edge + kSlotPrefetch < num_picks) map.prefetch(out[edge + kSlotPrefetch]);
-    const int64_t global = out[edge];
-    bool inserted;
-    out[edge] = map.insert(global, known, inserted);
-    nodes[known] = global;
-    known += inserted;
-  }
-  src_nodes.resize(known);
+  src_nodes.resize(relabel_in_order(map, out, num_picks, src_nodes.data(), known));
 }
 
 SampledTypedBlocks HeteroNeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,

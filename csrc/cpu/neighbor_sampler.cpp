@@ -11,6 +11,7 @@
 #include "common/sampler_checks.h"
 #include "common/sampling.h"
 #include "cpu/choose_offsets.h"
+#include "cpu/sampling_passes.h"
 
 namespace morphpipe {
 
@@ -42,22 +43,7 @@ void NeighborSampler::allowed_offsets(const index_t* neighbours, int64_t degree,
 template <typename index_t, typename Map>
 void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanout, int64_t num_dst, Xoshiro256& rng,
                                  int64_t* out_indptr, BufferPool& pool, at::Tensor& out_indices) {
-  // Four passes, each a stream of independent random reads that is prefetched ahead of its use: the
-  // destinations' indptr entries, the random choices (positions in `indices`, no memory read), the picked
-  // neighbours' ids at those positions, then the relabelling map's slots of those neighbours. A pick in a long
-  // list is a miss of its own (its list's first line does not hold it), so the ids are read edge by edge, each
-  // prefetched ahead. The random choices (pass 2, in destination order) and the order of the map inserts (pass 4,
-  // in edge order) are those of one fused loop, so the batch is the same.
-  // Each stream is prefetched twice: into L2 far ahead, then into L1 near. A thread's L1 tracks only a couple of
-  // dozen misses at once, L2 several times more, so requests sent to L2 first keep more misses in flight (on the
-  // Zen 4 machine, a batch of bench-1m sampled in about a quarter less CPU time: BENCHMARKS.md, branch
-  // sampler-passes).
-  constexpr int64_t kIndptrPrefetch = 16;
-  constexpr int64_t kIndptrPrefetchL2 = 64;
-  constexpr int64_t kPickPrefetch = 32;
-  constexpr int64_t kPickPrefetchL2 = 128;
-  constexpr int64_t kSlotPrefetch = 32;
-  constexpr int64_t kSlotPrefetchL2 = 128;
+  // The four passes of cpu/sampling_passes.h; with an edge exclusion, the filtered destinations' lists first.
   // Pass 1: how many neighbours each destination takes; list starts and degrees are kept for pass 2.
   begins_.resize(num_dst);
   degrees_.resize(num_dst);
@@ -104,14 +90,8 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
         choose_offsets(allowed, taken, rng, chosen_, shuffle_);
         for (const int64_t pick : chosen_) *picked++ = begin + allowed_[pick];
       }
-    } else if (taken == degree) {
-      for (int64_t offset = 0; offset < degree; ++offset) picked[offset] = begin + offset;
-    } else if (taken <= kFloydMaxFanout) {
-      floyd_offsets(degree, taken, rng, picked);
-      for (int64_t i = 0; i < taken; ++i) picked[i] += begin;
     } else {
-      choose_offsets(degree, taken, rng, chosen_, shuffle_);
-      for (const int64_t offset : chosen_) *picked++ = begin + offset;
+      pick_positions(begin, degree, taken, rng, picked, chosen_, shuffle_);
     }
   }
   // Pass 3: the picked neighbours' global ids, read at their positions.
@@ -124,21 +104,10 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
                 neighbour, " outside [0, ", num_nodes_, "); validate the graph (GraphStore.validate) before sampling");
     out[edge] = neighbour;
   }
-  // Pass 4: relabel in edge order (a node's local id is its order of first appearance). Every neighbour is
-  // written past the known nodes and kept only when it is new: no branch on the outcome.
-  int64_t num_nodes = static_cast<int64_t>(nodes_.size());
-  nodes_.resize(num_nodes + num_edges);
-  int64_t* nodes = nodes_.data();
-  for (int64_t edge = 0; edge < num_edges; ++edge) {
-    if (edge + kSlotPrefetchL2 < num_edges) map.prefetch_l2(out[edge + kSlotPrefetchL2]);
-    if (edge + kSlotPrefetch < num_edges) map.prefetch(out[edge + kSlotPrefetch]);
-    const int64_t neighbour = out[edge];
-    bool inserted;
-    out[edge] = map.insert(neighbour, num_nodes, inserted);
-    nodes[num_nodes] = neighbour;
-    num_nodes += inserted;
-  }
-  nodes_.resize(num_nodes);
+  // Pass 4: relabel in edge order.
+  const int64_t known = static_cast<int64_t>(nodes_.size());
+  nodes_.resize(known + num_edges);
+  nodes_.resize(relabel_in_order(map, out, num_edges, nodes_.data(), known));
 }
 
 SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
