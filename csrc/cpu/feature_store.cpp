@@ -17,8 +17,12 @@ namespace morphpipe {
 namespace {
 
 constexpr int64_t kPage = 4096;
-// Rows closer than this in the file are read at once (reading the gap costs less than another request).
-constexpr int64_t kMaxGap = kPage;
+// Rows closer than this in the file are read at once: reading the gap costs less than another request while
+// it is shorter than the bytes the disk moves in one random read's time (its random-read bytes/s over its random
+// reads/s): about 12 KiB on the virtio disk of BENCHMARKS.md, 7 KiB on a fast local NVMe drive, tens of KiB on
+// cloud block storage. At 16 KiB rather than 4, the store gathered bench-10m's batches 1.12-1.18x faster at 80% of
+// its arrays in RAM (BENCHMARKS.md, "Reading through the gaps between misses").
+constexpr int64_t kMaxGap = 4 * kPage;
 // A coalesced read stops growing at this size, so one batch still spreads over every I/O thread.
 constexpr int64_t kMaxRead = 128 * 1024;
 

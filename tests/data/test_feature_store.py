@@ -178,6 +178,14 @@ def test_the_store_times_its_reads_and_counts_them_as_a_gather_reads(tmp_path, r
         store.count_reads(torch.tensor([20_000]))
 
 
+def test_misses_up_to_16_kib_apart_share_a_read_and_farther_ones_take_their_own(tmp_path):
+    features = random_rows(64, 256, torch.float16)  # rows of 512 B: row 32 starts 16 KiB after row 0
+    store = FeatureStore(save_features(tmp_path, features), io_threads=1)
+    assert store.count_reads(torch.tensor([0, 32]))[0] == 1  # 15.5 KiB between the rows: read through
+    assert store.count_reads(torch.tensor([0, 34]))[0] == 2  # 16.5 KiB: another read costs less
+    assert_same_bits(store.gather(torch.tensor([34, 0, 32])), features[[34, 0, 32]])
+
+
 def test_hottest_rows_break_ties_towards_the_lower_id():
     assert hottest_rows(torch.tensor([1, 5, 5, 0, 5, 2]), 3).tolist() == [1, 2, 4]
     assert hottest_rows(torch.tensor([1, 5, 5, 0, 5, 2]), 4).tolist() == [1, 2, 4, 5]

@@ -182,11 +182,11 @@ def test_each_io_thread_count_stops_within_one_gather_of_its_time_at_each_read_s
     if not store.direct:
         pytest.skip("this filesystem refuses O_DIRECT: the I/O thread counts are not timed through the page cache")
     monkeypatch.setattr(disk, "IO_TIMING_READS", 400)
-    # Batches of every row: without a cache, 313 long reads each (128 KiB); a cache of all rows but every 16th
-    # leaves those, 8 KiB apart: 5,000 short reads a batch, read in 13 gathers.
-    hotness = (torch.arange(80_000) % 16 != 0).float()
+    # Batches of every row: without a cache, 313 long reads each (128 KiB); a cache of all rows but every 64th
+    # leaves those, 32 KiB apart (farther than the store reads through): 1,250 short reads a batch, in 3 gathers.
+    hotness = (torch.arange(80_000) % 64 != 0).float()
     gathered = [torch.randperm(80_000, generator=torch.Generator().manual_seed(seed)) for seed in range(2)]
-    cache_rows = [0, 75_000]
+    cache_rows = [0, 78_750]
     counted = disk.miss_reads_by_cache_size(store, hotness, gathered, cache_rows)
     assert counted[0].read_bytes > disk.IO_SIZE_STEP * counted[1].read_bytes  # two sizes to time
     curve = disk.read_rates_by_io_threads(store, hotness, gathered, cache_rows, counted, seconds=1e-6)
@@ -194,7 +194,7 @@ def test_each_io_thread_count_stops_within_one_gather_of_its_time_at_each_read_s
     assert [(point.read_bytes, point.io_threads) for point in curve] == [
         (miss.read_bytes, count) for miss in (counted[1], counted[0]) for count in counts]
     # One gather each, the counts in turn at the short size, then the long; IO_TIMING_READS to twice as many reads a
-    # gather (a batch's misses split), at least MIN_TIMED_READS, not a whole batch's 5,000.
+    # gather (a batch's misses split), at least MIN_TIMED_READS, not a whole batch's 1,250.
     assert [threads for threads, _ in gathers] == counts * 2
     assert all(max(disk.MIN_TIMED_READS, 300) <= reads < 2 * 400 for _, reads in gathers)
 
