@@ -185,7 +185,7 @@ def _measure(device: torch.device) -> Calibration:
     x = (torch.randn(2048, 256, generator=generator) * mask).to(device)
     scan = _timed(lambda: dense_to_csr(x), device)
     call = _timed(lambda: ops.spmm_sum(indptr[:1], indices[:0], features[small], None, None, None, False), device)
-    project_flop = _project_flop(features[large][:num_dst], generator) if device.type == "cpu" else math.nan
+    project_flop = _project_flop(ops, features[large][:num_dst], generator) if device.type == "cpu" else math.nan
     gather_edge, gather_element = _two_point(gather[0], gather[1], nnz + num_dst, small, large)
     scatter_edge, scatter_element = _two_point(scatter[0], scatter[1], nnz + num_dst, small, large)
     attention_edge, attention_element = _two_point(attention[0], attention[1], nnz * heads, small, large)
@@ -200,14 +200,11 @@ def _measure(device: torch.device) -> Calibration:
     )
 
 
-def _project_flop(x: torch.Tensor, generator: torch.Generator, out_features: int = 32) -> float:
+def _project_flop(ops, x: torch.Tensor, generator: torch.Generator, out_features: int = 32) -> float:
     """Seconds per flop of the projection inside spmm_sum_project's pass (CPU only): one destination per row of `x`
     with its self loop and no edges, aggregated alone and aggregated and projected, the difference per flop. With
     no gather to hide behind, this is the projection's own cost, which is also what it adds to a real pass on this
-    CPU (BENCHMARKS.md, branch gcn-order)."""
-    from morphpipe import native
-
-    ops = native.ops()
+    CPU (BENCHMARKS.md, branch gcn-order). `ops`: the native ops."""
     rows, width = x.shape
     indptr, indices = torch.zeros(rows + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
     weight = torch.randn(out_features, width, generator=generator)
