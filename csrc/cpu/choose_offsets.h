@@ -24,6 +24,25 @@ inline void floyd_offsets(int64_t degree, int64_t count, Xoshiro256& rng, int64_
   rng = local;
 }
 
+// floyd_offsets for a count fixed at compile time, with the list's start added: the same draws, in the same order,
+// to the same positions. Unrolled, the picks so far stay in registers and each membership check is a fixed row of
+// compares, where floyd_offsets' search loop changes its length with every draw and its exit is often mispredicted.
+template <int kCount>
+inline __attribute__((always_inline)) void floyd_positions(int64_t begin, int64_t degree, Xoshiro256& rng,
+                                                           int64_t* __restrict picked) {
+  int64_t chosen[kCount];
+  int64_t upper = degree - kCount;
+#pragma GCC unroll 16
+  for (int i = 0; i < kCount; ++i, ++upper) {
+    const int64_t draw = static_cast<int64_t>(rng.below(static_cast<uint64_t>(upper) + 1));
+    bool seen = false;
+#pragma GCC unroll 16
+    for (int j = 0; j < i; ++j) seen |= chosen[j] == draw;
+    chosen[i] = seen ? upper : draw;
+    picked[i] = begin + chosen[i];
+  }
+}
+
 // Draws `count` distinct offsets in [0, degree) into `chosen` (uniform over subsets); `shuffle` is scratch.
 inline void choose_offsets(int64_t degree, int64_t count, Xoshiro256& rng, std::vector<int64_t>& chosen,
                            std::vector<int64_t>& shuffle) {

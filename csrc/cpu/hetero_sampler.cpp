@@ -69,13 +69,7 @@ void HeteroNeighborSampler::sample_relation(size_t relation, const index_t* indi
   out_indices = pool.empty({num_picks}, at::kLong);
   int64_t* out = out_indices.data_ptr<int64_t>();
   // Pass 2: each destination's picks, as positions in `indices`, into `out`.
-  for (int64_t dst = 0; dst < num_dst; ++dst) {
-    const int64_t begin = begins_[dst];
-    const int64_t degree = degrees_[dst];
-    int64_t* picked = out + out_indptr[dst];
-    const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
-    pick_positions(begin, degree, taken, rng, picked, chosen_, shuffle_);
-  }
+  pick_all_positions(begins_.data(), degrees_.data(), out_indptr, num_dst, rng, out, chosen_, shuffle_);
   // Pass 3: the picked neighbours' ids (global), read at their positions.
   for (int64_t edge = 0; edge < num_picks; ++edge) {
     if (edge + kPickPrefetchL2 < num_picks) __builtin_prefetch(indices + out[edge + kPickPrefetchL2], 0, 2);

@@ -75,13 +75,15 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
               "one batch would hold more than 2^31 nodes; use a smaller batch_size or smaller fanouts");
   out_indices = pool.empty({num_edges}, at::kLong);
   int64_t* out = out_indices.data_ptr<int64_t>();
-  // Pass 2: each destination's picks, as positions in `indices`, into `out`.
-  for (int64_t dst = 0; dst < num_dst; ++dst) {
+  // Pass 2: each destination's picks, as positions in `indices`, into `out`. Only seeds (the first destinations of
+  // every hop) can have excluded edges; the rest take the pass without a check.
+  const int64_t num_filtered = std::min(static_cast<int64_t>(filtered_.size()), num_dst);
+  for (int64_t dst = 0; dst < num_filtered; ++dst) {
     const int64_t begin = begins_[dst];
     const int64_t degree = degrees_[dst];
     int64_t* picked = out + out_indptr[dst];
     const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
-    if (dst < static_cast<int64_t>(filtered_.size()) && filtered_[dst]) {
+    if (filtered_[dst]) {
       allowed_offsets(indices + begin, degree, nodes_[dst]);
       const int64_t allowed = static_cast<int64_t>(allowed_.size());
       if (taken == allowed) {
@@ -94,6 +96,8 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
       pick_positions(begin, degree, taken, rng, picked, chosen_, shuffle_);
     }
   }
+  pick_all_positions(begins_.data() + num_filtered, degrees_.data() + num_filtered, out_indptr + num_filtered,
+                     num_dst - num_filtered, rng, out, chosen_, shuffle_);
   // Pass 3: the picked neighbours' global ids, read at their positions.
   for (int64_t edge = 0; edge < num_edges; ++edge) {
     if (edge + kPickPrefetchL2 < num_edges) __builtin_prefetch(indices + out[edge + kPickPrefetchL2], 0, 2);

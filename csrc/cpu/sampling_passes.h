@@ -29,17 +29,56 @@ constexpr int64_t kSlotPrefetchL2 = 128;
 
 // Pass 2 for one destination: `taken` distinct positions of its list [begin, begin + degree) into picked[0..taken),
 // uniform over subsets (all of them when taken == degree). `chosen` and `shuffle` are scratch for large fanouts.
-inline void pick_positions(int64_t begin, int64_t degree, int64_t taken, Xoshiro256& rng, int64_t* picked,
-                           std::vector<int64_t>& chosen, std::vector<int64_t>& shuffle) {
+// Always inlined, so pick_all_positions keeps its generator in registers.
+inline __attribute__((always_inline)) void pick_positions(int64_t begin, int64_t degree, int64_t taken,
+                                                          Xoshiro256& rng, int64_t* picked,
+                                                          std::vector<int64_t>& chosen,
+                                                          std::vector<int64_t>& shuffle) {
   if (taken == degree) {
     for (int64_t offset = 0; offset < degree; ++offset) picked[offset] = begin + offset;
-  } else if (taken <= kFloydMaxFanout) {
+    return;
+  }
+  switch (taken) {  // the usual fanouts, unrolled (a jump table: one taken count a hop, so well predicted)
+    case 1: return floyd_positions<1>(begin, degree, rng, picked);
+    case 2: return floyd_positions<2>(begin, degree, rng, picked);
+    case 3: return floyd_positions<3>(begin, degree, rng, picked);
+    case 4: return floyd_positions<4>(begin, degree, rng, picked);
+    case 5: return floyd_positions<5>(begin, degree, rng, picked);
+    case 6: return floyd_positions<6>(begin, degree, rng, picked);
+    case 7: return floyd_positions<7>(begin, degree, rng, picked);
+    case 8: return floyd_positions<8>(begin, degree, rng, picked);
+    case 9: return floyd_positions<9>(begin, degree, rng, picked);
+    case 10: return floyd_positions<10>(begin, degree, rng, picked);
+    case 11: return floyd_positions<11>(begin, degree, rng, picked);
+    case 12: return floyd_positions<12>(begin, degree, rng, picked);
+    case 13: return floyd_positions<13>(begin, degree, rng, picked);
+    case 14: return floyd_positions<14>(begin, degree, rng, picked);
+    case 15: return floyd_positions<15>(begin, degree, rng, picked);
+    case 16: return floyd_positions<16>(begin, degree, rng, picked);
+  }
+  if (taken <= kFloydMaxFanout) {
     floyd_offsets(degree, taken, rng, picked);
     for (int64_t i = 0; i < taken; ++i) picked[i] += begin;
   } else {
-    choose_offsets(degree, taken, rng, chosen, shuffle);
+    Xoshiro256 escaping = rng;  // its address leaves for choose_offsets; `rng` stays a register copy
+    choose_offsets(degree, taken, escaping, chosen, shuffle);
+    rng = escaping;
     for (const int64_t offset : chosen) *picked++ = begin + offset;
   }
+}
+
+// Pass 2 over destinations [0, num_dst): each one's picks, as positions in `indices`, at out[out_indptr[dst]..).
+// The generator is copied into a local for the whole pass: the picks are int64 stores, which may alias the caller's
+// uint64 state, so drawing from `rng` itself would store and reload the state around every destination.
+inline void pick_all_positions(const int64_t* begins, const int64_t* degrees, const int64_t* out_indptr,
+                               int64_t num_dst, Xoshiro256& rng, int64_t* out, std::vector<int64_t>& chosen,
+                               std::vector<int64_t>& shuffle) {
+  Xoshiro256 draws = rng;
+  for (int64_t dst = 0; dst < num_dst; ++dst) {
+    const int64_t taken = out_indptr[dst + 1] - out_indptr[dst];
+    pick_positions(begins[dst], degrees[dst], taken, draws, out + out_indptr[dst], chosen, shuffle);
+  }
+  rng = draws;
 }
 
 // Pass 4: relabels ids[0..count) in order to local ids (a node's local id is its order of first appearance, counted
