@@ -13,6 +13,7 @@ from morphpipe.nn import build_model
 from morphpipe.ops.bias_act_dropout import bias_act_dropout, reference_bias_act_dropout, unpack_mask
 from morphpipe.ops.step_variant import FUSED_STEP, LEGACY_STEP, StepVariant, use_step_variant
 from morphpipe.sampling.minibatch import Block
+from tests.reference_random import MASK32, splitmix64
 
 WIDTHS = (1, 3, 255, 256, 257, 768)
 ACTIVATIONS = ("relu", "identity")
@@ -94,17 +95,6 @@ def test_mask_bits_are_independent_across_elements_and_calls() -> None:
     counts = torch.bincount(pairs, minlength=4).double()
     expected = counts.sum() / 4
     assert float(((counts - expected) ** 2 / expected).sum()) < 16.3  # chi-square, 3 dof, p ~ 0.001
-
-
-MASK32 = (1 << 32) - 1
-MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return x ^ (x >> 31)
 
 
 def mix32(x: int) -> int:
