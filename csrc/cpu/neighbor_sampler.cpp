@@ -117,13 +117,8 @@ void NeighborSampler::sample_hop(const index_t* indices, Map& map, int64_t fanou
 SampledBlocks NeighborSampler::sample(const int64_t* seeds, int64_t num_seeds, uint64_t rng_seed,
                                       BufferPool& pool, const EdgeExclusion* exclusion) {
   exclusion_ = (exclusion != nullptr && !exclusion->empty()) ? exclusion : nullptr;
-  if (dense_map_) {
-    dense_map_->clear();
-    return sample_with(*dense_map_, seeds, num_seeds, rng_seed, pool);
-  }
-  node_map_.clear();
-  node_map_.reserve(num_seeds * 8);
-  return sample_with(node_map_, seeds, num_seeds, rng_seed, pool);
+  return with_cleared_map(dense_map_, node_map_, num_seeds,
+                          [&](auto& map) { return sample_with(map, seeds, num_seeds, rng_seed, pool); });
 }
 
 template <typename Map>

@@ -11,11 +11,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/random.h"
 #include "common/sampling.h"
 #include "cpu/choose_offsets.h"
+#include "cpu/dense_node_map.h"
+#include "cpu/node_map.h"
 
 namespace morphpipe {
 
@@ -96,6 +99,19 @@ int64_t relabel_in_order(Map& map, int64_t* ids, int64_t count, int64_t* nodes, 
     known += inserted;
   }
   return known;
+}
+
+// Runs `sample(map)` on a cleared relabelling map: the dense one when the graph has it, else the hash map, sized
+// for a batch of `num_seeds` seeds.
+template <typename Sample>
+auto with_cleared_map(std::optional<DenseNodeMap>& dense_map, NodeMap& node_map, int64_t num_seeds, Sample&& sample) {
+  if (dense_map) {
+    dense_map->clear();
+    return sample(*dense_map);
+  }
+  node_map.clear();
+  node_map.reserve(num_seeds * 8);
+  return sample(node_map);
 }
 
 }  // namespace morphpipe
