@@ -127,6 +127,7 @@ OTHER_PROGRAMS_FLAGS = {
     "--no-deps": "pip", "--nproc-per-node": "torchrun", "--nnodes": "torchrun", "--rdzv-": "torchrun (--rdzv-*)",
     "--all": "scripts/mutation_check.py", "--list": "scripts/mutation_check.py", "--only": "scripts/mutation_check.py",
     "--quick": "scripts/gpu_check.sh", "--step-timeout": "scripts/gpu_check.sh", "--phases": "scripts/bench_link.py",
+    "--rounds": "scripts/bench_sampler.py",
 }
 
 
