@@ -27,7 +27,7 @@ import morphpipe  # noqa: F401  first, before torch: the OpenMP wait policy and 
 import numpy as np
 import torch
 
-from dgl_peer import DGL_PRELUDE, DGL_PYTHON, dataset_directory, run_dgl_script
+from dgl_peer import DGL_PRELUDE, DGL_PYTHON, dataset_directory, positive_int, run_dgl_script, writable_file
 from morphpipe.cores import usable_cores
 from morphpipe.data import load_dataset
 from morphpipe.profiler.ceiling import measure_memory_ceiling, share
@@ -120,12 +120,10 @@ def main() -> None:
     parser.add_argument("--max-threads", type=int, default=usable_cores())
     parser.add_argument("--dgl-python", default=DGL_PYTHON)
     parser.add_argument("--no-dgl", action="store_true", help="skip DGL's side")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=positive_int, default=3,
                         help="times the ceiling and our rows are measured in turns (the table shows the median round)")
-    parser.add_argument("--out", default="bench_sampler.json")
+    parser.add_argument("--out", type=writable_file, default="bench_sampler.json")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds: expected an integer >= 1, got {args.rounds}")
 
     graph = load_dataset(args.dataset)
     fanouts = [int(f) for f in args.fanouts.split(",")]

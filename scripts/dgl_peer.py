@@ -63,6 +63,17 @@ def int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 0,1)") from None
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (and below 2**63, as `morphpipe train` takes it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 and < 2**63, got {text!r}") from None
+    if not 1 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 and < 2**63, got {value}")
+    return value
+
+
 def writable_file(text: str) -> Path:
     """argparse type of a benchmark's --out: a file whose folder exists and can be written, checked before the
     minutes of measuring rather than after them."""

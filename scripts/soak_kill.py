@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from dgl_peer import positive_int, writable_file
 from morphpipe.data import PRESETS, generate
 from morphpipe.executor.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from morphpipe.executor.stopping import STOP_EXIT_STATUS
@@ -330,17 +331,6 @@ def soak(dataset: Path, workdir: Path, *, kills: int, kills_per_trial: int = 4, 
     return report
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (and below 2**63, as `morphpipe train` takes it)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 and < 2**63, got {text!r}") from None
-    if not 1 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 and < 2**63, got {value}")
-    return value
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=positive_int, default=20)
@@ -353,10 +343,8 @@ def main() -> int:
                         help=f"where kills aim, taken in turn (default: all of {','.join(TARGETS)})")
     parser.add_argument("--dataset", type=Path, default=None, help="default: the tiny preset, generated here")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=writable_file, default=None)
     args = parser.parse_args()
-    if args.json is not None and not os.access(args.json.resolve().parent, os.W_OK):
-        parser.error(f"--json {args.json}: its folder does not exist or cannot be written; give a writable path")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-kill-"))
     dataset = args.dataset or generate(PRESETS["tiny"].spec, workdir / "tiny", progress=False)
     started = time.monotonic()
